@@ -1,0 +1,431 @@
+"""Tasks, their states and the transitions between them.
+
+::
+
+    submit ──► waiting ──(deps done)──► pending ◄──────────────┐
+                                   │  ▲                       │ retry after back-off
+                         claim ────┘  │ lease expired /       │ (attempts remain)
+                                   ▼  │ released              │
+                                claimed ──start──► running ───┼──► succeeded
+                                   │                 │        └──► failed (not retryable)
+                                   └───────┬─────────┘             dead   (attempts spent)
+                                        cancel ───────────────────► cancelled
+
+Attempts are counted at claim time, so a crash that kills the expert (its lease runs out) uses an
+attempt just as a raised exception does; a graceful release gives the attempt back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from contend.errors import PayloadError, TaskError
+
+#: The largest JSON document (args+kwargs, result, checkpoint or error) a task may carry, in bytes.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+
+JSON = Any
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"
+    WAITING = "waiting"
+    CLAIMED = "claimed"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def owned(self) -> bool:
+        return self in OWNED_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED}
+)
+OWNED_STATES = frozenset({TaskState.CLAIMED, TaskState.RUNNING})
+
+#: Every allowed move; a backend must refuse any other.
+TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
+    TaskState.WAITING: frozenset({TaskState.PENDING, TaskState.CANCELLED, TaskState.DEAD}),
+    TaskState.PENDING: frozenset({TaskState.CLAIMED, TaskState.RUNNING, TaskState.CANCELLED}),
+    TaskState.CLAIMED: frozenset(
+        {
+            TaskState.RUNNING,
+            TaskState.PENDING,
+            TaskState.CANCELLED,
+            TaskState.DEAD,
+            TaskState.SUCCEEDED,
+            TaskState.FAILED,
+        }
+    ),
+    TaskState.RUNNING: frozenset(
+        {
+            TaskState.SUCCEEDED,
+            TaskState.FAILED,
+            TaskState.DEAD,
+            TaskState.PENDING,
+            TaskState.CANCELLED,
+        }
+    ),
+    TaskState.SUCCEEDED: frozenset(),
+    TaskState.FAILED: frozenset({TaskState.PENDING}),
+    TaskState.DEAD: frozenset({TaskState.PENDING}),
+    TaskState.CANCELLED: frozenset({TaskState.PENDING}),
+}
+
+
+def can_move(src: TaskState, dst: TaskState) -> bool:
+    return dst in TRANSITIONS[src]
+
+
+def new_task_id(now: float | None = None) -> str:
+    """A 26-character id that sorts by creation time (48-bit ms timestamp + 80 random bits)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+    chars = []
+    for _ in range(26):
+        value, rem = divmod(value, 32)
+        chars.append(alphabet[rem])
+    return "".join(reversed(chars))
+
+
+def encode_json(value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
+    """Serialise *value* as compact JSON or raise :class:`PayloadError` naming *what* is wrong."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadError(f"{what} is {size} bytes of JSON; the limit is {limit} bytes")
+    return text
+
+
+def decode_json(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Requirements:
+    """What a task needs from an expert: capability tags, and amounts of named resources."""
+
+    tags: frozenset[str] = frozenset()
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: Requirements | Iterable[str] | Mapping[str, Any] | None) -> Requirements:
+        if value is None:
+            return NO_REQUIREMENTS
+        if isinstance(value, Requirements):
+            return value
+        if isinstance(value, Mapping):
+            tags = value.get("tags", ())
+            res = value.get("resources", {})
+            unknown = set(value) - {"tags", "resources"}
+            if unknown:
+                raise TaskError(f"requirements have unknown keys: {sorted(unknown)}")
+            return cls(_tags(tags), _resources(res))
+        return cls(_tags(value), {})
+
+    @property
+    def empty(self) -> bool:
+        return not self.tags and not self.resources
+
+    def to_json(self) -> JSON:
+        if self.empty:
+            return None
+        return {"tags": sorted(self.tags), "resources": dict(sorted(self.resources.items()))}
+
+    @classmethod
+    def from_json(cls, data: JSON) -> Requirements:
+        return cls.of(data)
+
+
+NO_REQUIREMENTS = Requirements()
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an expert offers: tags (``gpu``, ``zone:eu``) and resource amounts (``mem_gb=16``)."""
+
+    tags: frozenset[str] = frozenset()
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    def satisfies(self, req: Requirements) -> bool:
+        if not req.tags <= self.tags:
+            return False
+        return all(self.resources.get(name, 0.0) >= need for name, need in req.resources.items())
+
+    def match_score(self, req: Requirements) -> float:
+        """1.0 for a bare fit, lower when the expert offers much more than asked (keep big
+        machines for big tasks); 0.0 when it cannot run the task at all."""
+        if not self.satisfies(req):
+            return 0.0
+        if not self.tags and not self.resources:
+            return 1.0
+        spare_tags = len(self.tags - req.tags) / max(1, len(self.tags))
+        return 1.0 - 0.25 * spare_tags
+
+    def to_json(self) -> JSON:
+        return {"tags": sorted(self.tags), "resources": dict(sorted(self.resources.items()))}
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> Capabilities:
+        """Parse CLI items: ``gpu`` is a tag, ``mem_gb=16`` a resource amount."""
+        tags: set[str] = set()
+        res: dict[str, float] = {}
+        for item in items:
+            if "=" in item:
+                name, _, amount = item.partition("=")
+                try:
+                    res[_name(name)] = _amount(name, float(amount))
+                except ValueError as exc:
+                    raise TaskError(f"capability {item!r}: amount must be a number") from exc
+            else:
+                tags.add(_name(item))
+        return cls(frozenset(tags), res)
+
+
+def _name(value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 200:
+        raise TaskError(f"a tag or resource name must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _amount(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TaskError(f"resource {name!r} must be a finite number, got {value!r}")
+    if value < 0:
+        raise TaskError(f"resource {name!r} must not be negative, got {value!r}")
+    return float(value)
+
+
+def _tags(value: object) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset({_name(value)})
+    if not isinstance(value, Iterable):
+        raise TaskError(f"requirement tags must be a list of strings, got {value!r}")
+    return frozenset(_name(v) for v in value)
+
+
+def _resources(value: object) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise TaskError(f"requirement resources must be a mapping, got {value!r}")
+    return {_name(k): _amount(k, v) for k, v in value.items()}
+
+
+#: Priorities are integers in this range; higher runs first.
+MIN_PRIORITY, MAX_PRIORITY = -1_000_000, 1_000_000
+
+
+def effective_priority(priority: int, age_seconds: float, ageing: float = 1.0) -> float:
+    """Seed 002 weighs a task by ``base × log(age + 1)``, which leaves priority 0 at 0 for ever
+    and turns negative priorities more negative with age. This keeps its shape and is sound for
+    every base: the age term is added, so every task gains ``ageing × ln(1 + age)`` and an old
+    low-priority task eventually overtakes fresh high-priority ones."""
+    return priority + ageing * math.log1p(max(0.0, age_seconds))
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One submission, validated: everything a store needs to insert a task."""
+
+    type: str
+    args_json: str = "[]"
+    kwargs_json: str = "{}"
+    queue: str = "default"
+    priority: int = 0
+    key: str | None = None
+    requirements: Requirements = NO_REQUIREMENTS
+    delay: float = 0.0
+    max_attempts: int = 3
+    timeout: float | None = None
+    depends_on: tuple[str, ...] = ()
+    id: str = field(default_factory=new_task_id)
+
+    @classmethod
+    def build(
+        cls,
+        type: str,
+        args: Sequence[JSON] = (),
+        kwargs: Mapping[str, JSON] | None = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        key: str | None = None,
+        requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
+        delay: float = 0.0,
+        max_attempts: int = 3,
+        timeout: float | None = None,
+        depends_on: Iterable[str] = (),
+        limit: int = MAX_PAYLOAD_BYTES,
+    ) -> TaskSpec:
+        """Validate a submission; raises :class:`TaskError` naming the first problem."""
+        if not isinstance(type, str) or not type:
+            raise TaskError(f"task type must be a non-empty string, got {type!r}")
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise PayloadError(f"args must be a JSON array (a list), got {args!r:.80}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise PayloadError(f"kwargs must be a JSON object (a dict), got {kwargs!r:.80}")
+        args_json = encode_json(list(args), "args", limit)
+        kwargs_json = encode_json(dict(kwargs or {}), "kwargs", limit)
+        if len(args_json) + len(kwargs_json) > limit:
+            raise PayloadError(f"args and kwargs together exceed the {limit}-byte payload limit")
+        if not isinstance(queue, str) or not queue or len(queue) > 200:
+            raise TaskError(f"queue must be a non-empty string of at most 200 chars, got {queue!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TaskError(f"priority must be an integer, got {priority!r}")
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise TaskError(f"priority {priority} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+        if key is not None and (not isinstance(key, str) or not key or len(key) > 500):
+            raise TaskError(f"idempotency key must be a non-empty string (≤500 chars), got {key!r}")
+        if not _finite_nonneg(delay) or delay > 366 * 86400:
+            raise TaskError(f"delay must be between 0 and one year in seconds, got {delay!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise TaskError(f"max_attempts must be an integer, got {max_attempts!r}")
+        if not 1 <= max_attempts <= 1000:
+            raise TaskError(f"max_attempts must be between 1 and 1000, got {max_attempts}")
+        if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
+            raise TaskError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        deps = tuple(dict.fromkeys(depends_on))
+        for dep in deps:
+            if not isinstance(dep, str) or not dep:
+                raise TaskError(f"a dependency must be a task id, got {dep!r}")
+        return cls(
+            type=type,
+            args_json=args_json,
+            kwargs_json=kwargs_json,
+            queue=queue,
+            priority=priority,
+            key=key,
+            requirements=Requirements.of(requirements),
+            delay=float(delay),
+            max_attempts=max_attempts,
+            timeout=None if timeout is None else float(timeout),
+            depends_on=deps,
+        )
+
+
+def _finite_nonneg(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """One line of a task's history."""
+
+    at: float
+    event: str  # submitted, claimed, started, checkpoint, succeeded, failed, retry, expired, ...
+    fence: int
+    expert: str | None = None
+    detail: str | None = None
+
+    def to_json(self) -> JSON:
+        return {
+            "at": self.at,
+            "event": self.event,
+            "fence": self.fence,
+            "expert": self.expert,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A task as a store reports it (a read model; changing it changes nothing)."""
+
+    id: str
+    type: str
+    queue: str
+    state: TaskState
+    priority: int
+    args: list[JSON]
+    kwargs: dict[str, JSON]
+    key: str | None
+    requirements: Requirements
+    attempts: int
+    max_attempts: int
+    fence: int
+    owner: str | None
+    lease_deadline: float | None
+    run_at: float
+    created_at: float
+    updated_at: float
+    timeout: float | None = None
+    result: JSON = None
+    error: JSON = None
+    checkpoint: JSON = None
+    depends_on: tuple[str, ...] = ()
+    history: tuple[TaskEvent, ...] = ()
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "id": self.id,
+            "type": self.type,
+            "queue": self.queue,
+            "state": str(self.state),
+            "priority": self.priority,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "key": self.key,
+            "requirements": self.requirements.to_json(),
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "fence": self.fence,
+            "owner": self.owner,
+            "lease_deadline": self.lease_deadline,
+            "run_at": self.run_at,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "timeout": self.timeout,
+            "result": self.result,
+            "error": self.error,
+            "checkpoint": self.checkpoint,
+            "depends_on": list(self.depends_on),
+            "history": [e.to_json() for e in self.history],
+        }
+
+
+def find_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """Return one dependency cycle (ids, the first repeated last), or None when there is none."""
+    done: set[str] = set()
+    for root in edges:
+        if root in done:
+            continue
+        path: list[str] = [root]
+        on_path = {root}
+        stack = [iter(edges.get(root, ()))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                node = path.pop()
+                on_path.discard(node)
+                done.add(node)
+                stack.pop()
+            elif nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            elif nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(edges.get(nxt, ())))
+    return None

@@ -1,0 +1,118 @@
+"""Every error contend raises on purpose derives from :class:`ContendError`.
+
+The tree::
+
+    ContendError
+    ├── ConfigError              bad URL, option or setting (raised before any store write)
+    │   └── MissingExtraError    an optional backend's package is not installed
+    ├── TaskError                a bad task or submission; the store is left unchanged
+    │   ├── UnknownTaskType
+    │   ├── PayloadError         args/result/checkpoint not JSON, or over the size limit
+    │   ├── DependencyError      unknown dependency or a cycle
+    │   └── TaskNotFound
+    ├── StoreError               the store failed or holds something unexpected
+    │   ├── StoreBusy            could not get the write lock in time
+    │   ├── SchemaError          the file or database is not a contend store, or its version differs
+    │   └── InvalidTransition    the operation does not apply to the task's current state
+    ├── FencedOut                an owner write carried a stale fence or a lapsed lease
+    ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
+    ├── ExpertConflict           an expert id is live elsewhere
+    └── TaskFailed               raised by ``handle.result()`` for a task that ended badly
+"""
+
+from __future__ import annotations
+
+
+class ContendError(Exception):
+    """Root of every error raised by contend."""
+
+
+class ConfigError(ContendError, ValueError):
+    """A URL, option or setting is malformed; nothing was written."""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """An optional backend needs a package that is not installed."""
+
+    def __init__(self, feature: str, extra: str, package: str) -> None:
+        super().__init__(f"{feature} needs the {package!r} package: pip install 'contend[{extra}]'")
+        self.extra = extra
+        self.package = package
+
+
+class TaskError(ContendError, ValueError):
+    """A task or submission is invalid; the store is unchanged."""
+
+
+class UnknownTaskType(TaskError):
+    def __init__(self, name: str, known: list[str] | None = None) -> None:
+        hint = f" (registered: {', '.join(sorted(known))})" if known else ""
+        super().__init__(f"unknown task type {name!r}{hint}")
+        self.name = name
+
+
+class PayloadError(TaskError):
+    """A payload is not JSON-serialisable or exceeds the size limit."""
+
+
+class DependencyError(TaskError):
+    """A dependency is unknown or would form a cycle."""
+
+
+class TaskNotFound(TaskError, LookupError):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task with id {task_id!r}")
+        self.task_id = task_id
+
+
+class StoreError(ContendError):
+    """The store failed, or holds data contend does not understand."""
+
+
+class StoreBusy(StoreError):
+    """The store's write lock could not be had before the deadline."""
+
+
+class SchemaError(StoreError):
+    """The target is not a contend store, or its schema version is not this one's."""
+
+
+class InvalidTransition(StoreError):
+    """The operation does not apply to the task in its current state."""
+
+    def __init__(self, task_id: str, state: str, operation: str) -> None:
+        super().__init__(f"cannot {operation} task {task_id}: it is {state}")
+        self.task_id = task_id
+        self.state = state
+        self.operation = operation
+
+
+class FencedOut(ContendError):
+    """An owner write was refused: its fence is not the task's current one, or its lease lapsed.
+
+    The task has been (or may be) claimed by another expert; the write did not land.
+    """
+
+    def __init__(self, task_id: str, fence: int, detail: str = "") -> None:
+        more = f": {detail}" if detail else ""
+        super().__init__(f"task {task_id}: write with fence {fence} refused{more}")
+        self.task_id = task_id
+        self.fence = fence
+
+
+class LeaseLost(ContendError):
+    """The expert's lease lapsed before it could renew it; it must stop every task it holds."""
+
+
+class ExpertConflict(ContendError):
+    """An expert with this id holds a live lease elsewhere."""
+
+
+class TaskFailed(ContendError):
+    """The awaited task ended in a state other than succeeded."""
+
+    def __init__(self, task_id: str, state: str, error: object) -> None:
+        super().__init__(f"task {task_id} ended {state}: {error}")
+        self.task_id = task_id
+        self.state = state
+        self.error = error

@@ -1,0 +1,49 @@
+"""Checks shared by backends, written once."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from contend.domain.task import TaskSpec, TaskState, find_cycle
+from contend.errors import ConfigError, DependencyError, TaskError
+
+
+def check_batch_dependencies(
+    specs: Sequence[TaskSpec], exists: Callable[[Iterable[str]], set[str]]
+) -> None:
+    """Refuse unknown dependencies and cycles before anything is written.
+
+    *exists* returns which of the given ids are already in the store.
+    """
+    batch = {s.id: s for s in specs}
+    if len(batch) != len(specs):
+        raise TaskError("a batch names the same task id twice")
+    outside = {d for s in specs for d in s.depends_on if d not in batch}
+    missing = outside - exists(outside) if outside else set()
+    if missing:
+        raise DependencyError(f"unknown dependencies: {', '.join(sorted(missing))}")
+    cycle = find_cycle({s.id: s.depends_on for s in specs if s.depends_on})
+    if cycle:
+        raise DependencyError(f"dependency cycle: {' -> '.join(cycle)}")
+
+
+def initial_state(spec: TaskSpec, unfinished_deps: int) -> TaskState:
+    return TaskState.WAITING if unfinished_deps else TaskState.PENDING
+
+
+def check_ttl(lease_ttl: float) -> float:
+    if not isinstance(lease_ttl, int | float) or not math.isfinite(lease_ttl) or lease_ttl <= 0:
+        raise ConfigError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+    return float(lease_ttl)
+
+
+def check_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ConfigError(f"limit must be a non-negative integer, got {limit!r}")
+    return limit
+
+
+def after_failure(attempts: int, max_attempts: int) -> TaskState:
+    """Where a task goes when its owner vanished (lease lapsed)."""
+    return TaskState.PENDING if attempts < max_attempts else TaskState.DEAD

@@ -1,0 +1,579 @@
+"""The in-memory store: for unit tests and simulations. One process, one event loop.
+
+It is also the reference for the other backends: the contract suite runs unchanged on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import (
+    JSON,
+    Capabilities,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskState,
+    can_move,
+)
+from contend.errors import (
+    ExpertConflict,
+    FencedOut,
+    InvalidTransition,
+    LeaseLost,
+    TaskNotFound,
+)
+from contend.store._common import (
+    after_failure,
+    check_batch_dependencies,
+    check_limit,
+    check_ttl,
+    initial_state,
+)
+from contend.store.port import (
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    StoreStats,
+    Submitted,
+)
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+
+#: Keep at most this many history events per task.
+HISTORY_LIMIT = 200
+
+
+@dataclass(slots=True)
+class _Row:
+    spec: TaskSpec
+    state: TaskState
+    run_at: float
+    created_at: float
+    updated_at: float
+    deps_left: int = 0
+    attempts: int = 0
+    fence: int = 0
+    owner: str | None = None
+    lease_deadline: float | None = None
+    result: str | None = None
+    error: str | None = None
+    checkpoint: str | None = None
+    history: list[TaskEvent] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Expert:
+    info: ExpertInfo
+    session: str
+    lease_deadline: float
+    heartbeat_at: float
+    started_at: float
+    beat: Heartbeat = field(default_factory=Heartbeat)
+
+
+class MemoryStore:
+    """A store held in this process's memory; *clock* is injectable for tests."""
+
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
+        self.url = url
+        self._clock = clock
+        self._tasks: dict[str, _Row] = {}
+        self._keys: dict[str, str] = {}
+        self._dependents: dict[str, set[str]] = {}
+        self._experts: dict[str, _Expert] = {}
+        self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
+        self._done_times: list[float] = []
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def now(self) -> float:
+        return self._clock()
+
+    def _touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _event(
+        self, row: _Row, now: float, event: str, expert: str | None, detail: str | None = None
+    ) -> None:
+        row.history.append(TaskEvent(now, event, row.fence, expert, detail))
+        if len(row.history) > HISTORY_LIMIT:
+            del row.history[1 : len(row.history) - HISTORY_LIMIT + 1]
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        now = self._clock()
+        fresh = [s for s in specs if s.key is None or s.key not in self._keys]
+        check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
+        out: list[Submitted] = []
+        batch_keys: dict[str, str] = {}
+        for spec in specs:
+            if spec.key is not None and spec.key in self._keys:
+                out.append(Submitted(self._keys[spec.key], False))
+                continue
+            if spec.key is not None and spec.key in batch_keys:
+                out.append(Submitted(batch_keys[spec.key], False))
+                continue
+            left = [d for d in spec.depends_on if self._dep_open(d)]
+            row = _Row(spec, initial_state(spec, len(left)), now + spec.delay, now, now, len(left))
+            dead_dep = next((d for d in spec.depends_on if self._dep_failed(d)), None)
+            if dead_dep is not None:
+                row.state = TaskState.DEAD
+                row.error = json.dumps(
+                    {
+                        "type": "DependencyFailed",
+                        "message": f"dependency {dead_dep} did not succeed",
+                    }
+                )
+            self._tasks[spec.id] = row
+            for dep in left:
+                self._dependents.setdefault(dep, set()).add(spec.id)
+            if spec.key is not None:
+                self._keys[spec.key] = spec.id
+                batch_keys[spec.key] = spec.id
+            out.append(Submitted(spec.id, True))
+        self._touch()
+        return out
+
+    def _dep_open(self, dep: str) -> bool:
+        row = self._tasks.get(dep)
+        return row is None or not row.state.terminal  # in-batch ids are not inserted yet
+
+    def _dep_failed(self, dep: str) -> bool:
+        row = self._tasks.get(dep)
+        return row is not None and row.state.terminal and row.state != TaskState.SUCCEEDED
+
+    def _view(self, tid: str, row: _Row, history: bool = False) -> Task:
+        s = row.spec
+        return Task(
+            id=tid,
+            type=s.type,
+            queue=s.queue,
+            state=row.state,
+            priority=s.priority,
+            args=json.loads(s.args_json),
+            kwargs=json.loads(s.kwargs_json),
+            key=s.key,
+            requirements=s.requirements,
+            attempts=row.attempts,
+            max_attempts=s.max_attempts,
+            fence=row.fence,
+            owner=row.owner,
+            lease_deadline=row.lease_deadline,
+            run_at=row.run_at,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            timeout=s.timeout,
+            result=_load(row.result),
+            error=_load(row.error),
+            checkpoint=_load(row.checkpoint),
+            depends_on=s.depends_on,
+            history=tuple(row.history) if history else (),
+        )
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        return self._view(task_id, row, history)
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Task]:
+        check_limit(limit)
+        out = []
+        for tid in sorted(self._tasks):
+            row = self._tasks[tid]
+            if (state is None or row.state == state) and (queue is None or row.spec.queue == queue):
+                out.append(self._view(tid, row))
+                if len(out) >= limit:
+                    break
+        return out
+
+    async def stats(self) -> StoreStats:
+        now = self._clock()
+        counts: dict[str, dict[str, int]] = {}
+        oldest: float | None = None
+        for row in self._tasks.values():
+            q = counts.setdefault(row.spec.queue, {})
+            q[str(row.state)] = q.get(str(row.state), 0) + 1
+            if row.state == P and row.run_at <= now:
+                age = now - row.run_at
+                oldest = age if oldest is None else max(oldest, age)
+        self._done_times = [t for t in self._done_times if t > now - 60]
+        return StoreStats(now, counts, await self.list_experts(), len(self._done_times), oldest)
+
+    async def list_experts(self) -> list[ExpertRecord]:
+        now = self._clock()
+        return [
+            ExpertRecord(
+                info=e.info,
+                session=e.session,
+                alive=e.lease_deadline >= now,
+                load=e.beat.load,
+                lease_deadline=e.lease_deadline,
+                heartbeat_at=e.heartbeat_at,
+                started_at=e.started_at,
+                claim_attempts=e.beat.claim_attempts,
+                claims_won=e.beat.claims_won,
+                tasks_done=e.beat.tasks_done,
+            )
+            for e in sorted(self._experts.values(), key=lambda e: e.info.id)
+        ]
+
+    # -- the claim protocol ----------------------------------------------------------------
+    def _claimable(self, queues: Sequence[str], caps: Capabilities, now: float) -> list[str]:
+        qs = set(queues)
+        ids = [
+            tid
+            for tid, row in self._tasks.items()
+            if row.state == P
+            and row.run_at <= now
+            and row.spec.queue in qs
+            and caps.satisfies(row.spec.requirements)
+        ]
+        ids.sort(key=lambda t: (-self._tasks[t].spec.priority, self._tasks[t].run_at, t))
+        return ids
+
+    async def peek(
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+    ) -> list[TaskView]:
+        check_limit(limit)
+        now = self._clock()
+        out = []
+        for tid in self._claimable(queues, capabilities, now)[:limit]:
+            s = self._tasks[tid].spec
+            out.append(
+                TaskView(
+                    tid, s.type, s.queue, s.priority, s.requirements, self._tasks[tid].created_at
+                )
+            )
+        return out
+
+    def _live_session(self, expert: str, session: str, now: float) -> _Expert:
+        e = self._experts.get(expert)
+        if e is None or e.session != session or e.lease_deadline < now:
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        return e
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        self._live_session(expert, session, now)
+        if task_ids is None:
+            chosen = self._claimable(queues, capabilities, now)[:limit]
+        else:
+            qs = set(queues)
+            chosen = []
+            for tid in dict.fromkeys(task_ids):
+                row = self._tasks.get(tid)
+                if (
+                    row is not None
+                    and row.state == P
+                    and row.run_at <= now
+                    and row.spec.queue in qs
+                    and capabilities.satisfies(row.spec.requirements)
+                ):
+                    chosen.append(tid)
+                if len(chosen) >= limit:
+                    break
+        out = []
+        for tid in chosen:
+            row = self._tasks[tid]
+            row.state = R if start else C
+            row.owner = expert
+            row.fence += 1
+            row.attempts += 1
+            row.lease_deadline = now + ttl
+            row.updated_at = now
+            self._event(row, now, "claimed", expert)
+            s = row.spec
+            out.append(
+                Claimed(
+                    id=tid,
+                    type=s.type,
+                    queue=s.queue,
+                    args=json.loads(s.args_json),
+                    kwargs=json.loads(s.kwargs_json),
+                    fence=row.fence,
+                    attempt=row.attempts,
+                    max_attempts=s.max_attempts,
+                    checkpoint=_load(row.checkpoint),
+                    timeout=s.timeout,
+                    lease_deadline=now + ttl,
+                    priority=s.priority,
+                )
+            )
+        return out
+
+    def _owned(
+        self,
+        expert: str,
+        task_id: str,
+        fence: int,
+        now: float,
+        states: frozenset[TaskState] = frozenset({C, R}),
+    ) -> _Row | FencedOut:
+        row = self._tasks.get(task_id)
+        if row is None:
+            return FencedOut(task_id, fence, "no such task")
+        if row.fence != fence:
+            return FencedOut(task_id, fence, f"the task is at fence {row.fence}")
+        if row.owner != expert:
+            return FencedOut(task_id, fence, f"{expert} does not own it (owner: {row.owner})")
+        if row.state not in states:
+            return FencedOut(task_id, fence, f"the task is {row.state}")
+        if row.lease_deadline is None or row.lease_deadline < now:
+            return FencedOut(task_id, fence, "the lease lapsed")
+        return row
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        now = self._clock()
+        out: list[FencedOut | None] = []
+        for tid, fence in items:
+            row = self._owned(expert, tid, fence, now, frozenset({C}))
+            if isinstance(row, FencedOut):
+                out.append(row)
+                continue
+            row.state, row.updated_at = R, now
+            self._event(row, now, "started", expert)
+            out.append(None)
+        return out
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        e = self._live_session(expert, session, now)
+        e.lease_deadline = now + ttl
+        e.heartbeat_at = now
+        e.beat = beat
+        held = {}
+        for tid, row in self._tasks.items():
+            if (
+                row.owner == expert
+                and row.state in (C, R)
+                and row.lease_deadline is not None
+                and row.lease_deadline >= now
+            ):
+                row.lease_deadline = now + ttl
+                held[tid] = row.fence
+        return held
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        now = self._clock()
+        row = self._owned(expert, task_id, fence, now)
+        if isinstance(row, FencedOut):
+            raise row
+        row.checkpoint = state_json
+        row.updated_at = now
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        now = self._clock()
+        out: list[FencedOut | None] = []
+        for item in items:
+            row = self._owned(expert, item.task_id, item.fence, now)
+            if isinstance(row, FencedOut):
+                out.append(row)
+                continue
+            row.state, row.result, row.owner, row.lease_deadline = (
+                TaskState.SUCCEEDED,
+                item.result_json,
+                None,
+                None,
+            )
+            row.updated_at = now
+            self._event(row, now, "succeeded", expert)
+            self._done_times.append(now)
+            self._settle_dependents(item.task_id, now)
+            out.append(None)
+        self._touch()
+        return out
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        now = self._clock()
+        out: list[FencedOut | None] = []
+        for item in items:
+            row = self._owned(expert, item.task_id, item.fence, now)
+            if isinstance(row, FencedOut):
+                out.append(row)
+                continue
+            row.error, row.owner, row.lease_deadline, row.updated_at = (
+                item.error_json,
+                None,
+                None,
+                now,
+            )
+            if item.retry_delay is not None and row.attempts < row.spec.max_attempts:
+                row.state, row.run_at = P, now + item.retry_delay
+                self._event(row, now, "retry", expert, f"in {item.retry_delay:.3f}s")
+            else:
+                final = item.final_state if item.retry_delay is None else TaskState.DEAD
+                row.state = final
+                self._event(row, now, str(final), expert)
+                self._settle_dependents(item.task_id, now)
+            out.append(None)
+        self._touch()
+        return out
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        now = self._clock()
+        out: list[FencedOut | None] = []
+        for tid, fence in items:
+            row = self._owned(expert, tid, fence, now)
+            if isinstance(row, FencedOut):
+                out.append(row)
+                continue
+            row.state, row.owner, row.lease_deadline, row.updated_at = P, None, None, now
+            row.attempts = max(0, row.attempts - 1)
+            self._event(row, now, "released", expert)
+            out.append(None)
+        self._touch()
+        return out
+
+    async def expire(self) -> int:
+        now = self._clock()
+        moved = 0
+        for tid, row in self._tasks.items():
+            if row.state in (C, R) and row.lease_deadline is not None and row.lease_deadline < now:
+                prev = row.owner
+                row.state = after_failure(row.attempts, row.spec.max_attempts)
+                row.owner, row.lease_deadline, row.updated_at = None, None, now
+                if row.state == TaskState.DEAD:
+                    row.error = json.dumps(
+                        {
+                            "type": "LeaseExpired",
+                            "message": f"expert {prev} lost its lease on the last attempt",
+                        }
+                    )
+                    self._settle_dependents(tid, now)
+                self._event(row, now, "expired", prev)
+                moved += 1
+        for eid in [k for k, e in self._experts.items() if e.lease_deadline < now - 3600]:
+            del self._experts[eid]
+        if moved:
+            self._touch()
+        return moved
+
+    def _settle_dependents(self, task_id: str, now: float) -> None:
+        done = self._tasks[task_id]
+        todo = [(task_id, done.state)]
+        while todo:
+            tid, state = todo.pop()
+            for dep_tid in sorted(self._dependents.pop(tid, ())):
+                row = self._tasks[dep_tid]
+                if row.state != W:
+                    continue
+                if state == TaskState.SUCCEEDED:
+                    row.deps_left -= 1
+                    if row.deps_left == 0:
+                        row.state, row.updated_at = P, now
+                        row.run_at = max(row.run_at, now)
+                else:
+                    row.state, row.updated_at = TaskState.DEAD, now
+                    row.error = json.dumps(
+                        {"type": "DependencyFailed", "message": f"dependency {tid} ended {state}"}
+                    )
+                    self._event(row, now, "dead", None, f"dependency {tid} ended {state}")
+                    todo.append((dep_tid, TaskState.DEAD))
+
+    # -- management ------------------------------------------------------------------------
+    async def cancel(self, task_id: str) -> Task:
+        now = self._clock()
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        if not can_move(row.state, TaskState.CANCELLED):
+            raise InvalidTransition(task_id, row.state, "cancel")
+        prev = row.owner
+        row.state, row.owner, row.lease_deadline, row.updated_at = (
+            TaskState.CANCELLED,
+            None,
+            None,
+            now,
+        )
+        self._event(row, now, "cancelled", prev)
+        self._settle_dependents(task_id, now)
+        self._touch()
+        return self._view(task_id, row)
+
+    async def retry(self, task_id: str) -> Task:
+        now = self._clock()
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        if row.state not in (TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED):
+            raise InvalidTransition(task_id, row.state, "retry")
+        row.state, row.attempts, row.run_at, row.updated_at = P, 0, now, now
+        self._event(row, now, "retried", None)
+        self._touch()
+        return self._view(task_id, row)
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        old = self._experts.get(info.id)
+        if old is not None and old.lease_deadline >= now:
+            raise ExpertConflict(
+                f"expert id {info.id!r} is live elsewhere (host {old.info.host or '?'}, "
+                f"pid {old.info.pid}); pick another --name or stop that expert"
+            )
+        session = uuid.uuid4().hex
+        self._experts[info.id] = _Expert(info, session, now + ttl, now, now)
+        return session
+
+    async def deregister_expert(self, expert: str, session: str) -> None:
+        e = self._experts.get(expert)
+        if e is not None and e.session == session:
+            e.lease_deadline = min(e.lease_deadline, self._clock() - 1e-6)
+            e.beat = replace(e.beat, load=0)
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def wait_for_change(self, timeout: float) -> None:
+        if self._version == self._seen:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        self._seen = self._version
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        qs = set(queues)
+        due = [r.run_at for r in self._tasks.values() if r.state == P and r.spec.queue in qs]
+        return min(due) if due else None
+
+
+def _load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,283 @@
+"""The store port: every backend implements :class:`Store`, in domain words.
+
+Rules every backend keeps (the contract suite in ``contend.testing.contract`` checks them):
+
+* Times are the **store's** clock (``await store.now()``); an expert never compares its own
+  clock with another host's.
+* ``claim`` is one atomic step: a task is handed to at most one expert, its ``fence`` grows by
+  one, ``attempts`` grows by one and its lease deadline is ``now + lease_ttl``.
+* Every owner write (``start``, ``checkpoint``, ``complete``, ``fail``, ``release``) names the
+  owner and the fence, and lands only if that is still the task's current fence, owner and live
+  lease. A refused write changes nothing and is reported as :class:`~contend.errors.FencedOut`.
+* ``renew`` keeps every task of one expert session alive in one call and tells the expert which
+  tasks the store still considers its own; once a session's lease has lapsed it raises
+  :class:`~contend.errors.LeaseLost` and never revives it.
+* ``expire`` returns tasks whose lease lapsed to ``pending`` (``dead`` when their attempts are
+  spent), keeping their checkpoint.
+* A refused submission (bad dependency, cycle) leaves the store unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState
+from contend.errors import FencedOut
+
+# A store counts these per expert and reports them in stats.
+COMPETITION_COUNTERS = ("claim_attempts", "claims_won", "tasks_done")
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    id: str
+    created: bool  # False when the idempotency key matched an existing task
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A task just claimed: everything the expert needs to run it."""
+
+    id: str
+    type: str
+    queue: str
+    args: list[JSON]
+    kwargs: dict[str, JSON]
+    fence: int
+    attempt: int
+    max_attempts: int
+    checkpoint: JSON
+    timeout: float | None
+    lease_deadline: float
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    task_id: str
+    fence: int
+    result_json: str  # already encoded and size-checked
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    task_id: str
+    fence: int
+    error_json: str
+    retry_delay: float | None  # None: final, go to ``final_state``
+    final_state: TaskState = TaskState.DEAD
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertInfo:
+    """What an expert publishes about itself when it registers and heartbeats."""
+
+    id: str
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    queues: tuple[str, ...] = ("default",)
+    capacity: int = 1
+    tier: str = "general"
+    host: str = ""
+    pid: int = 0
+
+    def to_json_text(self) -> str:
+        return json.dumps(
+            {
+                "id": self.id,
+                "capabilities": self.capabilities.to_json(),
+                "queues": list(self.queues),
+                "capacity": self.capacity,
+                "tier": self.tier,
+                "host": self.host,
+                "pid": self.pid,
+            }
+        )
+
+    @classmethod
+    def from_json_text(cls, text: str) -> ExpertInfo:
+        d = json.loads(text)
+        caps = d.get("capabilities") or {}
+        return cls(
+            id=d["id"],
+            capabilities=Capabilities(
+                frozenset(caps.get("tags", ())), dict(caps.get("resources", {}))
+            ),
+            queues=tuple(d.get("queues", ("default",))),
+            capacity=int(d.get("capacity", 1)),
+            tier=d.get("tier", "general"),
+            host=d.get("host", ""),
+            pid=int(d.get("pid", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertRecord:
+    info: ExpertInfo
+    session: str
+    alive: bool
+    load: int
+    lease_deadline: float
+    heartbeat_at: float
+    started_at: float
+    claim_attempts: int = 0
+    claims_won: int = 0
+    tasks_done: int = 0
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "id": self.info.id,
+            "alive": self.alive,
+            "session": self.session,
+            "capabilities": self.info.capabilities.to_json(),
+            "queues": list(self.info.queues),
+            "capacity": self.info.capacity,
+            "tier": self.info.tier,
+            "host": self.info.host,
+            "pid": self.info.pid,
+            "load": self.load,
+            "lease_deadline": self.lease_deadline,
+            "heartbeat_at": self.heartbeat_at,
+            "started_at": self.started_at,
+            "claim_attempts": self.claim_attempts,
+            "claims_won": self.claims_won,
+            "tasks_done": self.tasks_done,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What an expert sends with each renewal: its load and cumulative counters."""
+
+    load: int = 0
+    claim_attempts: int = 0
+    claims_won: int = 0
+    tasks_done: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    now: float
+    counts: dict[str, dict[str, int]]  # queue -> state -> count
+    experts: list[ExpertRecord]
+    done_last_minute: int
+    oldest_pending_age: float | None
+
+    def to_json(self) -> dict[str, JSON]:
+        attempts = sum(e.claim_attempts for e in self.experts)
+        won = sum(e.claims_won for e in self.experts)
+        return {
+            "now": self.now,
+            "queues": self.counts,
+            "experts": [e.to_json() for e in self.experts],
+            "throughput_per_s": self.done_last_minute / 60.0,
+            "oldest_pending_age": self.oldest_pending_age,
+            "competition": {
+                "claim_attempts": attempts,
+                "claims_won": won,
+                "success_rate": (won / attempts) if attempts else None,
+            },
+        }
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The port. All methods are coroutines; a backend may block briefly inside them."""
+
+    url: str
+
+    async def open(self) -> None:
+        """Connect, create or check the schema. Raises SchemaError for a foreign target."""
+
+    async def close(self) -> None: ...
+
+    async def now(self) -> float:
+        """The store's clock, seconds since the epoch."""
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        """Insert tasks atomically (all or none). A spec whose key exists returns that task."""
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        """Raises TaskNotFound."""
+
+    async def list_tasks(
+        self,
+        *,
+        state: TaskState | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Task]: ...
+
+    async def stats(self) -> StoreStats: ...
+
+    async def list_experts(self) -> list[ExpertRecord]: ...
+
+    # -- the claim protocol ----------------------------------------------------------------
+    async def peek(
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+    ) -> list[TaskView]:
+        """Claimable tasks (pending, due) this expert can run, best first. Reads only."""
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+    ) -> list[Claimed]:
+        """Atomically claim up to *limit* tasks (only those in *task_ids* when given), moving
+        them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
+        session is not live."""
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        """Move claimed tasks (id, fence) to running."""
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        """Extend the session and all its tasks' leases; return {task id: fence} it holds."""
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        """Save a running task's state; raises FencedOut."""
+
+    async def complete(
+        self, expert: str, items: Sequence[Completion]
+    ) -> list[FencedOut | None]: ...
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]: ...
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        """Give tasks back unrun: pending at once, the attempt not counted."""
+
+    async def expire(self) -> int:
+        """Return lapsed tasks to pending (or dead); returns how many moved."""
+
+    # -- management ------------------------------------------------------------------------
+    async def cancel(self, task_id: str) -> Task:
+        """Cancel a pending, waiting, claimed or running task (its owner is fenced out)."""
+
+    async def retry(self, task_id: str) -> Task:
+        """Send a failed, dead or cancelled task back to pending with fresh attempts."""
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        """Start a session; raises ExpertConflict when *info.id* is live. Returns the session."""
+
+    async def deregister_expert(self, expert: str, session: str) -> None: ...
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return soon after the store may have changed, or after *timeout* seconds."""
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        """The earliest ``run_at`` of a pending task in *queues*, or None."""

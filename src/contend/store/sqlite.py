@@ -1,0 +1,1032 @@
+"""The SQLite store: many processes on one host share one database file.
+
+* WAL journal, so readers never wait for the writer.
+* Every write is one ``BEGIN IMMEDIATE`` transaction (never a read upgraded to a write), and a
+  claim is a single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING`` statement.
+* ``busy_timeout`` is 0: SQLite's own busy handler sleeps in growing steps and lets one process
+  win nearly every time, so a busy write is retried here after a short random pause instead,
+  which shares the lock fairly between processes.
+* Wake-ups: ``PRAGMA data_version`` tells, without taking a lock, whether another connection
+  committed; an idle expert checks it every few milliseconds.
+* Times come from this host's clock (all processes share it); tests inject a fake clock.
+
+Durability: ``synchronous=NORMAL`` by default, which in WAL mode survives any process crash
+(``kill -9``) but may lose the last transactions on power loss; add ``?synchronous=full`` to the
+URL to survive that too, at the cost of an fsync per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import (
+    JSON,
+    Capabilities,
+    Requirements,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskState,
+    can_move,
+)
+from contend.errors import (
+    ConfigError,
+    ExpertConflict,
+    FencedOut,
+    InvalidTransition,
+    LeaseLost,
+    SchemaError,
+    StoreBusy,
+    StoreError,
+    TaskNotFound,
+)
+from contend.store._common import (
+    check_batch_dependencies,
+    check_limit,
+    check_ttl,
+    initial_state,
+)
+from contend.store.port import (
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    StoreStats,
+    Submitted,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
+
+SCHEMA = """
+CREATE TABLE contend_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY,
+    type TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    args TEXT NOT NULL,
+    kwargs TEXT NOT NULL,
+    key TEXT UNIQUE,
+    requirements TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    fence INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_deadline REAL,
+    run_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    timeout REAL,
+    result TEXT,
+    error TEXT,
+    checkpoint TEXT,
+    depends_on TEXT,
+    deps_left INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX tasks_claimable ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
+CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
+CREATE INDEX tasks_state ON tasks (state, queue);
+CREATE INDEX tasks_done ON tasks (updated_at) WHERE state = 'succeeded';
+CREATE TABLE task_deps (dep_id TEXT NOT NULL, task_id TEXT NOT NULL, PRIMARY KEY (dep_id, task_id))
+    WITHOUT ROWID;
+CREATE TABLE task_events (
+    task_id TEXT NOT NULL, at REAL NOT NULL, event TEXT NOT NULL, fence INTEGER NOT NULL,
+    expert TEXT, detail TEXT
+);
+CREATE INDEX task_events_task ON task_events (task_id);
+CREATE TABLE experts (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    info TEXT NOT NULL,
+    lease_deadline REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    started_at REAL NOT NULL,
+    load INTEGER NOT NULL DEFAULT 0,
+    claim_attempts INTEGER NOT NULL DEFAULT 0,
+    claims_won INTEGER NOT NULL DEFAULT 0,
+    tasks_done INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+TASK_COLUMNS = (
+    "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
+    "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
+    "checkpoint, depends_on"
+)
+
+_SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:`` is refused
+    (processes could not share it)."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ConfigError(f"not an SQLite URL: {url!r}")
+    if parts.netloc:
+        raise ConfigError(
+            f"SQLite URL {url!r} has a host part {parts.netloc!r}; write sqlite:///relative.db "
+            "or sqlite:////absolute/path.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path or path.endswith("/"):
+        raise ConfigError(f"SQLite URL {url!r} names no file; write sqlite:///path/to/file.db")
+    if path == ":memory:":
+        raise ConfigError("sqlite:///:memory: cannot be shared between experts; use memory://")
+    opts = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = set(opts) - {"synchronous"}
+    if unknown:
+        raise ConfigError(f"SQLite URL {url!r}: unknown option(s) {sorted(unknown)}")
+    if "synchronous" in opts and opts["synchronous"].lower() not in _SYNC_MODES:
+        raise ConfigError(f"SQLite URL {url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
+    return path, opts
+
+
+class SQLiteStore:
+    """A store in one SQLite file. One connection per instance; create one per process."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_deadline: float = 30.0,
+        idle_poll: float = 0.005,
+    ) -> None:
+        self.url = url
+        self.path, opts = parse_sqlite_url(url)
+        self._sync = _SYNC_MODES[opts.get("synchronous", "normal").lower()]
+        self._clock = clock
+        self._busy_deadline = busy_deadline
+        self._idle_poll = idle_poll
+        self._db: sqlite3.Connection | None = None
+        self._data_version = -1
+        self._caps = Capabilities()
+        self._local_change = asyncio.Event()
+
+    # -- connection ------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._db is not None:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise ConfigError(
+                f"directory {directory!r} of SQLite store {self.path!r} does not exist"
+            )
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
+        db.execute("PRAGMA busy_timeout = 0")
+        db.create_function("contend_fits", 1, self._fits, deterministic=True)
+        self._db = db
+        try:
+            await self._retry(self._prepare)
+        except BaseException:
+            db.close()
+            self._db = None
+            raise
+
+    def _prepare(self) -> None:
+        db = self._conn
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as exc:
+            if _is_busy(exc):
+                raise
+            raise SchemaError(f"{self.path!r} is not an SQLite database ({exc})") from exc
+        if not tables and app_id == 0:
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                    for stmt in SCHEMA.split(";"):
+                        if stmt.strip():
+                            db.execute(stmt)
+                    db.execute(
+                        "INSERT INTO contend_meta VALUES ('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        elif app_id != APPLICATION_ID or "contend_meta" not in tables:
+            raise SchemaError(
+                f"{self.path!r} is an SQLite database but not a contend store "
+                "(it has other tables); point --store at a new or existing contend file"
+            )
+        else:
+            row = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+            if version != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"{self.path!r} has contend schema version {version}; this contend "
+                    f"understands version {SCHEMA_VERSION}"
+                )
+        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA synchronous = {self._sync}")
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreError("the SQLite store is not open (call await store.open())")
+        return self._db
+
+    async def now(self) -> float:
+        return self._clock()
+
+    # -- the write discipline --------------------------------------------------------------
+    async def _retry(self, fn: Callable[[], T]) -> T:
+        """Run *fn*, retrying after a short random pause while the database is busy."""
+        deadline = time.monotonic() + self._busy_deadline
+        pause = 0.0005
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise StoreBusy(
+                        f"{self.path!r} stayed locked for {self._busy_deadline:.0f}s"
+                    ) from exc
+            await asyncio.sleep(random.uniform(0, pause))
+            pause = min(pause * 2, 0.02)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            with self._write() as db:
+                return fn(db)
+
+        result = await self._retry(run)
+        return result
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        if not specs:
+            return []
+
+        def run(db: sqlite3.Connection) -> list[Submitted]:
+            now = self._clock()
+            keys = [s.key for s in specs if s.key is not None]
+            existing: dict[str, str] = {}
+            for chunk in _chunks(keys, 500):
+                marks = ",".join("?" * len(chunk))
+                existing.update(
+                    db.execute(
+                        f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk
+                    ).fetchall()
+                )
+            fresh: list[TaskSpec] = []
+            out: list[Submitted] = []
+            for spec in specs:
+                if spec.key is not None and spec.key in existing:
+                    out.append(Submitted(existing[spec.key], False))
+                    continue
+                if spec.key is not None:
+                    existing[spec.key] = spec.id
+                fresh.append(spec)
+                out.append(Submitted(spec.id, True))
+            check_batch_dependencies(fresh, lambda ids: self._existing(db, ids))
+            deps_state = self._dep_states(db, {d for s in fresh for d in s.depends_on})
+            rows = []
+            dep_rows: list[tuple[str, str]] = []
+            for spec in fresh:
+                left = [d for d in spec.depends_on if deps_state.get(d) not in _TERMINAL]
+                failed = [d for d in spec.depends_on if deps_state.get(d) in _TERMINAL_BAD]
+                state = initial_state(spec, len(left))
+                error = None
+                if failed:
+                    state = TaskState.DEAD
+                    error = _error_json(
+                        "DependencyFailed", f"dependency {failed[0]} did not succeed"
+                    )
+                rows.append(
+                    (
+                        spec.id,
+                        spec.type,
+                        spec.queue,
+                        str(state),
+                        spec.priority,
+                        spec.args_json,
+                        spec.kwargs_json,
+                        spec.key,
+                        _req_json(spec.requirements),
+                        spec.max_attempts,
+                        now + spec.delay,
+                        now,
+                        now,
+                        spec.timeout,
+                        json.dumps(list(spec.depends_on)) if spec.depends_on else None,
+                        len(left),
+                        error,
+                    )
+                )
+                dep_rows.extend((d, spec.id) for d in left)
+            db.executemany(
+                "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
+                "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
+                "deps_left, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+            if dep_rows:
+                db.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
+            return out
+
+        try:
+            result = await self._tx(run)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"submission refused by the database: {exc}") from exc
+        self._local_change.set()
+        return result
+
+    @staticmethod
+    def _existing(db: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        for chunk in _chunks(list(ids), 500):
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                r[0] for r in db.execute(f"SELECT id FROM tasks WHERE id IN ({marks})", chunk)
+            )
+        return found
+
+    @staticmethod
+    def _dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, str]:
+        states: dict[str, str] = {}
+        for chunk in _chunks(list(ids), 500):
+            marks = ",".join("?" * len(chunk))
+            states.update(
+                db.execute(f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk).fetchall()
+            )
+        return states
+
+    def _row_to_task(
+        self, r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...] = ()
+    ) -> Task:
+        return Task(
+            id=r[0],
+            type=r[1],
+            queue=r[2],
+            state=TaskState(r[3]),
+            priority=r[4],
+            args=json.loads(r[5]),
+            kwargs=json.loads(r[6]),
+            key=r[7],
+            requirements=Requirements.from_json(_load(r[8])),
+            attempts=r[9],
+            max_attempts=r[10],
+            fence=r[11],
+            owner=r[12],
+            lease_deadline=r[13],
+            run_at=r[14],
+            created_at=r[15],
+            updated_at=r[16],
+            timeout=r[17],
+            result=_load(r[18]),
+            error=_load(r[19]),
+            checkpoint=_load(r[20]),
+            depends_on=tuple(_load(r[21]) or ()),
+            history=history,
+        )
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        def run() -> Task:
+            db = self._conn
+            row = db.execute(
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            events: tuple[TaskEvent, ...] = ()
+            if history:
+                events = tuple(
+                    TaskEvent(*e)
+                    for e in db.execute(
+                        "SELECT at, event, fence, expert, detail FROM task_events "
+                        "WHERE task_id = ? ORDER BY rowid",
+                        (task_id,),
+                    )
+                )
+            return self._row_to_task(row, events)
+
+        return await self._retry(run)
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Task]:
+        check_limit(limit)
+        where, params = [], []
+        if state is not None:
+            where.append("state = ?")
+            params.append(str(TaskState(state)))
+        if queue is not None:
+            where.append("queue = ?")
+            params.append(queue)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY id LIMIT ?"
+        rows = await self._retry(lambda: self._conn.execute(sql, (*params, limit)).fetchall())
+        return [self._row_to_task(r) for r in rows]
+
+    async def stats(self) -> StoreStats:
+        def run() -> tuple[float, dict[str, dict[str, int]], int, float | None]:
+            db = self._conn
+            now = self._clock()
+            counts: dict[str, dict[str, int]] = {}
+            for queue, state, n in db.execute(
+                "SELECT queue, state, count(*) FROM tasks GROUP BY queue, state"
+            ):
+                counts.setdefault(queue, {})[state] = n
+            done = db.execute(
+                "SELECT count(*) FROM tasks WHERE state = 'succeeded' AND updated_at > ?",
+                (now - 60,),
+            ).fetchone()[0]
+            oldest = db.execute(
+                "SELECT min(run_at) FROM tasks WHERE state = 'pending' AND run_at <= ?", (now,)
+            ).fetchone()[0]
+            return now, counts, done, (None if oldest is None else now - oldest)
+
+        now, counts, done, oldest = await self._retry(run)
+        return StoreStats(now, counts, await self.list_experts(), done, oldest)
+
+    async def list_experts(self) -> list[ExpertRecord]:
+        rows = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
+                "claim_attempts, claims_won, tasks_done FROM experts ORDER BY id"
+            ).fetchall()
+        )
+        now = self._clock()
+        return [
+            ExpertRecord(
+                info=ExpertInfo.from_json_text(r[2]),
+                session=r[1],
+                alive=r[3] >= now,
+                load=r[6],
+                lease_deadline=r[3],
+                heartbeat_at=r[4],
+                started_at=r[5],
+                claim_attempts=r[7],
+                claims_won=r[8],
+                tasks_done=r[9],
+            )
+            for r in rows
+        ]
+
+    # -- the claim protocol ----------------------------------------------------------------
+    def _fits(self, req_json: str) -> int:
+        return int(self._caps.satisfies(Requirements.from_json(json.loads(req_json))))
+
+    @staticmethod
+    def _claimable_sql(queues: Sequence[str], with_ids: int | None) -> str:
+        qmarks = ",".join("?" * len(queues))
+        ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
+        return (
+            f"SELECT id FROM tasks WHERE state = 'pending' AND queue IN ({qmarks}) "
+            f"AND run_at <= ?{ids} AND (requirements IS NULL OR contend_fits(requirements)) "
+            "ORDER BY priority DESC, run_at, id LIMIT ?"
+        )
+
+    async def peek(
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+    ) -> list[TaskView]:
+        check_limit(limit)
+        if not queues or not limit:
+            return []
+
+        def run() -> list[TaskView]:
+            self._caps = capabilities
+            inner = self._claimable_sql(queues, None)
+            rows = self._conn.execute(
+                f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
+                f"WHERE id IN ({inner}) ORDER BY priority DESC, run_at, id",
+                (*queues, self._clock(), limit),
+            ).fetchall()
+            return [
+                TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(_load(r[4])), r[5])
+                for r in rows
+            ]
+
+        return await self._retry(run)
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        if not queues or not limit or (task_ids is not None and not task_ids):
+            return []
+        ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
+        new_state = "running" if start else "claimed"
+
+        def run(db: sqlite3.Connection) -> list[Claimed]:
+            now = self._clock()
+            self._check_session(db, expert, session, now)
+            self._caps = capabilities
+            inner = self._claimable_sql(queues, None if ids is None else len(ids))
+            rows = db.execute(
+                f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1, "
+                f"attempts = attempts + 1, lease_deadline = ?, updated_at = ? "
+                f"WHERE id IN ({inner}) "
+                "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+                "checkpoint, timeout, priority",
+                (new_state, expert, now + ttl, now, *queues, now, *(ids or ()), limit),
+            ).fetchall()
+            if rows:
+                db.executemany(
+                    "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
+                    [(r[0], now, "claimed", r[5], expert) for r in rows],
+                )
+            return [
+                Claimed(
+                    id=r[0],
+                    type=r[1],
+                    queue=r[2],
+                    args=json.loads(r[3]),
+                    kwargs=json.loads(r[4]),
+                    fence=r[5],
+                    attempt=r[6],
+                    max_attempts=r[7],
+                    checkpoint=_load(r[8]),
+                    timeout=r[9],
+                    lease_deadline=now + ttl,
+                    priority=r[10],
+                )
+                for r in rows
+            ]
+
+        return await self._tx(run)
+
+    def _check_session(self, db: sqlite3.Connection, expert: str, session: str, now: float) -> None:
+        row = db.execute(
+            "SELECT session, lease_deadline FROM experts WHERE id = ?", (expert,)
+        ).fetchone()
+        if row is None or row[0] != session or row[1] < now:
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+
+    def _owner_write(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: tuple[str, ...],
+        apply: Callable[[sqlite3.Connection, float, list[int]], None],
+    ) -> Callable[[sqlite3.Connection], list[FencedOut | None]]:
+        """Check each (id, fence) against owner, fence, state and lease; call *apply* with the
+        indexes that passed, inside the same transaction."""
+
+        def run(db: sqlite3.Connection) -> list[FencedOut | None]:
+            now = self._clock()
+            found: dict[str, tuple[Any, ...]] = {}
+            for chunk in _chunks([i[0] for i in items], 500):
+                marks = ",".join("?" * len(chunk))
+                for r in db.execute(
+                    f"SELECT id, fence, owner, state, lease_deadline FROM tasks WHERE id IN ({marks})",
+                    chunk,
+                ):
+                    found[r[0]] = r
+            out: list[FencedOut | None] = []
+            ok: list[int] = []
+            for n, (tid, fence) in enumerate(items):
+                r = found.get(tid)
+                if r is None:
+                    out.append(FencedOut(tid, fence, "no such task"))
+                elif r[1] != fence:
+                    out.append(FencedOut(tid, fence, f"the task is at fence {r[1]}"))
+                elif r[2] != expert:
+                    out.append(FencedOut(tid, fence, f"{expert} does not own it (owner: {r[2]})"))
+                elif r[3] not in states:
+                    out.append(FencedOut(tid, fence, f"the task is {r[3]}"))
+                elif r[4] is None or r[4] < now:
+                    out.append(FencedOut(tid, fence, "the lease lapsed"))
+                else:
+                    out.append(None)
+                    ok.append(n)
+            if ok:
+                apply(db, now, ok)
+            return out
+
+        return run
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
+            db.executemany(
+                "UPDATE tasks SET state = 'running', updated_at = ? WHERE id = ?",
+                [(now, items[n][0]) for n in ok],
+            )
+            self._events(db, [(items[n][0], now, "started", items[n][1], expert, None) for n in ok])
+
+        return await self._tx(self._owner_write(expert, items, ("claimed",), apply))
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        ttl = check_ttl(lease_ttl)
+
+        def run(db: sqlite3.Connection) -> dict[str, int]:
+            now = self._clock()
+            self._check_session(db, expert, session, now)
+            db.execute(
+                "UPDATE experts SET lease_deadline = ?, heartbeat_at = ?, load = ?, "
+                "claim_attempts = ?, claims_won = ?, tasks_done = ? WHERE id = ?",
+                (
+                    now + ttl,
+                    now,
+                    beat.load,
+                    beat.claim_attempts,
+                    beat.claims_won,
+                    beat.tasks_done,
+                    expert,
+                ),
+            )
+            rows = db.execute(
+                "UPDATE tasks SET lease_deadline = ? WHERE owner = ? "
+                "AND state IN ('claimed', 'running') AND lease_deadline >= ? RETURNING id, fence",
+                (now + ttl, expert, now),
+            ).fetchall()
+            return dict(rows)
+
+        return await self._tx(run)
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
+            db.execute(
+                "UPDATE tasks SET checkpoint = ?, updated_at = ? WHERE id = ?",
+                (state_json, now, task_id),
+            )
+
+        (res,) = await self._tx(self._owner_write(expert, [(task_id, fence)], _OWNED, apply))
+        if res is not None:
+            raise res
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        if not items:
+            return []
+        pairs = [(i.task_id, i.fence) for i in items]
+
+        def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
+            db.executemany(
+                "UPDATE tasks SET state = 'succeeded', result = ?, owner = NULL, "
+                "lease_deadline = NULL, updated_at = ? WHERE id = ?",
+                [(items[n].result_json, now, items[n].task_id) for n in ok],
+            )
+            self._events(
+                db, [(items[n].task_id, now, "succeeded", items[n].fence, expert, None) for n in ok]
+            )
+            self._settle_dependents(db, now, [(items[n].task_id, "succeeded") for n in ok])
+
+        out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
+        return out
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        if not items:
+            return []
+        pairs = [(i.task_id, i.fence) for i in items]
+
+        def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
+            attempts = dict(
+                db.execute(
+                    f"SELECT id, attempts < max_attempts FROM tasks WHERE id IN ({','.join('?' * len(ok))})",
+                    [items[n].task_id for n in ok],
+                ).fetchall()
+            )
+            settled = []
+            for n in ok:
+                item = items[n]
+                if item.retry_delay is not None and attempts[item.task_id]:
+                    db.execute(
+                        "UPDATE tasks SET state = 'pending', error = ?, owner = NULL, "
+                        "lease_deadline = NULL, run_at = ?, updated_at = ? WHERE id = ?",
+                        (item.error_json, now + item.retry_delay, now, item.task_id),
+                    )
+                    self._events(
+                        db,
+                        [
+                            (
+                                item.task_id,
+                                now,
+                                "retry",
+                                item.fence,
+                                expert,
+                                f"in {item.retry_delay:.3f}s",
+                            )
+                        ],
+                    )
+                else:
+                    final = str(item.final_state if item.retry_delay is None else TaskState.DEAD)
+                    db.execute(
+                        "UPDATE tasks SET state = ?, error = ?, owner = NULL, lease_deadline = NULL, "
+                        "updated_at = ? WHERE id = ?",
+                        (final, item.error_json, now, item.task_id),
+                    )
+                    self._events(db, [(item.task_id, now, final, item.fence, expert, None)])
+                    settled.append((item.task_id, final))
+            self._settle_dependents(db, now, settled)
+
+        out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
+        self._local_change.set()
+        return out
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        if not items:
+            return []
+
+        def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
+            db.executemany(
+                "UPDATE tasks SET state = 'pending', owner = NULL, lease_deadline = NULL, "
+                "attempts = max(0, attempts - 1), updated_at = ? WHERE id = ?",
+                [(now, items[n][0]) for n in ok],
+            )
+            self._events(
+                db, [(items[n][0], now, "released", items[n][1], expert, None) for n in ok]
+            )
+
+        out = await self._tx(self._owner_write(expert, list(items), _OWNED, apply))
+        self._local_change.set()
+        return out
+
+    async def expire(self) -> int:
+        def run(db: sqlite3.Connection) -> int:
+            now = self._clock()
+            lapsed = db.execute(
+                "SELECT id, owner, fence, attempts < max_attempts FROM tasks "
+                "WHERE state IN ('claimed', 'running') AND lease_deadline < ?",
+                (now,),
+            ).fetchall()
+            if not lapsed:
+                return 0
+            db.executemany(
+                "UPDATE tasks SET state = ?, error = coalesce(?, error), owner = NULL, "
+                "lease_deadline = NULL, updated_at = ? WHERE id = ?",
+                [
+                    (
+                        "pending" if r[3] else "dead",
+                        None
+                        if r[3]
+                        else _error_json(
+                            "LeaseExpired", f"expert {r[1]} lost its lease on the last attempt"
+                        ),
+                        now,
+                        r[0],
+                    )
+                    for r in lapsed
+                ],
+            )
+            self._events(db, [(r[0], now, "expired", r[2], r[1], None) for r in lapsed])
+            self._settle_dependents(db, now, [(r[0], "dead") for r in lapsed if not r[3]])
+            db.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
+            return len(lapsed)
+
+        # A cheap read first: most calls find nothing to do and need no write lock.
+        now = self._clock()
+        due = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT 1 FROM tasks WHERE state IN ('claimed', 'running') AND lease_deadline < ? LIMIT 1",
+                (now,),
+            ).fetchone()
+        )
+        if due is None:
+            return 0
+        moved = await self._tx(run)
+        if moved:
+            self._local_change.set()
+        return moved
+
+    def _settle_dependents(
+        self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
+    ) -> None:
+        todo = list(done)
+        while todo:
+            tid, state = todo.pop()
+            dependents = [
+                r[0]
+                for r in db.execute(
+                    "DELETE FROM task_deps WHERE dep_id = ? RETURNING task_id", (tid,)
+                )
+            ]
+            for dep_tid in sorted(dependents):
+                if state == "succeeded":
+                    db.execute(
+                        "UPDATE tasks SET deps_left = deps_left - 1, "
+                        "state = CASE WHEN deps_left = 1 THEN 'pending' ELSE state END, "
+                        "run_at = CASE WHEN deps_left = 1 THEN max(run_at, ?) ELSE run_at END, "
+                        "updated_at = ? WHERE id = ? AND state = 'waiting'",
+                        (now, now, dep_tid),
+                    )
+                else:
+                    hit = db.execute(
+                        "UPDATE tasks SET state = 'dead', error = ?, updated_at = ? "
+                        "WHERE id = ? AND state = 'waiting' RETURNING id",
+                        (
+                            _error_json("DependencyFailed", f"dependency {tid} ended {state}"),
+                            now,
+                            dep_tid,
+                        ),
+                    ).fetchone()
+                    if hit:
+                        todo.append((dep_tid, "dead"))
+
+    @staticmethod
+    def _events(
+        db: sqlite3.Connection, rows: list[tuple[str, float, str, int, str | None, str | None]]
+    ) -> None:
+        if rows:
+            db.executemany(
+                "INSERT INTO task_events (task_id, at, event, fence, expert, detail) VALUES (?,?,?,?,?,?)",
+                rows,
+            )
+
+    # -- management ------------------------------------------------------------------------
+    async def _manage(
+        self, task_id: str, target: TaskState, operation: str, allowed: Iterable[TaskState]
+    ) -> Task:
+        def run(db: sqlite3.Connection) -> None:
+            now = self._clock()
+            row = db.execute(
+                "SELECT state, fence, owner FROM tasks WHERE id = ?", (task_id,)
+            ).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            if TaskState(row[0]) not in allowed:
+                raise InvalidTransition(task_id, row[0], operation)
+            if target == TaskState.CANCELLED:
+                db.execute(
+                    "UPDATE tasks SET state = 'cancelled', owner = NULL, lease_deadline = NULL, "
+                    "updated_at = ? WHERE id = ?",
+                    (now, task_id),
+                )
+                db.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
+                self._settle_dependents(db, now, [(task_id, "cancelled")])
+            else:
+                db.execute(
+                    "UPDATE tasks SET state = 'pending', attempts = 0, run_at = ?, updated_at = ? "
+                    "WHERE id = ?",
+                    (now, now, task_id),
+                )
+            self._events(
+                db,
+                [
+                    (
+                        task_id,
+                        now,
+                        operation + ("led" if operation == "cancel" else "ed"),
+                        row[1],
+                        row[2],
+                        None,
+                    )
+                ],
+            )
+
+        await self._tx(run)
+        self._local_change.set()
+        return await self.get(task_id)
+
+    async def cancel(self, task_id: str) -> Task:
+        allowed = [s for s in TaskState if can_move(s, TaskState.CANCELLED)]
+        return await self._manage(task_id, TaskState.CANCELLED, "cancel", allowed)
+
+    async def retry(self, task_id: str) -> Task:
+        allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
+        return await self._manage(task_id, TaskState.PENDING, "retri", allowed)
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = check_ttl(lease_ttl)
+        session = uuid.uuid4().hex
+
+        def run(db: sqlite3.Connection) -> None:
+            now = self._clock()
+            row = db.execute(
+                "SELECT info, lease_deadline FROM experts WHERE id = ?", (info.id,)
+            ).fetchone()
+            if row is not None and row[1] >= now:
+                other = ExpertInfo.from_json_text(row[0])
+                raise ExpertConflict(
+                    f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
+                    f"{other.pid}); pick another --name or stop that expert"
+                )
+            db.execute(
+                "INSERT OR REPLACE INTO experts (id, session, info, lease_deadline, heartbeat_at, "
+                "started_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (info.id, session, info.to_json_text(), now + ttl, now, now),
+            )
+
+        await self._tx(run)
+        return session
+
+    async def deregister_expert(self, expert: str, session: str) -> None:
+        def run(db: sqlite3.Connection) -> None:
+            now = self._clock()
+            db.execute(
+                "UPDATE experts SET lease_deadline = min(lease_deadline, ?), load = 0 "
+                "WHERE id = ? AND session = ?",
+                (now - 1e-6, expert, session),
+            )
+
+        await self._tx(run)
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def wait_for_change(self, timeout: float) -> None:
+        """Check ``PRAGMA data_version`` every few ms; return when another connection committed,
+        this process submitted, or *timeout* passed."""
+        deadline = time.monotonic() + timeout
+        poll = min(self._idle_poll, timeout)
+        while True:
+            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version or self._local_change.is_set():
+                self._data_version = version
+                self._local_change.clear()
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._local_change.wait(), min(poll, left))
+            except TimeoutError:
+                pass
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        if not queues:
+            return None
+        marks = ",".join("?" * len(queues))
+        row = await self._retry(
+            lambda: self._conn.execute(
+                f"SELECT min(run_at) FROM tasks WHERE state = 'pending' AND queue IN ({marks})",
+                tuple(queues),
+            ).fetchone()
+        )
+        return None if row is None else row[0]
+
+
+_OWNED = ("claimed", "running")
+_TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
+_TERMINAL_BAD = {"failed", "dead", "cancelled"}
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+def _req_json(req: Requirements) -> str | None:
+    data = req.to_json()
+    return None if data is None else json.dumps(data, separators=(",", ":"))
+
+
+def _error_json(kind: str, message: str) -> str:
+    return json.dumps({"type": kind, "message": message})
