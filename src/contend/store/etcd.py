@@ -1,0 +1,1444 @@
+"""The etcd v3 store: many hosts share one etcd cluster; a claim is one etcd transaction.
+
+URL: ``etcd://host:port`` or ``etcd://host:port/prefix`` (every key lives under ``prefix/``,
+default ``contend/``). Options: ``timeout`` (seconds per RPC, default 5), ``max_txn_ops``
+(etcd's ``--max-txn-ops``, default 128).
+
+Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
+a ``/`` in a name can never be read as a separator)::
+
+    {p}meta                       {"schema": 1}; written once by the first open()
+    {p}t/{task}                   the task record, JSON, without its payloads
+    {p}d/{task}/args              [args, kwargs]          written once at submit
+    {p}d/{task}/result            the result JSON         written by complete()
+    {p}d/{task}/checkpoint        the checkpoint JSON     written by checkpoint()
+    {p}q/{queue}/{inv}/{due}/{task}
+                                  the pending index: one key per pending task. {inv} is
+                                  1_000_000 - priority on 7 digits and {due} the due time in
+                                  microseconds on 17 digits, so a range read of q/{queue}/ yields
+                                  the best priority first and FIFO within one priority. The value
+                                  holds what a scorer needs (type, requirements, created_at).
+    {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
+                                  owner's etcd lease, so it vanishes when that lease ends
+    {p}h/{expert}/{task}          the fence, on the same lease: what renew() reports as held
+    {p}a/{task}                   the owner, no lease: every claimed/running task. expire()
+                                  looks for an a/ key without its c/ key.
+    {p}k/{idempotency key}        the task id the key was first used for
+    {p}w/{dependency}/{task}      an edge: task waits for dependency
+    {p}s/{task}                   the task ended and its waiters still have to be told; the
+                                  marker is written in the same transaction as the ending, so a
+                                  crash before the waiters are settled is repaired by expire()
+    {p}e/{expert}                 the expert's record: info, session, counters (outlives it)
+    {p}l/{expert}                 the live session, on the expert's lease: {"session", "lease"}
+    {p}b/{task}/{expert}          reserved for auction bids (on the bidder's lease)
+    {p}leader/{queue}             reserved for central-dispatch leader election
+
+The claim is one ``Txn`` per task: it compares the task key's ``mod_revision`` with the one
+read, that ``c/{task}`` does not exist (``version = 0``) and that the expert's session key
+still holds its session; then it puts the task (fence + 1, attempts + 1), puts ``c/`` and
+``h/`` on the expert's lease, puts ``a/`` and deletes the pending-index key. The fence is a
+counter in the task record, not the etcd revision: it is the number every other backend
+reports (one more per claim), it survives a restore from a snapshot, and it is small enough to
+hand to external systems. Every owner write reads the task and its claim, checks fence, owner,
+state and claim, and commits with a Txn comparing both ``mod_revision`` values; a claim key
+that vanished with its lease makes the write fail as ``FencedOut("the lease lapsed")``.
+
+Leases: one etcd lease per expert session. ``register_expert`` grants it; ``renew`` sends one
+keep-alive on a long-lived ``LeaseKeepAlive`` stream (aetcd's ``refresh()`` opens a new stream
+per call) and refreshes the expert record. The store never keeps a lease alive on its own: the
+expert's heartbeat is the liveness signal, so a stalled expert loses its lease. etcd's TTL is
+the truth; the lease deadlines this store reports (heartbeat time + TTL) are approximations.
+etcd leases have whole-second TTLs (rounded up here) and etcd may extend a lease on a leader
+change, so the fence and the claim key, compared in every write, are the safety net.
+
+Clocks: etcd has no time API, so ``now()``, ``created_at`` and ``run_at`` come from the client
+host's clock. They decide only when delayed tasks fall due and what is displayed; ownership never
+depends on them (it depends on etcd leases and revisions).
+
+Limits: a submission larger than one transaction (``max_txn_ops``) is written in several
+transactions; every check (unknown dependency, cycle) runs before the first one, so a refused
+submission writes nothing, but an etcd failure between two of them leaves the earlier tasks in.
+etcd's default request limit (1.5 MiB) caps the size of one payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote, urlsplit
+
+from aetcd import rpc
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import (
+    JSON,
+    MAX_PRIORITY,
+    Capabilities,
+    Requirements,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskState,
+    can_move,
+)
+from contend.errors import (
+    ConfigError,
+    ExpertConflict,
+    FencedOut,
+    InvalidTransition,
+    LeaseLost,
+    SchemaError,
+    StoreError,
+    TaskNotFound,
+)
+from contend.store._common import (
+    after_failure,
+    check_batch_dependencies,
+    check_limit,
+    check_ttl,
+    initial_state,
+)
+from contend.store.port import (
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    StoreStats,
+    Submitted,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+#: Keep at most this many history events in a task record (it is rewritten at every change).
+HISTORY_LIMIT = 50
+#: How many times an owner write re-reads and retries when the task changed under it.
+WRITE_RETRIES = 20
+#: Expert records whose session ended this long ago are removed by expire().
+EXPERT_RETENTION = 3600.0
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+_OWNED = frozenset({C, R})
+
+# gRPC reconnects with exponential back-off up to two minutes by default; an etcd restart should
+# be noticed within seconds.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+)
+
+
+def parse_etcd_url(url: str) -> tuple[str, int, str]:
+    """``etcd://host:port[/prefix]`` -> (host, port, key prefix ending in ``/``)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"malformed etcd URL {url!r}: {exc}") from exc
+    if parts.scheme != "etcd":
+        raise ConfigError(f"not an etcd URL: {url!r}")
+    if not parts.hostname:
+        raise ConfigError(f"etcd URL {url!r} names no host; write etcd://host:2379")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"etcd URL {url!r}: options, fragments and credentials are not supported")
+    prefix = parts.path.strip("/")
+    if any(not seg for seg in prefix.split("/")) and prefix:
+        raise ConfigError(f"etcd URL {url!r}: the key prefix has an empty segment")
+    return parts.hostname, port or 2379, (prefix or "contend") + "/"
+
+
+def _enc(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with *prefix*."""
+    for i in range(len(prefix) - 1, -1, -1):
+        if prefix[i] < 0xFF:
+            return prefix[:i] + bytes([prefix[i] + 1])
+    return b"\0"
+
+
+def _error_json(kind: str, message: str) -> str:
+    return json.dumps({"type": kind, "message": message})
+
+
+def _load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+# -- request builders ----------------------------------------------------------------------
+def _put(key: bytes, value: bytes | str, lease: int = 0) -> Any:
+    data = value.encode() if isinstance(value, str) else value
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=data, lease=lease))
+
+
+def _delete(key: bytes, *, prefix: bool = False) -> Any:
+    req = rpc.DeleteRangeRequest(key=key)
+    if prefix:
+        req.range_end = _prefix_end(key)
+    return rpc.RequestOp(request_delete_range=req)
+
+
+def _get(key: bytes, *, prefix: bool = False, keys_only: bool = False) -> Any:
+    req = rpc.RangeRequest(key=key, keys_only=keys_only)
+    if prefix:
+        req.range_end = _prefix_end(key)
+    return rpc.RequestOp(request_range=req)
+
+
+def _mod_is(key: bytes, revision: int) -> Any:
+    return rpc.Compare(
+        key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
+    )
+
+
+def _absent(key: bytes) -> Any:
+    return rpc.Compare(key=key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL, version=0)
+
+
+def _value_is(key: bytes, value: bytes) -> Any:
+    return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+
+
+@dataclass(slots=True)
+class _Rec:
+    """A task record as stored under ``t/{id}`` (payloads live under ``d/{id}/``)."""
+
+    id: str
+    type: str
+    queue: str
+    state: str
+    priority: int
+    key: str | None
+    req: JSON
+    attempts: int
+    max_attempts: int
+    fence: int
+    owner: str | None
+    lease_deadline: float | None
+    run_at: float
+    created_at: float
+    updated_at: float
+    timeout: float | None
+    error: str | None
+    depends_on: list[str]
+    deps_left: int
+    has_waiters: bool
+    pending_key: str | None
+    history: list[list[Any]]
+
+    def dumps(self) -> bytes:
+        return json.dumps(
+            {name: getattr(self, name) for name in self.__slots__}, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def loads(cls, data: bytes) -> _Rec:
+        return cls(**json.loads(data))
+
+    def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
+        self.history.append([now, event, self.fence, expert, detail])
+        if len(self.history) > HISTORY_LIMIT:
+            del self.history[1 : len(self.history) - HISTORY_LIMIT + 1]
+
+
+class EtcdStore:
+    """A store in an etcd v3 cluster, reached over gRPC. One instance per process."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout: float = 5.0,
+        max_txn_ops: int = 128,
+    ) -> None:
+        self.url = url
+        self.host, self.port, prefix = parse_etcd_url(url)
+        self._p = prefix.encode()
+        self._clock = clock
+        if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_txn_ops, bool) or not isinstance(max_txn_ops, int) or max_txn_ops < 16:
+            raise ConfigError(f"max_txn_ops must be an integer >= 16, got {max_txn_ops!r}")
+        self._timeout = float(timeout)
+        self._max_ops = max_txn_ops
+        self._channel: Any = None
+        self._kv: Any = None
+        self._lease: Any = None
+        self._watch_stub: Any = None
+        self._sessions: dict[str, tuple[int, bytes]] = {}  # session -> (lease id, l/ value)
+        self._keepalives: dict[int, _KeepAlive] = {}
+        self._changed = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+
+    # -- keys --------------------------------------------------------------------------------
+    def _k(self, *parts: str) -> bytes:
+        return self._p + "/".join(parts).encode()
+
+    def _task_key(self, tid: str) -> bytes:
+        return self._k("t", _enc(tid))
+
+    def _data_key(self, tid: str, what: str) -> bytes:
+        return self._k("d", _enc(tid), what)
+
+    def _claim_key(self, tid: str) -> bytes:
+        return self._k("c", _enc(tid))
+
+    def _held_key(self, expert: str, tid: str) -> bytes:
+        return self._k("h", _enc(expert), _enc(tid))
+
+    def _active_key(self, tid: str) -> bytes:
+        return self._k("a", _enc(tid))
+
+    def _pending_key(self, rec: _Rec) -> str:
+        inv = MAX_PRIORITY - rec.priority
+        due = max(0, round(rec.run_at * 1_000_000))
+        return f"q/{_enc(rec.queue)}/{inv:07d}/{due:017d}/{_enc(rec.id)}"
+
+    # -- connection --------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._channel is not None:
+            return
+        self._channel = rpc.insecure_channel(f"{self.host}:{self.port}", options=_CHANNEL_OPTIONS)
+        self._kv = rpc.KVStub(self._channel)
+        self._lease = rpc.LeaseStub(self._channel)
+        self._watch_stub = rpc.WatchStub(self._channel)
+        try:
+            await self._check_schema()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_schema(self) -> None:
+        meta = self._k("meta")
+        for _ in range(3):
+            kv = (await self._read_many([meta]))[0]
+            if kv is not None:
+                self._check_meta(kv.value)
+                return
+            some = await self._range(self._p, _prefix_end(self._p), limit=1, keys_only=True)
+            if some.kvs:
+                raise SchemaError(
+                    f"etcd prefix {self._p.decode()!r} at {self.host}:{self.port} holds keys that "
+                    "are not a contend store; pick another prefix (etcd://host:port/prefix)"
+                )
+            want = json.dumps({"schema": SCHEMA_VERSION}).encode()
+            if (await self._txn([_absent(meta)], [_put(meta, want)])).succeeded:
+                return
+        raise StoreError(f"could not set up the contend store at {self._where()}")
+
+    def _check_meta(self, value: bytes) -> None:
+        try:
+            version = json.loads(value)["schema"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SchemaError(
+                f"etcd prefix {self._p.decode()!r} is not a contend store (bad meta key)"
+            ) from exc
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"etcd prefix {self._p.decode()!r} has contend schema version {version}; "
+                f"this contend understands version {SCHEMA_VERSION}"
+            )
+
+    async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+            self._watch_task = None
+        for ka in list(self._keepalives.values()):
+            ka.close()
+        self._keepalives.clear()
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def now(self) -> float:
+        return self._clock()
+
+    # -- RPC helpers -------------------------------------------------------------------------
+    def _where(self) -> str:
+        return f"etcd at {self.host}:{self.port}"
+
+    async def _call(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        if self._channel is None:
+            raise StoreError("the etcd store is not open (call await store.open())")
+        try:
+            return await make()
+        except rpc.AioRpcError as exc:
+            code = exc.code()
+            if code == rpc.StatusCode.UNAVAILABLE:
+                raise StoreError(
+                    f"cannot reach {self._where()} ({what}): {exc.details()}; is etcd running?"
+                ) from exc
+            if code == rpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StoreError(
+                    f"{self._where()} did not answer {what} within {self._timeout:g}s"
+                ) from exc
+            raise StoreError(
+                f"{self._where()} refused {what}: {code.name}: {exc.details()}"
+            ) from exc
+
+    async def _txn(
+        self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
+    ) -> Any:
+        req = rpc.TxnRequest(compare=compare, success=success, failure=list(failure))
+        return await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
+
+    async def _range(
+        self, key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
+    ) -> Any:
+        req = rpc.RangeRequest(key=key, limit=limit, keys_only=keys_only)
+        if end is not None:
+            req.range_end = end
+        return await self._call("a read", lambda: self._kv.Range(req, timeout=self._timeout))
+
+    async def _scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
+        """Every key under *prefix*, in key order, read in pages."""
+        out: list[Any] = []
+        start, end = prefix, _prefix_end(prefix)
+        while True:
+            resp = await self._range(start, end, limit=page, keys_only=keys_only)
+            out.extend(resp.kvs)
+            if not resp.more or not resp.kvs:
+                return out
+            start = resp.kvs[-1].key + b"\0"
+
+    async def _read_many(self, keys: Sequence[bytes]) -> list[Any]:
+        """Read several keys in one round trip; returns the KeyValue or None for each."""
+        out: list[Any] = []
+        for i in range(0, len(keys), self._max_ops):
+            chunk = keys[i : i + self._max_ops]
+            resp = await self._txn([], [_get(k) for k in chunk])
+            out.extend(
+                r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses
+            )
+        return out
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        landed: set[str] = set()
+        for _ in range(WRITE_RETRIES):
+            out = await self._submit(specs, landed)
+            if out is not None:
+                if landed:
+                    self._changed.set()
+                return out
+        raise StoreError(f"submission kept conflicting; gave up after {WRITE_RETRIES} tries")
+
+    async def _submit(self, specs: Sequence[TaskSpec], landed: set[str]) -> list[Submitted] | None:
+        """One try; None when a transaction lost a race (ids written so far are in *landed*)."""
+        if not specs:
+            return []
+        now = self._clock()
+        keyed = list(dict.fromkeys(s.key for s in specs if s.key is not None))
+        key_kvs = await self._read_many([self._k("k", _enc(k)) for k in keyed])
+        existing = {
+            k: kv.value.decode()
+            for k, kv in zip(keyed, key_kvs, strict=True)
+            if kv and kv.value.decode() not in landed
+        }
+        fresh: list[TaskSpec] = []
+        out: list[Submitted] = []
+        batch_keys: dict[str, str] = {}
+        for spec in specs:
+            if spec.key is not None and spec.key in existing:
+                out.append(Submitted(existing[spec.key], False))
+            elif spec.key is not None and spec.key in batch_keys:
+                out.append(Submitted(batch_keys[spec.key], False))
+            else:
+                if spec.key is not None:
+                    batch_keys[spec.key] = spec.id
+                if spec.id not in landed:
+                    fresh.append(spec)
+                out.append(Submitted(spec.id, True))
+        outside = sorted({d for s in fresh for d in s.depends_on} - {s.id for s in fresh})
+        dep_kvs = dict(
+            zip(outside, await self._read_many([self._task_key(d) for d in outside]), strict=True)
+        )
+        check_batch_dependencies(fresh, lambda ids: {i for i in ids if dep_kvs.get(i) is not None})
+        # Ids already in the store would be overwritten: refuse them like a unique key would.
+        clash = [kv for kv in await self._read_many([self._task_key(s.id) for s in fresh]) if kv]
+        if clash:
+            raise StoreError(f"submission refused: task id {clash[0].key.decode()!r} exists")
+        deps: dict[str, _Rec] = {d: _Rec.loads(kv.value) for d, kv in dep_kvs.items() if kv}
+        batch_ids = {s.id for s in fresh}
+        # One group of operations per task; groups are packed into transactions.
+        groups: list[tuple[str, list[Any], list[Any]]] = []
+        touched: set[str] = set()
+        for spec in fresh:
+            left = [
+                d
+                for d in spec.depends_on
+                if d in batch_ids or not TaskState(deps[d].state).terminal
+            ]
+            failed = [d for d in spec.depends_on if d in deps and deps[d].state in _BAD_END]
+            rec = _Rec(
+                id=spec.id,
+                type=spec.type,
+                queue=spec.queue,
+                state=str(initial_state(spec, len(left))),
+                priority=spec.priority,
+                key=spec.key,
+                req=spec.requirements.to_json(),
+                attempts=0,
+                max_attempts=spec.max_attempts,
+                fence=0,
+                owner=None,
+                lease_deadline=None,
+                run_at=now + spec.delay,
+                created_at=now,
+                updated_at=now,
+                timeout=spec.timeout,
+                error=None,
+                depends_on=list(spec.depends_on),
+                deps_left=len(left),
+                has_waiters=False,
+                pending_key=None,
+                history=[],
+            )
+            if failed:
+                rec.state = str(TaskState.DEAD)
+                rec.error = _error_json(
+                    "DependencyFailed", f"dependency {failed[0]} did not succeed"
+                )
+            cmp: list[Any] = []
+            ops: list[Any] = []
+            if spec.key is not None:
+                kk = self._k("k", _enc(spec.key))
+                cmp.append(_absent(kk))
+                ops.append(_put(kk, spec.id))
+            for d in left:
+                ops.append(_put(self._k("w", _enc(d), _enc(spec.id)), b""))
+                if d in deps and d not in touched:
+                    # Mark the dependency as awaited, under a compare on its revision: if it
+                    # ends meanwhile, this transaction fails and the submission is re-read.
+                    touched.add(d)
+                    deps[d].has_waiters = True
+                    cmp.append(_mod_is(self._task_key(d), dep_kvs[d].mod_revision))
+                    ops.append(_put(self._task_key(d), deps[d].dumps()))
+            if rec.state == P:
+                rec.pending_key = self._pending_key(rec)
+                ops.append(_put(self._k(rec.pending_key), self._index_value(rec)))
+            if spec.id in {d for s in fresh for d in s.depends_on}:
+                rec.has_waiters = True
+            cmp.append(_absent(self._task_key(spec.id)))
+            ops.append(_put(self._task_key(spec.id), rec.dumps()))
+            ops.append(
+                _put(self._data_key(spec.id, "args"), f"[{spec.args_json},{spec.kwargs_json}]")
+            )
+            groups.append((spec.id, cmp, ops))
+        for ids, cmp, ops in self._pack(groups):
+            if not (await self._txn(cmp, ops)).succeeded:
+                # A concurrent submission took an idempotency key, or a dependency changed.
+                # Nothing of this transaction landed; the caller starts over from a fresh read.
+                return None
+            landed.update(ids)
+        return out
+
+    def _pack(
+        self, groups: list[tuple[str, list[Any], list[Any]]]
+    ) -> Iterable[tuple[list[str], list[Any], list[Any]]]:
+        """Pack per-task groups of (compares, operations) into transactions of bounded size."""
+        ids: list[str] = []
+        cmp: list[Any] = []
+        ops: list[Any] = []
+        for tid, gc, go in groups:
+            if ids and (len(cmp) + len(gc) > self._max_ops or len(ops) + len(go) > self._max_ops):
+                yield ids, cmp, ops
+                ids, cmp, ops = [], [], []
+            ids.append(tid)
+            cmp, ops = cmp + gc, ops + go
+        if ids:
+            yield ids, cmp, ops
+
+    @staticmethod
+    def _index_value(rec: _Rec) -> bytes:
+        return json.dumps(
+            {
+                "type": rec.type,
+                "req": rec.req,
+                "created_at": rec.created_at,
+                "run_at": rec.run_at,
+                "priority": rec.priority,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def _view(
+        self,
+        rec: _Rec,
+        args: tuple[list[JSON], dict[str, JSON]] | None,
+        result: JSON = None,
+        checkpoint: JSON = None,
+        history: bool = False,
+        lease_deadline: float | None = None,
+    ) -> Task:
+        a, kw = args if args is not None else ([], {})
+        return Task(
+            id=rec.id,
+            type=rec.type,
+            queue=rec.queue,
+            state=TaskState(rec.state),
+            priority=rec.priority,
+            args=a,
+            kwargs=kw,
+            key=rec.key,
+            requirements=Requirements.from_json(rec.req),
+            attempts=rec.attempts,
+            max_attempts=rec.max_attempts,
+            fence=rec.fence,
+            owner=rec.owner,
+            lease_deadline=lease_deadline if lease_deadline is not None else rec.lease_deadline,
+            run_at=rec.run_at,
+            created_at=rec.created_at,
+            updated_at=rec.updated_at,
+            timeout=rec.timeout,
+            result=result,
+            error=_load(rec.error),
+            checkpoint=checkpoint,
+            depends_on=tuple(rec.depends_on),
+            history=tuple(TaskEvent(*e) for e in rec.history) if history else (),
+        )
+
+    async def _owner_deadlines(self, owners: Iterable[str]) -> dict[str, float]:
+        """Approximate lease deadlines (last heartbeat + TTL) of the given experts."""
+        names = sorted(set(owners))
+        kvs = await self._read_many([self._k("e", _enc(n)) for n in names])
+        out = {}
+        for n, kv in zip(names, kvs, strict=True):
+            if kv is not None:
+                d = json.loads(kv.value)
+                out[n] = d["heartbeat_at"] + d["ttl"]
+        return out
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        ids = [self._task_key(task_id)] + [
+            self._data_key(task_id, w) for w in ("args", "result", "checkpoint")
+        ]
+        t, a, r, c = await self._read_many(ids)
+        if t is None:
+            raise TaskNotFound(task_id)
+        rec = _Rec.loads(t.value)
+        deadline = None
+        if rec.owner is not None and rec.state in _OWNED_S:
+            deadline = (await self._owner_deadlines([rec.owner])).get(rec.owner)
+        args = json.loads(a.value) if a is not None else None
+        return self._view(
+            rec,
+            (args[0], args[1]) if args else None,
+            json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
+            json.loads(c.value) if c is not None else None,
+            history,
+            deadline,
+        )
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Task]:
+        check_limit(limit)
+        if not limit:
+            return []
+        want = None if state is None else str(TaskState(state))
+        recs: list[_Rec] = []
+        for kv in await self._scan(self._k("t", "")):
+            rec = _Rec.loads(kv.value)
+            if (want is None or rec.state == want) and (queue is None or rec.queue == queue):
+                recs.append(rec)
+        recs.sort(key=lambda r: r.id)
+        recs = recs[:limit]
+        data = await self._read_many(
+            [self._data_key(r.id, w) for r in recs for w in ("args", "result", "checkpoint")]
+        )
+        deadlines = await self._owner_deadlines(
+            r.owner for r in recs if r.owner and r.state in _OWNED_S
+        )
+        out = []
+        for n, rec in enumerate(recs):
+            a, r, c = data[3 * n : 3 * n + 3]
+            args = json.loads(a.value) if a is not None else None
+            out.append(
+                self._view(
+                    rec,
+                    (args[0], args[1]) if args else None,
+                    json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
+                    json.loads(c.value) if c is not None else None,
+                    False,
+                    deadlines.get(rec.owner) if rec.owner else None,
+                )
+            )
+        return out
+
+    async def stats(self) -> StoreStats:
+        now = self._clock()
+        counts: dict[str, dict[str, int]] = {}
+        done = 0
+        oldest: float | None = None
+        for kv in await self._scan(self._k("t", "")):
+            rec = _Rec.loads(kv.value)
+            q = counts.setdefault(rec.queue, {})
+            q[rec.state] = q.get(rec.state, 0) + 1
+            if rec.state == "succeeded" and rec.updated_at > now - 60:
+                done += 1
+            if rec.state == "pending" and rec.run_at <= now:
+                age = now - rec.run_at
+                oldest = age if oldest is None else max(oldest, age)
+        return StoreStats(now, counts, await self.list_experts(), done, oldest)
+
+    async def list_experts(self) -> list[ExpertRecord]:
+        resp = await self._txn(
+            [], [_get(self._k("e", ""), prefix=True), _get(self._k("l", ""), prefix=True)]
+        )
+        experts, sessions = (r.response_range.kvs for r in resp.responses)
+        live = {json.loads(kv.value)["session"] for kv in sessions}
+        out = []
+        for kv in experts:
+            d = json.loads(kv.value)
+            alive = d["session"] in live
+            deadline = d["heartbeat_at"] + d["ttl"]
+            if not alive:
+                deadline = min(deadline, d.get("ended_at") or deadline)
+            out.append(
+                ExpertRecord(
+                    info=ExpertInfo.from_json_text(d["info"]),
+                    session=d["session"],
+                    alive=alive,
+                    load=d["load"],
+                    lease_deadline=deadline,
+                    heartbeat_at=d["heartbeat_at"],
+                    started_at=d["started_at"],
+                    claim_attempts=d["claim_attempts"],
+                    claims_won=d["claims_won"],
+                    tasks_done=d["tasks_done"],
+                )
+            )
+        return sorted(out, key=lambda e: e.info.id)
+
+    # -- the claim protocol ----------------------------------------------------------------
+    async def _candidates(
+        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
+    ) -> list[tuple[tuple[str, str, str], Any, dict[str, Any]]]:
+        """Pending-index entries that are due and that *caps* can run, best first."""
+        found: list[tuple[tuple[str, str, str], Any, dict[str, Any]]] = []
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("q", _enc(queue), "")
+            start, end = prefix, _prefix_end(prefix)
+            taken = 0
+            while taken < limit:
+                resp = await self._range(start, end, limit=max(64, 2 * limit))
+                for kv in resp.kvs:
+                    meta = json.loads(kv.value)
+                    if meta["run_at"] > now or not caps.satisfies(
+                        Requirements.from_json(meta["req"])
+                    ):
+                        continue
+                    inv, due, tid = kv.key[len(prefix) :].decode().split("/")
+                    found.append(((inv, due, tid), kv, meta))
+                    taken += 1
+                if not resp.more or not resp.kvs:
+                    break
+                start = resp.kvs[-1].key + b"\0"
+        found.sort(key=lambda f: f[0])
+        return found
+
+    async def peek(
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+    ) -> list[TaskView]:
+        check_limit(limit)
+        if not queues or not limit:
+            return []
+        out = []
+        for (_, _, etid), _kv, meta in (
+            await self._candidates(queues, capabilities, limit, self._clock())
+        )[:limit]:
+            tid = _unenc(etid)
+            queue = _unenc(_kv.key[len(self._k("q", "")) :].decode().split("/")[0])
+            out.append(
+                TaskView(
+                    tid,
+                    meta["type"],
+                    queue,
+                    meta["priority"],
+                    Requirements.from_json(meta["req"]),
+                    meta["created_at"],
+                )
+            )
+        return out
+
+    async def _session(self, expert: str, session: str) -> tuple[int, bytes]:
+        """(lease id, session key value) of a live session; raises LeaseLost."""
+        kv = (await self._read_many([self._k("l", _enc(expert))]))[0]
+        if kv is None or json.loads(kv.value)["session"] != session:
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        lease = int(json.loads(kv.value)["lease"])
+        self._sessions[session] = (lease, kv.value)
+        return lease, kv.value
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        lease, session_value = await self._session(expert, session)
+        if not queues or not limit or (task_ids is not None and not task_ids):
+            return []
+        now = self._clock()
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        cands: list[tuple[str, bytes]]  # (task id, its pending-index key)
+        if task_ids is None:
+            found = await self._candidates(queues, capabilities, limit, now)
+            cands = [(_unenc(f[0][2]), f[1].key) for f in found]
+        else:
+            ids = list(dict.fromkeys(task_ids))
+            qs = set(queues)
+            cands = []
+            for tid, kv in zip(
+                ids, await self._read_many([self._task_key(t) for t in ids]), strict=True
+            ):
+                if kv is None:
+                    continue
+                rec = _Rec.loads(kv.value)
+                if (
+                    rec.state == "pending"
+                    and rec.pending_key is not None
+                    and rec.run_at <= now
+                    and rec.queue in qs
+                    and capabilities.satisfies(Requirements.from_json(rec.req))
+                ):
+                    cands.append((tid, self._k(rec.pending_key)))
+        out: list[Claimed] = []
+        session_key = self._k("l", _enc(expert))
+        for i in range(0, len(cands), 32):
+            if len(out) >= limit:
+                break
+            batch = cands[i : i + 32]
+            tids = [c[0] for c in batch]
+            reads = await self._read_many(
+                [
+                    k
+                    for t in tids
+                    for k in (
+                        self._task_key(t),
+                        self._data_key(t, "args"),
+                        self._data_key(t, "checkpoint"),
+                    )
+                ]
+            )
+            for n, (tid, ikey) in enumerate(batch):
+                if len(out) >= limit:
+                    break
+                t, a, c = reads[3 * n : 3 * n + 3]
+                if t is None or a is None:
+                    continue
+                rec = _Rec.loads(t.value)
+                if (
+                    rec.state != "pending"
+                    or rec.pending_key is None
+                    or self._k(rec.pending_key) != ikey
+                ):
+                    continue
+                rec.state = str(R if start else C)
+                rec.owner = expert
+                rec.fence += 1
+                rec.attempts += 1
+                rec.lease_deadline = now + ttl
+                rec.updated_at = now
+                rec.pending_key = None
+                rec.event(now, "claimed", expert)
+                claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
+                resp = await self._txn(
+                    [
+                        _mod_is(t.key, t.mod_revision),
+                        _absent(self._claim_key(tid)),
+                        _value_is(session_key, session_value),
+                    ],
+                    [
+                        _put(t.key, rec.dumps()),
+                        _put(self._claim_key(tid), claim, lease),
+                        _put(self._held_key(expert, tid), str(rec.fence), lease),
+                        _put(self._active_key(tid), expert),
+                        _delete(ikey),
+                    ],
+                    [_get(session_key)],
+                )
+                if not resp.succeeded:
+                    kvs = resp.responses[0].response_range.kvs
+                    if not kvs or kvs[0].value != session_value:
+                        self._sessions.pop(session, None)
+                        raise LeaseLost(f"expert {expert}: session {session} is not live")
+                    continue  # another expert won this one
+                args, kwargs = json.loads(a.value)
+                out.append(
+                    Claimed(
+                        id=tid,
+                        type=rec.type,
+                        queue=rec.queue,
+                        args=args,
+                        kwargs=kwargs,
+                        fence=rec.fence,
+                        attempt=rec.attempts,
+                        max_attempts=rec.max_attempts,
+                        checkpoint=json.loads(c.value) if c is not None else None,
+                        timeout=rec.timeout,
+                        lease_deadline=now + ttl,
+                        priority=rec.priority,
+                    )
+                )
+        return out
+
+    async def _owner_write(
+        self,
+        expert: str,
+        task_id: str,
+        fence: int,
+        states: frozenset[str],
+        apply: Callable[[_Rec, float], list[Any]],
+    ) -> FencedOut | None:
+        """Check owner, fence, state and live claim, then commit *apply*'s operations in one
+        Txn that compares the task and claim revisions read; re-read when either moved."""
+        tkey, ckey = self._task_key(task_id), self._claim_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            t, c = await self._read_many([tkey, ckey])
+            if t is None:
+                return FencedOut(task_id, fence, "no such task")
+            rec = _Rec.loads(t.value)
+            if rec.fence != fence:
+                return FencedOut(task_id, fence, f"the task is at fence {rec.fence}")
+            if rec.owner != expert:
+                return FencedOut(task_id, fence, f"{expert} does not own it (owner: {rec.owner})")
+            if rec.state not in states:
+                return FencedOut(task_id, fence, f"the task is {rec.state}")
+            if c is None or json.loads(c.value)["fence"] != fence:
+                return FencedOut(task_id, fence, "the lease lapsed")
+            now = self._clock()
+            ops = apply(rec, now)
+            resp = await self._txn(
+                [_mod_is(tkey, t.mod_revision), _mod_is(ckey, c.mod_revision)], ops
+            )
+            if resp.succeeded:
+                return None
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    def _unown(self, rec: _Rec, expert: str) -> list[Any]:
+        """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
+        rec.owner, rec.lease_deadline = None, None
+        return [
+            _delete(self._claim_key(rec.id)),
+            _delete(self._held_key(expert, rec.id)),
+            _delete(self._active_key(rec.id)),
+        ]
+
+    def _to_pending(self, rec: _Rec) -> list[Any]:
+        rec.state = "pending"
+        rec.pending_key = self._pending_key(rec)
+        return [_put(self._k(rec.pending_key), self._index_value(rec))]
+
+    def _ended(self, rec: _Rec) -> list[Any]:
+        """Operations for a task that just reached a terminal state."""
+        return [_put(self._k("s", _enc(rec.id)), rec.state)] if rec.has_waiters else []
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            rec.state, rec.updated_at = "running", now
+            rec.event(now, "started", expert)
+            return [_put(self._task_key(rec.id), rec.dumps())]
+
+        return [
+            await self._owner_write(expert, tid, fence, frozenset({"claimed"}), apply)
+            for tid, fence in items
+        ]
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        check_ttl(lease_ttl)
+        lease, session_value = self._sessions.get(session) or await self._session(expert, session)
+        ka = self._keepalives.get(lease)
+        if ka is None:
+            ka = self._keepalives[lease] = _KeepAlive(self, lease)
+        remaining = await ka.refresh()
+        if remaining <= 0:
+            self._drop_session(session, lease)
+            raise LeaseLost(f"expert {expert}: the etcd lease of session {session} expired")
+        now = self._clock()
+        ekey, lkey = self._k("e", _enc(expert)), self._k("l", _enc(expert))
+        e = (await self._read_many([ekey]))[0]
+        if e is None:
+            self._drop_session(session, lease)
+            raise LeaseLost(f"expert {expert}: its record is gone")
+        d = json.loads(e.value)
+        d.update(
+            heartbeat_at=now,
+            load=beat.load,
+            claim_attempts=beat.claim_attempts,
+            claims_won=beat.claims_won,
+            tasks_done=beat.tasks_done,
+        )
+        resp = await self._txn(
+            [_value_is(lkey, session_value)],
+            [_put(ekey, json.dumps(d)), _get(self._k("h", _enc(expert), ""), prefix=True)],
+        )
+        if not resp.succeeded:
+            self._drop_session(session, lease)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        held = resp.responses[1].response_range.kvs
+        base = len(self._k("h", _enc(expert), ""))
+        return {_unenc(kv.key[base:].decode()): int(kv.value) for kv in held}
+
+    def _drop_session(self, session: str, lease: int) -> None:
+        self._sessions.pop(session, None)
+        ka = self._keepalives.pop(lease, None)
+        if ka is not None:
+            ka.close()
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            rec.updated_at = now
+            return [
+                _put(self._task_key(rec.id), rec.dumps()),
+                _put(self._data_key(rec.id, "checkpoint"), state_json),
+            ]
+
+        res = await self._owner_write(expert, task_id, fence, _OWNED_S, apply)
+        if res is not None:
+            raise res
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        out: list[FencedOut | None] = []
+        ended: list[str] = []
+        for item in items:
+
+            def apply(rec: _Rec, now: float, item: Completion = item) -> list[Any]:
+                ops = self._unown(rec, expert)
+                rec.state, rec.updated_at = "succeeded", now
+                rec.event(now, "succeeded", expert)
+                ops += self._ended(rec)
+                return [
+                    *ops,
+                    _put(self._task_key(rec.id), rec.dumps()),
+                    _put(self._data_key(rec.id, "result"), item.result_json),
+                ]
+
+            res = await self._owner_write(expert, item.task_id, item.fence, _OWNED_S, apply)
+            out.append(res)
+            if res is None:
+                ended.append(item.task_id)
+        await self._settle_many(ended)
+        return out
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        out: list[FencedOut | None] = []
+        ended: list[str] = []
+        for item in items:
+            final: list[bool] = []
+
+            def apply(
+                rec: _Rec, now: float, item: Failure = item, final: list[bool] = final
+            ) -> list[Any]:
+                final.clear()
+                ops = self._unown(rec, expert)
+                rec.error, rec.updated_at = item.error_json, now
+                if item.retry_delay is not None and rec.attempts < rec.max_attempts:
+                    rec.run_at = now + item.retry_delay
+                    ops += self._to_pending(rec)
+                    rec.event(now, "retry", expert, f"in {item.retry_delay:.3f}s")
+                else:
+                    rec.state = str(
+                        item.final_state if item.retry_delay is None else TaskState.DEAD
+                    )
+                    rec.event(now, rec.state, expert)
+                    ops += self._ended(rec)
+                    final.append(True)
+                return [*ops, _put(self._task_key(rec.id), rec.dumps())]
+
+            res = await self._owner_write(expert, item.task_id, item.fence, _OWNED_S, apply)
+            out.append(res)
+            if res is None and final:
+                ended.append(item.task_id)
+        await self._settle_many(ended)
+        return out
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            ops = self._unown(rec, expert)
+            rec.attempts = max(0, rec.attempts - 1)
+            rec.updated_at = now
+            ops += self._to_pending(rec)
+            rec.event(now, "released", expert)
+            return [*ops, _put(self._task_key(rec.id), rec.dumps())]
+
+        return [
+            await self._owner_write(expert, tid, fence, _OWNED_S, apply) for tid, fence in items
+        ]
+
+    async def expire(self) -> int:
+        resp = await self._txn(
+            [],
+            [
+                _get(self._k("a", ""), prefix=True),
+                _get(self._k("c", ""), prefix=True, keys_only=True),
+            ],
+        )
+        active, claims = (r.response_range.kvs for r in resp.responses)
+        a_base, c_base = len(self._k("a", "")), len(self._k("c", ""))
+        claimed = {kv.key[c_base:] for kv in claims}
+        lapsed = [
+            _unenc(kv.key[a_base:].decode()) for kv in active if kv.key[a_base:] not in claimed
+        ]
+        moved = 0
+        ended: list[str] = []
+        for tid in lapsed:
+            tkey, ckey = self._task_key(tid), self._claim_key(tid)
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                await self._txn([], [_delete(self._active_key(tid))])
+                continue
+            rec = _Rec.loads(t.value)
+            if rec.state not in _OWNED_S:
+                await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(self._active_key(tid))])
+                continue
+            now = self._clock()
+            prev = rec.owner
+            ops = [_delete(self._active_key(tid))]
+            if prev is not None:
+                ops.append(_delete(self._held_key(prev, tid)))
+            rec.owner, rec.lease_deadline, rec.updated_at = None, None, now
+            if after_failure(rec.attempts, rec.max_attempts) == P:
+                ops += self._to_pending(rec)
+            else:
+                rec.state = "dead"
+                rec.error = _error_json(
+                    "LeaseExpired", f"expert {prev} lost its lease on the last attempt"
+                )
+                ops += self._ended(rec)
+            rec.event(now, "expired", prev)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision), _absent(ckey)], ops)
+            if resp.succeeded:
+                moved += 1
+                if rec.state == "dead":
+                    ended.append(tid)
+        await self._settle_many(ended)
+        # Repair: endings whose waiters were not settled (a crash right after the ending).
+        s_base = len(self._k("s", ""))
+        leftovers = [
+            _unenc(kv.key[s_base:].decode())
+            for kv in await self._scan(self._k("s", ""), keys_only=True)
+        ]
+        await self._settle_many([t for t in leftovers if t not in ended])
+        await self._forget_experts()
+        if moved:
+            self._changed.set()
+        return moved
+
+    async def _forget_experts(self) -> None:
+        now = self._clock()
+        for e in await self.list_experts():
+            if not e.alive and e.lease_deadline < now - EXPERT_RETENTION:
+                await self._txn([], [_delete(self._k("e", _enc(e.info.id)))])
+
+    async def _settle_many(self, task_ids: Iterable[str]) -> None:
+        todo = list(task_ids)
+        while todo:
+            todo.extend(await self._settle(todo.pop()))
+
+    async def _settle(self, task_id: str) -> list[str]:
+        """Tell the waiters of an ended task; return the waiters that died in turn."""
+        t = (await self._read_many([self._task_key(task_id)]))[0]
+        skey = self._k("s", _enc(task_id))
+        if t is None:
+            await self._txn([], [_delete(skey)])
+            return []
+        state = _Rec.loads(t.value).state
+        base = self._k("w", _enc(task_id), "")
+        died: list[str] = []
+        for edge in await self._scan(base, keys_only=True):
+            wid = _unenc(edge.key[len(base) :].decode())
+            wkey = self._task_key(wid)
+            for _ in range(WRITE_RETRIES):
+                w = (await self._read_many([wkey]))[0]
+                if w is None:
+                    await self._txn([], [_delete(edge.key)])
+                    break
+                rec = _Rec.loads(w.value)
+                ops = [_delete(edge.key)]
+                now = self._clock()
+                dies = False
+                if rec.state == "waiting":
+                    rec.updated_at = now
+                    if state == "succeeded":
+                        rec.deps_left -= 1
+                        if rec.deps_left <= 0:
+                            rec.run_at = max(rec.run_at, now)
+                            ops += self._to_pending(rec)
+                    else:
+                        dies = True
+                        rec.state = "dead"
+                        rec.error = _error_json(
+                            "DependencyFailed", f"dependency {task_id} ended {state}"
+                        )
+                        rec.event(now, "dead", None, f"dependency {task_id} ended {state}")
+                        ops += self._ended(rec)
+                    ops.append(_put(wkey, rec.dumps()))
+                resp = await self._txn(
+                    [
+                        _mod_is(wkey, w.mod_revision),
+                        rpc.Compare(
+                            key=edge.key,
+                            target=rpc.Compare.VERSION,
+                            result=rpc.Compare.GREATER,
+                            version=0,
+                        ),
+                    ],
+                    ops,
+                )
+                if resp.succeeded:
+                    if dies and rec.has_waiters:
+                        died.append(wid)
+                    break
+                if not (await self._read_many([edge.key]))[0]:
+                    break  # someone else settled this edge
+        await self._txn([], [_delete(skey)])
+        return died
+
+    # -- management ------------------------------------------------------------------------
+    async def cancel(self, task_id: str) -> Task:
+        tkey = self._task_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                raise TaskNotFound(task_id)
+            rec = _Rec.loads(t.value)
+            if not can_move(TaskState(rec.state), TaskState.CANCELLED):
+                raise InvalidTransition(task_id, rec.state, "cancel")
+            now = self._clock()
+            prev = rec.owner
+            ops: list[Any] = []
+            if prev is not None:
+                ops += self._unown(rec, prev)
+            else:
+                ops.append(_delete(self._active_key(task_id)))
+            if rec.pending_key is not None:
+                ops.append(_delete(self._k(rec.pending_key)))
+                rec.pending_key = None
+            rec.state, rec.updated_at = "cancelled", now
+            rec.event(now, "cancelled", prev)
+            ops += self._ended(rec)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
+            if resp.succeeded:
+                await self._settle_many([task_id] if rec.has_waiters else [])
+                self._changed.set()
+                return await self.get(task_id)
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def retry(self, task_id: str) -> Task:
+        tkey = self._task_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                raise TaskNotFound(task_id)
+            rec = _Rec.loads(t.value)
+            if rec.state not in ("failed", "dead", "cancelled"):
+                raise InvalidTransition(task_id, rec.state, "retry")
+            now = self._clock()
+            rec.attempts, rec.run_at, rec.updated_at = 0, now, now
+            ops = self._to_pending(rec)
+            rec.event(now, "retried", None)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
+            if resp.succeeded:
+                self._changed.set()
+                return await self.get(task_id)
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = max(1, math.ceil(check_ttl(lease_ttl)))
+        grant = await self._call(
+            "a lease grant",
+            lambda: self._lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl), timeout=self._timeout),
+        )
+        if grant.error:
+            raise StoreError(f"{self._where()} refused a lease: {grant.error}")
+        lease = int(grant.ID)
+        granted = int(grant.TTL)
+        session = uuid.uuid4().hex
+        now = self._clock()
+        lkey, ekey = self._k("l", _enc(info.id)), self._k("e", _enc(info.id))
+        lvalue = json.dumps({"session": session, "lease": lease, "ttl": granted}).encode()
+        record = {
+            "info": info.to_json_text(),
+            "session": session,
+            "lease": lease,
+            "ttl": granted,
+            "started_at": now,
+            "heartbeat_at": now,
+            "ended_at": None,
+            "load": 0,
+            "claim_attempts": 0,
+            "claims_won": 0,
+            "tasks_done": 0,
+        }
+        resp = await self._txn(
+            [_absent(lkey)],
+            [_put(lkey, lvalue, lease), _put(ekey, json.dumps(record))],
+            [_get(ekey)],
+        )
+        if not resp.succeeded:
+            await self._revoke(lease)
+            kvs = resp.responses[0].response_range.kvs
+            other = ExpertInfo.from_json_text(json.loads(kvs[0].value)["info"]) if kvs else info
+            raise ExpertConflict(
+                f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, "
+                f"pid {other.pid}); pick another --name or stop that expert"
+            )
+        self._sessions[session] = (lease, lvalue)
+        return session
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self._call(
+                "a lease revoke",
+                lambda: self._lease.LeaseRevoke(
+                    rpc.LeaseRevokeRequest(ID=lease), timeout=self._timeout
+                ),
+            )
+        except StoreError as exc:
+            if "not found" not in str(exc):
+                raise
+
+    async def deregister_expert(self, expert: str, session: str) -> None:
+        lkey, ekey = self._k("l", _enc(expert)), self._k("e", _enc(expert))
+        lkv, ekv = await self._read_many([lkey, ekey])
+        if lkv is None or json.loads(lkv.value)["session"] != session or ekv is None:
+            return
+        d = json.loads(ekv.value)
+        d.update(load=0, ended_at=self._clock())
+        await self._txn([_value_is(lkey, lkv.value)], [_put(ekey, json.dumps(d))])
+        lease = int(json.loads(lkv.value)["lease"])
+        self._drop_session(session, lease)
+        await self._revoke(lease)
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def wait_for_change(self, timeout: float) -> None:
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+        if not self._changed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        self._changed.clear()
+
+    async def _watch(self) -> None:
+        """Watch the pending index for new keys; reconnect with back-off when the stream ends."""
+        pause = 0.05
+        prefix = self._k("q", "")
+        while self._channel is not None:
+            call = self._watch_stub.Watch()
+            try:
+                create = rpc.WatchCreateRequest(
+                    key=prefix,
+                    range_end=_prefix_end(prefix),
+                    filters=[rpc.WatchCreateRequest.NODELETE],
+                )
+                await call.write(rpc.WatchRequest(create_request=create))
+                while True:
+                    resp = await call.read()
+                    if resp is None or not isinstance(resp, rpc.WatchResponse):
+                        break
+                    if resp.created:
+                        pause = 0.05
+                        # Events may have been missed while no watch was running.
+                        self._changed.set()
+                    if resp.events:
+                        self._changed.set()
+                    if resp.canceled:
+                        break
+            except rpc.AioRpcError:
+                pass
+            finally:
+                call.cancel()
+            self._changed.set()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        best: float | None = None
+        for queue in dict.fromkeys(queues):
+            for kv in await self._scan(self._k("q", _enc(queue), ""), keys_only=True):
+                due = int(kv.key.decode().rsplit("/", 2)[1]) / 1_000_000
+                best = due if best is None else min(best, due)
+        return best
+
+
+class _KeepAlive:
+    """One long-lived ``LeaseKeepAlive`` stream for one lease: each refresh() sends one request
+    and reads one answer. The stream is reopened once when it broke (etcd restarted)."""
+
+    def __init__(self, store: EtcdStore, lease: int) -> None:
+        self._store = store
+        self._lease = lease
+        self._call: Any = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> int:
+        """Send one keep-alive; return the TTL etcd granted (0 when the lease is gone)."""
+        async with self._lock:
+            for attempt in range(2):
+                if self._call is None:
+                    self._call = self._store._lease.LeaseKeepAlive()
+                try:
+                    await asyncio.wait_for(
+                        self._call.write(rpc.LeaseKeepAliveRequest(ID=self._lease)),
+                        self._store._timeout,
+                    )
+                    resp = await asyncio.wait_for(self._call.read(), self._store._timeout)
+                except Exception as exc:  # a broken stream raises several kinds; reopen it
+                    self.close()
+                    if attempt == 1:
+                        raise StoreError(
+                            f"cannot renew lease {self._lease:x} at {self._store._where()}: {exc}"
+                        ) from exc
+                    continue
+                if resp is None or not isinstance(resp, rpc.LeaseKeepAliveResponse):
+                    self.close()
+                    continue
+                return int(resp.TTL)
+        raise StoreError(f"the keep-alive stream of lease {self._lease:x} keeps closing")
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+
+_OWNED_S = frozenset({"claimed", "running"})
+_BAD_END = frozenset({"failed", "dead", "cancelled"})
+
+
+def _unenc(text: str) -> str:
+    return unquote(text)
