@@ -269,11 +269,14 @@ class Expert:
         """Seed 002: release everything held at once and commit nothing of it."""
         self.stats.leases_lost += 1
         runs = list(self._runs.values())
+        unsent = len(self._outbox)
         log.error(
-            "expert %s lost its lease (%s): stopping %d task(s), committing none",
+            "expert %s lost its lease (%s): stopping %d running task(s) and dropping %d "
+            "finished result(s); committing none",
             self.name,
             why,
             len(runs),
+            unsent,
         )
         for run in runs:
             self._abandon(run)
@@ -576,7 +579,8 @@ class Expert:
         if not batch:
             return
         if not self._lease_safe():
-            log.error("expert %s: lease not safe; dropping %d commit(s)", self.name, len(batch))
+            self._outbox[:0] = batch
+            await self._lose_lease("no renewal within the lease")
             return
         done = [o for o in batch if isinstance(o, Completion)]
         failed = [o for o in batch if isinstance(o, Failure)]
