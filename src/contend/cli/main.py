@@ -77,7 +77,7 @@ def _json_arg(name: str, kind: type) -> Callable[[str], Any]:
         except json.JSONDecodeError as exc:
             raise argparse.ArgumentTypeError(f"{name} is not valid JSON: {exc}") from None
         if not isinstance(value, kind):
-            want = "an array" if kind is list else "an object"
+            want = "array" if kind is list else "object"
             raise argparse.ArgumentTypeError(f"{name} must be a JSON {want}, got {text!r}")
         return value
 
