@@ -281,7 +281,11 @@ class EtcdStore:
         self._watch_stub: Any = None
         self._sessions: dict[str, tuple[int, bytes]] = {}  # session -> (lease id, l/ value)
         self._keepalives: dict[int, _KeepAlive] = {}
+        # Wake-ups: every change seen (a watch event or a write of this instance) sets the
+        # current event and replaces it, so that every waiter of the moment wakes.
         self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
         self._watch_task: asyncio.Task[None] | None = None
 
     # -- keys --------------------------------------------------------------------------------
@@ -435,7 +439,7 @@ class EtcdStore:
             out = await self._submit(specs, landed)
             if out is not None:
                 if landed:
-                    self._changed.set()
+                    self._touch()
                 return out
         raise StoreError(f"submission kept conflicting; gave up after {WRITE_RETRIES} tries")
 
@@ -1047,6 +1051,8 @@ class EtcdStore:
             if res is None:
                 ended.append(item.task_id)
         await self._settle_many(ended)
+        if ended:
+            self._touch()  # wakes result() waiters of this process; experts watch q/ only
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
@@ -1079,6 +1085,8 @@ class EtcdStore:
             if res is None and final:
                 ended.append(item.task_id)
         await self._settle_many(ended)
+        if any(r is None for r in out):
+            self._touch()
         return out
 
     async def release(
@@ -1153,7 +1161,7 @@ class EtcdStore:
         await self._settle_many([t for t in leftovers if t not in ended])
         await self._forget_experts()
         if moved:
-            self._changed.set()
+            self._touch()
         return moved
 
     async def _forget_experts(self) -> None:
@@ -1253,7 +1261,7 @@ class EtcdStore:
             resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
             if resp.succeeded:
                 await self._settle_many([task_id] if rec.has_waiters else [])
-                self._changed.set()
+                self._touch()
                 return await self.get(task_id)
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 
@@ -1273,7 +1281,7 @@ class EtcdStore:
             ops.append(_put(tkey, rec.dumps()))
             resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
             if resp.succeeded:
-                self._changed.set()
+                self._touch()
                 return await self.get(task_id)
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 
@@ -1345,13 +1353,18 @@ class EtcdStore:
         await self._revoke(lease)
 
     # -- wake-ups --------------------------------------------------------------------------
+    def _touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def wait_for_change(self, timeout: float) -> None:
         if self._watch_task is None or self._watch_task.done():
             self._watch_task = asyncio.get_running_loop().create_task(self._watch())
-        if not self._changed.is_set():
+        if self._version == self._seen:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
-        self._changed.clear()
+        self._seen = self._version
 
     async def _watch(self) -> None:
         """Watch the pending index for new keys; reconnect with back-off when the stream ends."""
@@ -1373,16 +1386,16 @@ class EtcdStore:
                     if resp.created:
                         pause = 0.05
                         # Events may have been missed while no watch was running.
-                        self._changed.set()
+                        self._touch()
                     if resp.events:
-                        self._changed.set()
+                        self._touch()
                     if resp.canceled:
                         break
             except rpc.AioRpcError:
                 pass
             finally:
                 call.cancel()
-            self._changed.set()
+            self._touch()
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
