@@ -835,82 +835,90 @@ class EtcdStore:
                     cands.append((tid, self._k(rec.pending_key)))
         out: list[Claimed] = []
         session_key = self._k("l", _enc(expert))
-        for i in range(0, len(cands), 32):
-            if len(out) >= limit:
-                break
-            batch = cands[i : i + 32]
-            tids = [c[0] for c in batch]
+        lost = False
+
+        async def one(tid: str, ikey: bytes, t: Any, a: Any, c: Any) -> None:
+            """One claim transaction; the transactions of a round run concurrently."""
+            nonlocal lost
+            rec = _Rec.loads(t.value)
+            rec.state = str(R if start else C)
+            rec.owner = expert
+            rec.fence += 1
+            rec.attempts += 1
+            rec.lease_deadline = now + ttl
+            rec.updated_at = now
+            rec.pending_key = None
+            rec.event(now, "claimed", expert)
+            claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
+            resp = await self._txn(
+                [
+                    _mod_is(t.key, t.mod_revision),
+                    _absent(self._claim_key(tid)),
+                    _value_is(session_key, session_value),
+                ],
+                [
+                    _put(t.key, rec.dumps()),
+                    _put(self._claim_key(tid), claim, lease),
+                    _put(self._held_key(expert, tid), str(rec.fence), lease),
+                    _put(self._active_key(tid), expert),
+                    _delete(ikey),
+                ],
+                [_get(session_key)],
+            )
+            if not resp.succeeded:
+                kvs = resp.responses[0].response_range.kvs
+                lost = lost or not kvs or kvs[0].value != session_value
+                return  # another expert won this one, or the session ended
+            args, kwargs = json.loads(a.value)
+            out.append(
+                Claimed(
+                    id=tid,
+                    type=rec.type,
+                    queue=rec.queue,
+                    args=args,
+                    kwargs=kwargs,
+                    fence=rec.fence,
+                    attempt=rec.attempts,
+                    max_attempts=rec.max_attempts,
+                    checkpoint=json.loads(c.value) if c is not None else None,
+                    timeout=rec.timeout,
+                    lease_deadline=now + ttl,
+                    priority=rec.priority,
+                )
+            )
+
+        # Rounds: try as many candidates as claims are still wanted, best first, until enough
+        # were won or the candidates ran out.
+        rest = cands
+        while rest and len(out) < limit and not lost:
+            batch, rest = rest[: limit - len(out)], rest[limit - len(out) :]
             reads = await self._read_many(
                 [
                     k
-                    for t in tids
+                    for tid, _ in batch
                     for k in (
-                        self._task_key(t),
-                        self._data_key(t, "args"),
-                        self._data_key(t, "checkpoint"),
+                        self._task_key(tid),
+                        self._data_key(tid, "args"),
+                        self._data_key(tid, "checkpoint"),
                     )
                 ]
             )
+            tries = []
             for n, (tid, ikey) in enumerate(batch):
-                if len(out) >= limit:
-                    break
                 t, a, c = reads[3 * n : 3 * n + 3]
                 if t is None or a is None:
                     continue
                 rec = _Rec.loads(t.value)
-                if (
-                    rec.state != "pending"
-                    or rec.pending_key is None
-                    or self._k(rec.pending_key) != ikey
-                ):
-                    continue
-                rec.state = str(R if start else C)
-                rec.owner = expert
-                rec.fence += 1
-                rec.attempts += 1
-                rec.lease_deadline = now + ttl
-                rec.updated_at = now
-                rec.pending_key = None
-                rec.event(now, "claimed", expert)
-                claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
-                resp = await self._txn(
-                    [
-                        _mod_is(t.key, t.mod_revision),
-                        _absent(self._claim_key(tid)),
-                        _value_is(session_key, session_value),
-                    ],
-                    [
-                        _put(t.key, rec.dumps()),
-                        _put(self._claim_key(tid), claim, lease),
-                        _put(self._held_key(expert, tid), str(rec.fence), lease),
-                        _put(self._active_key(tid), expert),
-                        _delete(ikey),
-                    ],
-                    [_get(session_key)],
-                )
-                if not resp.succeeded:
-                    kvs = resp.responses[0].response_range.kvs
-                    if not kvs or kvs[0].value != session_value:
-                        self._sessions.pop(session, None)
-                        raise LeaseLost(f"expert {expert}: session {session} is not live")
-                    continue  # another expert won this one
-                args, kwargs = json.loads(a.value)
-                out.append(
-                    Claimed(
-                        id=tid,
-                        type=rec.type,
-                        queue=rec.queue,
-                        args=args,
-                        kwargs=kwargs,
-                        fence=rec.fence,
-                        attempt=rec.attempts,
-                        max_attempts=rec.max_attempts,
-                        checkpoint=json.loads(c.value) if c is not None else None,
-                        timeout=rec.timeout,
-                        lease_deadline=now + ttl,
-                        priority=rec.priority,
-                    )
-                )
+                # The index entry read must still be the task's: pending, same priority and due.
+                current = rec.pending_key is not None and self._k(rec.pending_key) == ikey
+                if rec.state == "pending" and current:
+                    tries.append(one(tid, ikey, t, a, c))
+            await asyncio.gather(*tries)
+        if lost:
+            # Claims won in the same round vanished with the lease; expire() returns them.
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        out.sort(key=lambda cl: (-cl.priority, cl.id))
         return out
 
     async def _owner_write(
@@ -970,10 +978,14 @@ class EtcdStore:
             rec.event(now, "started", expert)
             return [_put(self._task_key(rec.id), rec.dumps())]
 
-        return [
-            await self._owner_write(expert, tid, fence, frozenset({"claimed"}), apply)
-            for tid, fence in items
-        ]
+        return list(
+            await asyncio.gather(
+                *(
+                    self._owner_write(expert, tid, fence, frozenset({"claimed"}), apply)
+                    for tid, fence in items
+                )
+            )
+        )
 
     async def renew(
         self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
@@ -1031,61 +1043,61 @@ class EtcdStore:
             raise res
 
     async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
-        out: list[FencedOut | None] = []
-        ended: list[str] = []
-        for item in items:
-
-            def apply(rec: _Rec, now: float, item: Completion = item) -> list[Any]:
-                ops = self._unown(rec, expert)
+        def apply(item: Completion) -> Callable[[_Rec, float], list[Any]]:
+            def ops(rec: _Rec, now: float) -> list[Any]:
+                out = self._unown(rec, expert)
                 rec.state, rec.updated_at = "succeeded", now
                 rec.event(now, "succeeded", expert)
-                ops += self._ended(rec)
-                return [
-                    *ops,
-                    _put(self._task_key(rec.id), rec.dumps()),
-                    _put(self._data_key(rec.id, "result"), item.result_json),
-                ]
+                out += self._ended(rec)
+                out.append(_put(self._task_key(rec.id), rec.dumps()))
+                out.append(_put(self._data_key(rec.id, "result"), item.result_json))
+                return out
 
-            res = await self._owner_write(expert, item.task_id, item.fence, _OWNED_S, apply)
-            out.append(res)
-            if res is None:
-                ended.append(item.task_id)
+            return ops
+
+        out = list(
+            await asyncio.gather(
+                *(self._owner_write(expert, i.task_id, i.fence, _OWNED_S, apply(i)) for i in items)
+            )
+        )
+        ended = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
         await self._settle_many(ended)
         if ended:
             self._touch()  # wakes result() waiters of this process; experts watch q/ only
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
-        out: list[FencedOut | None] = []
-        ended: list[str] = []
-        for item in items:
-            final: list[bool] = []
+        final: set[str] = set()
 
-            def apply(
-                rec: _Rec, now: float, item: Failure = item, final: list[bool] = final
-            ) -> list[Any]:
-                final.clear()
-                ops = self._unown(rec, expert)
+        def apply(item: Failure) -> Callable[[_Rec, float], list[Any]]:
+            def ops(rec: _Rec, now: float) -> list[Any]:
+                final.discard(rec.id)
+                out = self._unown(rec, expert)
                 rec.error, rec.updated_at = item.error_json, now
                 if item.retry_delay is not None and rec.attempts < rec.max_attempts:
                     rec.run_at = now + item.retry_delay
-                    ops += self._to_pending(rec)
+                    out += self._to_pending(rec)
                     rec.event(now, "retry", expert, f"in {item.retry_delay:.3f}s")
                 else:
                     rec.state = str(
                         item.final_state if item.retry_delay is None else TaskState.DEAD
                     )
                     rec.event(now, rec.state, expert)
-                    ops += self._ended(rec)
-                    final.append(True)
-                return [*ops, _put(self._task_key(rec.id), rec.dumps())]
+                    out += self._ended(rec)
+                    final.add(rec.id)
+                out.append(_put(self._task_key(rec.id), rec.dumps()))
+                return out
 
-            res = await self._owner_write(expert, item.task_id, item.fence, _OWNED_S, apply)
-            out.append(res)
-            if res is None and final:
-                ended.append(item.task_id)
-        await self._settle_many(ended)
-        if any(r is None for r in out):
+            return ops
+
+        out = list(
+            await asyncio.gather(
+                *(self._owner_write(expert, i.task_id, i.fence, _OWNED_S, apply(i)) for i in items)
+            )
+        )
+        landed = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
+        await self._settle_many([t for t in landed if t in final])
+        if landed:
             self._touch()
         return out
 
@@ -1100,9 +1112,11 @@ class EtcdStore:
             rec.event(now, "released", expert)
             return [*ops, _put(self._task_key(rec.id), rec.dumps())]
 
-        return [
-            await self._owner_write(expert, tid, fence, _OWNED_S, apply) for tid, fence in items
-        ]
+        return list(
+            await asyncio.gather(
+                *(self._owner_write(expert, tid, fence, _OWNED_S, apply) for tid, fence in items)
+            )
+        )
 
     async def expire(self) -> int:
         resp = await self._txn(
@@ -1351,6 +1365,18 @@ class EtcdStore:
         lease = int(json.loads(lkv.value)["lease"])
         self._drop_session(session, lease)
         await self._revoke(lease)
+
+    async def purge_all(self) -> None:
+        """Delete every task, expert and index under this store's prefix (benchmarks, tests).
+        Live sessions end with it: their session keys are gone."""
+        meta = self._k("meta")
+        first = rpc.DeleteRangeRequest(key=self._p, range_end=meta)
+        rest = rpc.DeleteRangeRequest(key=meta + b"\0", range_end=_prefix_end(self._p))
+        await self._txn(
+            [],
+            [rpc.RequestOp(request_delete_range=first), rpc.RequestOp(request_delete_range=rest)],
+        )
+        self._touch()
 
     # -- wake-ups --------------------------------------------------------------------------
     def _touch(self) -> None:
