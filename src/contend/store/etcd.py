@@ -286,6 +286,7 @@ class EtcdStore:
         self._changed = asyncio.Event()
         self._version = 0
         self._seen = 0
+        self._rev = 0  # the highest etcd revision this instance has seen
         self._watch_task: asyncio.Task[None] | None = None
 
     # -- keys --------------------------------------------------------------------------------
@@ -400,7 +401,9 @@ class EtcdStore:
         self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
     ) -> Any:
         req = rpc.TxnRequest(compare=compare, success=success, failure=list(failure))
-        return await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
+        resp = await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
+        self._rev = max(self._rev, resp.header.revision)
+        return resp
 
     async def _range(
         self, key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
@@ -408,7 +411,9 @@ class EtcdStore:
         req = rpc.RangeRequest(key=key, limit=limit, keys_only=keys_only)
         if end is not None:
             req.range_end = end
-        return await self._call("a read", lambda: self._kv.Range(req, timeout=self._timeout))
+        resp = await self._call("a read", lambda: self._kv.Range(req, timeout=self._timeout))
+        self._rev = max(self._rev, resp.header.revision)
+        return resp
 
     async def _scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
         """Every key under *prefix*, in key order, read in pages."""
@@ -448,6 +453,9 @@ class EtcdStore:
         if not specs:
             return []
         now = self._clock()
+        ids_read = await self._read_many([self._task_key(s.id) for s in specs])
+        # The same spec sent again (a client that lost the reply): keep the task as it is.
+        known = {s.id for s, kv in zip(specs, ids_read, strict=True) if kv} - landed
         keyed = list(dict.fromkeys(s.key for s in specs if s.key is not None))
         key_kvs = await self._read_many([self._k("k", _enc(k)) for k in keyed])
         existing = {
@@ -459,7 +467,9 @@ class EtcdStore:
         out: list[Submitted] = []
         batch_keys: dict[str, str] = {}
         for spec in specs:
-            if spec.key is not None and spec.key in existing:
+            if spec.id in known:
+                out.append(Submitted(spec.id, False))
+            elif spec.key is not None and spec.key in existing:
                 out.append(Submitted(existing[spec.key], False))
             elif spec.key is not None and spec.key in batch_keys:
                 out.append(Submitted(batch_keys[spec.key], False))
@@ -474,22 +484,40 @@ class EtcdStore:
             zip(outside, await self._read_many([self._task_key(d) for d in outside]), strict=True)
         )
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if dep_kvs.get(i) is not None})
-        # Ids already in the store would be overwritten: refuse them like a unique key would.
-        clash = [kv for kv in await self._read_many([self._task_key(s.id) for s in fresh]) if kv]
-        if clash:
-            raise StoreError(f"submission refused: task id {clash[0].key.decode()!r} exists")
         deps: dict[str, _Rec] = {d: _Rec.loads(kv.value) for d, kv in dep_kvs.items() if kv}
         batch_ids = {s.id for s in fresh}
+        # Dead at birth: a dependency that did not succeed, or a batch member dead at birth.
+        dead_cause: dict[str, str] = {}
+        grew = True
+        while grew:
+            grew = False
+            for spec in fresh:
+                if spec.id in dead_cause:
+                    continue
+                cause = next(
+                    (
+                        d
+                        for d in spec.depends_on
+                        if (d in deps and deps[d].state in _BAD_END) or d in dead_cause
+                    ),
+                    None,
+                )
+                if cause is not None:
+                    dead_cause[spec.id] = cause
+                    grew = True
         # One group of operations per task; groups are packed into transactions.
         groups: list[tuple[str, list[Any], list[Any]]] = []
         touched: set[str] = set()
+        awaited = {d for s in fresh if s.id not in dead_cause for d in s.depends_on}
         for spec in fresh:
             left = [
                 d
                 for d in spec.depends_on
                 if d in batch_ids or not TaskState(deps[d].state).terminal
             ]
-            failed = [d for d in spec.depends_on if d in deps and deps[d].state in _BAD_END]
+            failed = dead_cause.get(spec.id)
+            if failed is not None:
+                left = []
             rec = _Rec(
                 id=spec.id,
                 type=spec.type,
@@ -514,11 +542,9 @@ class EtcdStore:
                 pending_key=None,
                 history=[],
             )
-            if failed:
+            if failed is not None:
                 rec.state = str(TaskState.DEAD)
-                rec.error = _error_json(
-                    "DependencyFailed", f"dependency {failed[0]} did not succeed"
-                )
+                rec.error = _error_json("DependencyFailed", f"dependency {failed} did not succeed")
             cmp: list[Any] = []
             ops: list[Any] = []
             if spec.key is not None:
@@ -537,7 +563,7 @@ class EtcdStore:
             if rec.state == P:
                 rec.pending_key = self._pending_key(rec)
                 ops.append(_put(self._k(rec.pending_key), self._index_value(rec)))
-            if spec.id in {d for s in fresh for d in s.depends_on}:
+            if spec.id in awaited and failed is None:
                 rec.has_waiters = True
             cmp.append(_absent(self._task_key(spec.id)))
             ops.append(_put(self._task_key(spec.id), rec.dumps()))
@@ -1366,6 +1392,15 @@ class EtcdStore:
         self._drop_session(session, lease)
         await self._revoke(lease)
 
+    async def end_session(self, expert: str) -> bool:
+        """Fault injection (tests, drills): revoke the etcd lease of *expert*'s live session,
+        as if it had run out. Its claims vanish at once. Returns False when it had none."""
+        kv = (await self._read_many([self._k("l", _enc(expert))]))[0]
+        if kv is None:
+            return False
+        await self._revoke(int(json.loads(kv.value)["lease"]))
+        return True
+
     async def purge_all(self) -> None:
         """Delete every task, expert and index under this store's prefix (benchmarks, tests).
         Live sessions end with it: their session keys are gone."""
@@ -1393,9 +1428,12 @@ class EtcdStore:
         self._seen = self._version
 
     async def _watch(self) -> None:
-        """Watch the pending index for new keys; reconnect with back-off when the stream ends."""
+        """Watch the pending index for new keys, from just after the last revision this client
+        saw (so nothing written since is missed); resume where it stopped when the stream
+        breaks, with back-off."""
         pause = 0.05
         prefix = self._k("q", "")
+        start = self._rev + 1 if self._rev else 0
         while self._channel is not None:
             call = self._watch_stub.Watch()
             try:
@@ -1403,6 +1441,7 @@ class EtcdStore:
                     key=prefix,
                     range_end=_prefix_end(prefix),
                     filters=[rpc.WatchCreateRequest.NODELETE],
+                    start_revision=start,
                 )
                 await call.write(rpc.WatchRequest(create_request=create))
                 while True:
@@ -1411,9 +1450,14 @@ class EtcdStore:
                         break
                     if resp.created:
                         pause = 0.05
-                        # Events may have been missed while no watch was running.
+                    if resp.compact_revision:
+                        # History was compacted past where we stopped: changes may have been
+                        # missed, so wake the waiters and watch from now on.
+                        start = 0
                         self._touch()
+                        break
                     if resp.events:
+                        start = resp.events[-1].kv.mod_revision + 1
                         self._touch()
                     if resp.canceled:
                         break
@@ -1421,7 +1465,6 @@ class EtcdStore:
                 pass
             finally:
                 call.cancel()
-            self._touch()
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
 
