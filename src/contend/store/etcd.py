@@ -227,6 +227,7 @@ class _Rec:
     max_attempts: int
     fence: int
     owner: str | None
+    session: str | None  # the owner's session: its claims end with it
     lease_deadline: float | None
     run_at: float
     created_at: float
@@ -530,6 +531,7 @@ class EtcdStore:
                 max_attempts=spec.max_attempts,
                 fence=0,
                 owner=None,
+                session=None,
                 lease_deadline=None,
                 run_at=now + spec.delay,
                 created_at=now,
@@ -644,15 +646,24 @@ class EtcdStore:
             history=tuple(TaskEvent(*e) for e in rec.history) if history else (),
         )
 
-    async def _owner_deadlines(self, owners: Iterable[str]) -> dict[str, float]:
-        """Approximate lease deadlines (last heartbeat + TTL) of the given experts."""
-        names = sorted(set(owners))
+    async def _deadlines(self, recs: Iterable[_Rec]) -> dict[str, float]:
+        """Reported lease deadlines of owned tasks: their session's (last heartbeat + TTL, or
+        when it was deregistered). etcd's TTL is the truth; this is its approximation."""
+        owned = [r for r in recs if r.owner is not None and r.state in _OWNED_S]
+        names = sorted({r.owner for r in owned if r.owner is not None})
         kvs = await self._read_many([self._k("e", _enc(n)) for n in names])
-        out = {}
+        sessions: dict[tuple[str, str], float] = {}
         for n, kv in zip(names, kvs, strict=True):
             if kv is not None:
                 d = json.loads(kv.value)
-                out[n] = d["heartbeat_at"] + d["ttl"]
+                sessions[(n, d["session"])] = _session_deadline(d)
+                for old, deadline in d.get("ended", {}).items():
+                    sessions[(n, old)] = deadline
+        out = {}
+        for r in owned:
+            assert r.owner is not None
+            found = sessions.get((r.owner, r.session or ""))
+            out[r.id] = found if found is not None else (r.lease_deadline or r.updated_at)
         return out
 
     async def get(self, task_id: str, *, history: bool = False) -> Task:
@@ -663,9 +674,7 @@ class EtcdStore:
         if t is None:
             raise TaskNotFound(task_id)
         rec = _Rec.loads(t.value)
-        deadline = None
-        if rec.owner is not None and rec.state in _OWNED_S:
-            deadline = (await self._owner_deadlines([rec.owner])).get(rec.owner)
+        deadline = (await self._deadlines([rec])).get(rec.id)
         args = json.loads(a.value) if a is not None else None
         return self._view(
             rec,
@@ -693,9 +702,7 @@ class EtcdStore:
         data = await self._read_many(
             [self._data_key(r.id, w) for r in recs for w in ("args", "result", "checkpoint")]
         )
-        deadlines = await self._owner_deadlines(
-            r.owner for r in recs if r.owner and r.state in _OWNED_S
-        )
+        deadlines = await self._deadlines(recs)
         out = []
         for n, rec in enumerate(recs):
             a, r, c = data[3 * n : 3 * n + 3]
@@ -707,7 +714,7 @@ class EtcdStore:
                     json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
                     json.loads(c.value) if c is not None else None,
                     False,
-                    deadlines.get(rec.owner) if rec.owner else None,
+                    deadlines.get(rec.id),
                 )
             )
         return out
@@ -738,9 +745,7 @@ class EtcdStore:
         for kv in experts:
             d = json.loads(kv.value)
             alive = d["session"] in live
-            deadline = d["heartbeat_at"] + d["ttl"]
-            if not alive:
-                deadline = min(deadline, d.get("ended_at") or deadline)
+            deadline = _session_deadline(d)
             out.append(
                 ExpertRecord(
                     info=ExpertInfo.from_json_text(d["info"]),
@@ -869,6 +874,7 @@ class EtcdStore:
             rec = _Rec.loads(t.value)
             rec.state = str(R if start else C)
             rec.owner = expert
+            rec.session = session
             rec.fence += 1
             rec.attempts += 1
             rec.lease_deadline = now + ttl
@@ -982,7 +988,7 @@ class EtcdStore:
 
     def _unown(self, rec: _Rec, expert: str) -> list[Any]:
         """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
-        rec.owner, rec.lease_deadline = None, None
+        rec.owner, rec.session, rec.lease_deadline = None, None, None
         return [
             _delete(self._claim_key(rec.id)),
             _delete(self._held_key(expert, rec.id)),
@@ -1175,7 +1181,7 @@ class EtcdStore:
             ops = [_delete(self._active_key(tid))]
             if prev is not None:
                 ops.append(_delete(self._held_key(prev, tid)))
-            rec.owner, rec.lease_deadline, rec.updated_at = None, None, now
+            rec.owner, rec.session, rec.lease_deadline, rec.updated_at = None, None, None, now
             if after_failure(rec.attempts, rec.max_attempts) == P:
                 ops += self._to_pending(rec)
             else:
@@ -1339,6 +1345,13 @@ class EtcdStore:
         now = self._clock()
         lkey, ekey = self._k("l", _enc(info.id)), self._k("e", _enc(info.id))
         lvalue = json.dumps({"session": session, "lease": lease, "ttl": granted}).encode()
+        old = (await self._read_many([ekey]))[0]
+        ended: dict[str, float] = {}
+        if old is not None:
+            # Remember when the last sessions ended: their unexpired claims report it.
+            o = json.loads(old.value)
+            ended = dict(list(o.get("ended", {}).items())[-3:])
+            ended[o["session"]] = _session_deadline(o)
         record = {
             "info": info.to_json_text(),
             "session": session,
@@ -1347,6 +1360,7 @@ class EtcdStore:
             "started_at": now,
             "heartbeat_at": now,
             "ended_at": None,
+            "ended": ended,
             "load": 0,
             "claim_attempts": 0,
             "claims_won": 0,
@@ -1386,7 +1400,7 @@ class EtcdStore:
         if lkv is None or json.loads(lkv.value)["session"] != session or ekv is None:
             return
         d = json.loads(ekv.value)
-        d.update(load=0, ended_at=self._clock())
+        d.update(load=0, ended_at=self._clock() - 1e-6)
         await self._txn([_value_is(lkey, lkv.value)], [_put(ekey, json.dumps(d))])
         lease = int(json.loads(lkv.value)["lease"])
         self._drop_session(session, lease)
@@ -1519,6 +1533,16 @@ class _KeepAlive:
 
 
 _OWNED_S = frozenset({"claimed", "running"})
+
+
+def _session_deadline(record: dict[str, Any]) -> float:
+    """When an expert record's session ends: its last heartbeat plus the TTL, or earlier when
+    it was deregistered."""
+    deadline = float(record["heartbeat_at"] + record["ttl"])
+    ended_at = record.get("ended_at")
+    return deadline if ended_at is None else min(deadline, float(ended_at))
+
+
 _BAD_END = frozenset({"failed", "dead", "cancelled"})
 
 
