@@ -331,12 +331,25 @@ class EtcdStore:
     async def _check_schema(self) -> None:
         meta = self._k("meta")
         for _ in range(3):
-            kv = (await self._read_many([meta]))[0]
-            if kv is not None:
-                self._check_meta(kv.value)
+            # One snapshot: contend writes the meta key before any other key and never deletes
+            # it, so keys without it belong to something else, even with contend processes
+            # opening the same new prefix at once.
+            resp = await self._txn(
+                [],
+                [
+                    _get(meta),
+                    rpc.RequestOp(
+                        request_range=rpc.RangeRequest(
+                            key=self._p, range_end=_prefix_end(self._p), limit=1, keys_only=True
+                        )
+                    ),
+                ],
+            )
+            found, some = (r.response_range.kvs for r in resp.responses)
+            if found:
+                self._check_meta(found[0].value)
                 return
-            some = await self._range(self._p, _prefix_end(self._p), limit=1, keys_only=True)
-            if some.kvs:
+            if some:
                 raise SchemaError(
                     f"etcd prefix {self._p.decode()!r} at {self.host}:{self.port} holds keys that "
                     "are not a contend store; pick another prefix (etcd://host:port/prefix)"

@@ -95,6 +95,21 @@ async def test_foreign_prefix_is_refused(etcd_server: EtcdServer) -> None:
         await EtcdStore(f"{etcd_server.url}/{prefix}2").open()
 
 
+async def test_many_processes_open_a_new_prefix_at_once(store_url: str) -> None:
+    stores = [EtcdStore(store_url) for _ in range(8)]
+
+    async def open_and_write(s: EtcdStore) -> None:
+        await s.open()
+        await s.submit([spec()])
+
+    try:
+        await asyncio.gather(*(open_and_write(s) for s in stores))
+        assert len(await stores[0].list_tasks()) == 8
+    finally:
+        for s in stores:
+            await s.close()
+
+
 def _raw_put(key: str, value: str) -> object:
     from contend.store.etcd import _put
 
