@@ -377,8 +377,9 @@ async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
     await waiter.open()
     await writer.open()
     try:
-        # The first call starts the watch; return from the wake-up it reports on creation.
-        await waiter.wait_for_change(5)
+        # The first call starts the watch, from the last revision this client saw: nothing
+        # written after that point can be missed, even before the watch exists.
+        await waiter.wait_for_change(0)
         started = time.monotonic()
         waiting = asyncio.create_task(waiter.wait_for_change(30))
         await asyncio.sleep(0.2)  # let the waiter block before the write
@@ -395,6 +396,21 @@ async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
         await writer.close()
 
 
+async def test_a_write_before_the_watch_started_is_not_missed(store_url: str) -> None:
+    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        assert await waiter.peek(Q, ANY, 10) == []  # the waiter has looked: nothing to do
+        await writer.submit([spec()])  # then work arrives, before it waits for the first time
+        started = time.monotonic()
+        await waiter.wait_for_change(30)
+        assert time.monotonic() - started < 5
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
 # -- restarts ----------------------------------------------------------------------------------
 async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
     store = EtcdStore(f"{fresh_server.url}/restart", timeout=2.0)
@@ -404,7 +420,7 @@ async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
         await store.submit([t1, t2])
         s = await store.register_expert(ExpertInfo("e"), 10)
         (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
-        await store.wait_for_change(1)  # start the watch before the outage
+        await store.wait_for_change(0)  # start the watch before the outage
 
         fresh_server.stop()
         with pytest.raises(StoreError, match="etcd"):
@@ -426,7 +442,7 @@ async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
         # The watch came back too: a write by another client wakes this one.
         other = EtcdStore(f"{fresh_server.url}/restart")
         await other.open()
-        await store.wait_for_change(0.5)
+        await store.wait_for_change(0)
         waiting = asyncio.create_task(store.wait_for_change(30))
         await other.submit([spec()])
         await asyncio.wait_for(waiting, 10)
