@@ -295,7 +295,7 @@ class Expert:
             log.error("expert %s: could not register a new session: %s", self.name, exc)
 
     def _abandon(self, run: _Run) -> None:
-        run.ctx._cancelled.set()
+        run.ctx._cancelled = True
         run.outcome_sent = True  # nothing of this run may be committed
         if run.task is not None:
             run.task.cancel()
@@ -507,7 +507,7 @@ class Expert:
             try:
                 return await asyncio.wait_for(fut, timeout)
             except (TimeoutError, asyncio.CancelledError):
-                ctx._cancelled.set()  # a thread cannot be interrupted: tell it to stop
+                ctx._cancelled = True  # a thread cannot be interrupted: tell it to stop
                 raise
         finally:
             _current.reset(token)
@@ -652,7 +652,7 @@ class Expert:
             return
         for run in left:
             run.outcome_sent = True
-            run.ctx._cancelled.set()
+            run.ctx._cancelled = True
             if run.task is not None:
                 run.task.cancel()
         await asyncio.gather(*(r.task for r in left if r.task is not None), return_exceptions=True)

@@ -268,7 +268,7 @@ class SQLiteStore:
     async def _retry(self, fn: Callable[[], T]) -> T:
         """Run *fn*, retrying after a short random pause while the database is busy."""
         deadline = time.monotonic() + self._busy_deadline
-        pause = 0.0005
+        pause = 0.0002
         while True:
             try:
                 return fn()
@@ -280,7 +280,7 @@ class SQLiteStore:
                         f"{self.path!r} stayed locked for {self._busy_deadline:.0f}s"
                     ) from exc
             await asyncio.sleep(random.uniform(0, pause))
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, 0.004)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -845,16 +845,19 @@ class SQLiteStore:
     def _settle_dependents(
         self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
     ) -> None:
+        """Tasks in *done* reached a terminal state: wake their dependents (all deps
+        succeeded) or kill them (a dep did not succeed), cascading."""
         todo = list(done)
         while todo:
-            tid, state = todo.pop()
-            dependents = [
-                r[0]
-                for r in db.execute(
-                    "DELETE FROM task_deps WHERE dep_id = ? RETURNING task_id", (tid,)
-                )
-            ]
-            for dep_tid in sorted(dependents):
+            batch, todo = todo[:500], todo[500:]
+            state_of = dict(batch)
+            marks = ",".join("?" * len(batch))
+            edges = db.execute(
+                f"DELETE FROM task_deps WHERE dep_id IN ({marks}) RETURNING dep_id, task_id",
+                [tid for tid, _ in batch],
+            ).fetchall()
+            for dep_id, dep_tid in sorted(edges):
+                state = state_of[dep_id]
                 if state == "succeeded":
                     db.execute(
                         "UPDATE tasks SET deps_left = deps_left - 1, "
@@ -868,7 +871,7 @@ class SQLiteStore:
                         "UPDATE tasks SET state = 'dead', error = ?, updated_at = ? "
                         "WHERE id = ? AND state = 'waiting' RETURNING id",
                         (
-                            _error_json("DependencyFailed", f"dependency {tid} ended {state}"),
+                            _error_json("DependencyFailed", f"dependency {dep_id} ended {state}"),
                             now,
                             dep_tid,
                         ),
