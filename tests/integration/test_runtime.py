@@ -269,11 +269,14 @@ async def test_the_fitter_expert_wins_the_race(app: App) -> None:
         return ctx.expert
 
     # both can run it; 'exact' offers just what is asked, 'big' also has gpu to keep free
+    big_caps = Capabilities(frozenset({"ssd", "gpu"}))
+    exact_caps = Capabilities(frozenset({"ssd"}))
     async with (
-        expert(app, name="big", window=0.2, capabilities=Capabilities(frozenset({"ssd", "gpu"}))),
-        expert(app, name="exact", window=0.2, capabilities=Capabilities(frozenset({"ssd"}))) as e,
+        expert(app, name="big", window=0.2, capabilities=big_caps, lease_ttl=1.5) as b,
+        expert(app, name="exact", window=0.2, capabilities=exact_caps, lease_ttl=1.5) as e,
     ):
         await eventually(lambda: _sees_rival(e))
+        await eventually(lambda: _sees_rival(b))
         handles = [await app.submit(index) for _ in range(20)]
         winners = [await h.result(timeout=10) for h in handles]
     assert winners.count("exact") >= 18, winners

@@ -165,6 +165,7 @@ class Expert:
         self._loop = asyncio.get_running_loop()
         self._store = await self.app.store()
         await self._register()
+        self._peers = await self._store.list_experts()
         self.started.set()
         log.info(
             "expert %s started: queues=%s concurrency=%d lease=%.1fs",
@@ -416,7 +417,9 @@ class Expert:
             await self._pause(first)
             if self._stopping.is_set():
                 return []
-        ids = [tid for d, _, tid in delays if d <= first + 1e-9][:free]
+        # claim every task this expert is about as fit for as for the first one
+        slack = first + self.config.window * 0.1
+        ids = [tid for d, _, tid in delays if d <= slack][:free]
         got = await store.claim(
             self.name,
             self._session,
