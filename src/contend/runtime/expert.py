@@ -165,6 +165,7 @@ class Expert:
         self._loop = asyncio.get_running_loop()
         self._store = await self.app.store()
         await self._register()
+        self._peers = await self._store.list_experts()
         self.started.set()
         log.info(
             "expert %s started: queues=%s concurrency=%d lease=%.1fs",
@@ -181,7 +182,9 @@ class Expert:
         finally:
             heart.cancel()
             self._outbox_ready.set()
-            await asyncio.gather(heart, return_exceptions=True)
+            for result in await asyncio.gather(heart, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("expert %s: heartbeat crashed: %r", self.name, result)
             await self._stop_committer(committer)
             await self._deregister()
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -244,6 +247,9 @@ class Expert:
                     self.name, self._session, self.config.lease_ttl, self._beat()
                 )
                 self._last_renewal = sent
+                log.debug(
+                    "expert %s renewed its lease; the store says it holds %d", self.name, len(held)
+                )
             except LeaseLost as exc:
                 await self._lose_lease(str(exc))
                 continue
@@ -290,7 +296,7 @@ class Expert:
             log.error("expert %s: could not register a new session: %s", self.name, exc)
 
     def _abandon(self, run: _Run) -> None:
-        run.ctx._cancelled.set()
+        run.ctx._cancelled = True
         run.outcome_sent = True  # nothing of this run may be committed
         if run.task is not None:
             run.task.cancel()
@@ -340,7 +346,11 @@ class Expert:
         wait = self.config.idle_wait
         due = await store.next_due(self.queues)
         if due is not None:
-            wait = max(0.0, min(wait, due - await store.now()))
+            # A task due later: wake up for it. One due already that we did not get is not
+            # ours (another expert's requirements, or a lost race): wait for a change.
+            until = due - await store.now()
+            if until > 0:
+                wait = min(wait, until)
         if wait > 0:
             waiter = asyncio.create_task(store.wait_for_change(wait))
             stopper = asyncio.create_task(self._stopping.wait())
@@ -407,7 +417,9 @@ class Expert:
             await self._pause(first)
             if self._stopping.is_set():
                 return []
-        ids = [tid for d, _, tid in delays if d <= first + 1e-9][:free]
+        # claim every task this expert is about as fit for as for the first one
+        slack = first + self.config.window * 0.1
+        ids = [tid for d, _, tid in delays if d <= slack][:free]
         got = await store.claim(
             self.name,
             self._session,
@@ -498,7 +510,7 @@ class Expert:
             try:
                 return await asyncio.wait_for(fut, timeout)
             except (TimeoutError, asyncio.CancelledError):
-                ctx._cancelled.set()  # a thread cannot be interrupted: tell it to stop
+                ctx._cancelled = True  # a thread cannot be interrupted: tell it to stop
                 raise
         finally:
             _current.reset(token)
@@ -643,7 +655,7 @@ class Expert:
             return
         for run in left:
             run.outcome_sent = True
-            run.ctx._cancelled.set()
+            run.ctx._cancelled = True
             if run.task is not None:
                 run.task.cancel()
         await asyncio.gather(*(r.task for r in left if r.task is not None), return_exceptions=True)
