@@ -877,6 +877,8 @@ class EtcdStore:
                     and capabilities.satisfies(Requirements.from_json(rec.req))
                 ):
                     cands.append((tid, self._k(rec.pending_key)))
+            # The best of the named tasks first, as a range read of the index would give them.
+            cands.sort(key=lambda c: c[1].rsplit(b"/", 3)[1:])
         out: list[Claimed] = []
         session_key = self._k("l", _enc(expert))
         lost = False
@@ -1112,6 +1114,17 @@ class EtcdStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for i in items:
+            d = i.retry_delay
+            if d is not None and (
+                isinstance(d, bool)
+                or not isinstance(d, int | float)
+                or not math.isfinite(d)
+                or d < 0
+            ):
+                raise ConfigError(
+                    f"retry_delay must be None or a non-negative number of seconds, got {d!r}"
+                )
         final: set[str] = set()
 
         def apply(item: Failure) -> Callable[[_Rec, float], list[Any]]:

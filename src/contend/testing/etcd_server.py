@@ -13,6 +13,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contend.store.etcd import EtcdStore
 
 
 class EtcdUnavailable(RuntimeError):
@@ -116,3 +120,15 @@ class EtcdServer:
             return self.log_path.read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+
+async def lapse_overdue_sessions(store: EtcdStore, now: float) -> int:
+    """For tests on a fake clock: etcd leases run on etcd's clock, so a test that moves the
+    store's clock past an expert's deadline calls this to do what etcd would do after that much
+    real time: revoke the lease of every live session whose deadline (last heartbeat + TTL, on
+    the store's clock) is before *now*. Returns how many sessions it ended."""
+    ended = 0
+    for e in await store.list_experts():
+        if e.alive and e.lease_deadline < now and await store.end_session(e.info.id):
+            ended += 1
+    return ended

@@ -29,7 +29,8 @@ from contend.errors import (
 from contend.store.etcd import EtcdStore, parse_etcd_url
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
 from contend.store.registry import make_store
-from contend.testing.etcd_server import EtcdServer
+from contend.testing import FakeClock
+from contend.testing.etcd_server import EtcdServer, lapse_overdue_sessions
 
 ANY = Capabilities()
 Q = ["default"]
@@ -449,3 +450,39 @@ async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
         await other.close()
     finally:
         await store.close()
+
+
+# -- a fake clock ------------------------------------------------------------------------------
+async def test_fake_clock_lapses_sessions_through_the_helper(store_url: str) -> None:
+    clock = FakeClock()
+    store = EtcdStore(store_url, clock=clock)
+    await store.open()
+    try:
+        t = spec()
+        await store.submit([t])
+        s = await store.register_expert(ExpertInfo("e"), 10)
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
+        assert (await store.get(t.id)).lease_deadline == clock() + 10
+        clock.advance(10)
+        assert await lapse_overdue_sessions(store, clock()) == 0  # due, not overdue
+        clock.advance(0.5)
+        assert await lapse_overdue_sessions(store, clock()) == 1
+        assert await store.expire() == 1
+        (res,) = await store.complete("e", [Completion(t.id, c.fence, "1")])
+        assert isinstance(res, FencedOut)
+    finally:
+        await store.close()
+
+
+async def test_named_claims_take_the_best_first_and_bad_retry_delays_are_refused(
+    store: EtcdStore,
+) -> None:
+    low, high = spec(priority=1), spec(priority=7)
+    await store.submit([low, high])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5, task_ids=[low.id, high.id])
+    assert c.id == high.id
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="retry_delay"):
+            await store.fail("e", [Failure(high.id, c.fence, "{}", bad)])
+    assert (await store.get(high.id)).state == TaskState.RUNNING
