@@ -419,6 +419,28 @@ class EtcdStore:
         self._rev = max(self._rev, resp.header.revision)
         return resp
 
+    async def _commit(
+        self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
+    ) -> Any | None:
+        """A write transaction that puts a task record, safe against a lost reply: when the
+        call fails, the record is read back, and if it holds exactly the value this write put
+        (every record carries the writer's timestamp and history), the write landed and None
+        is returned. Otherwise the error stands: the outcome is unknown."""
+        try:
+            return await self._txn(compare, success, failure)
+        except StoreError:
+            puts = [op.request_put for op in success if op.HasField("request_put")]
+            task_puts = [p for p in puts if p.key.startswith(self._k("t", ""))]
+            if not task_puts:
+                raise
+            try:
+                kv = (await self._read_many([task_puts[0].key]))[0]
+            except StoreError:
+                kv = None
+            if kv is not None and kv.value == task_puts[0].value:
+                return None
+            raise
+
     async def _range(
         self, key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
     ) -> Any:
@@ -897,7 +919,7 @@ class EtcdStore:
             rec.pending_key = None
             rec.event(now, "claimed", expert)
             claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
-            resp = await self._txn(
+            resp = await self._commit(
                 [
                     _mod_is(t.key, t.mod_revision),
                     _absent(self._claim_key(tid)),
@@ -912,7 +934,7 @@ class EtcdStore:
                 ],
                 [_get(session_key)],
             )
-            if not resp.succeeded:
+            if resp is not None and not resp.succeeded:
                 kvs = resp.responses[0].response_range.kvs
                 lost = lost or not kvs or kvs[0].value != session_value
                 return  # another expert won this one, or the session ended
@@ -994,10 +1016,10 @@ class EtcdStore:
                 return FencedOut(task_id, fence, "the lease lapsed")
             now = self._clock()
             ops = apply(rec, now)
-            resp = await self._txn(
+            resp = await self._commit(
                 [_mod_is(tkey, t.mod_revision), _mod_is(ckey, c.mod_revision)], ops
             )
-            if resp.succeeded:
+            if resp is None or resp.succeeded:
                 return None
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 

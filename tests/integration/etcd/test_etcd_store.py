@@ -486,3 +486,32 @@ async def test_named_claims_take_the_best_first_and_bad_retry_delays_are_refused
         with pytest.raises(ConfigError, match="retry_delay"):
             await store.fail("e", [Failure(high.id, c.fence, "{}", bad)])
     assert (await store.get(high.id)).state == TaskState.RUNNING
+
+
+async def test_a_write_whose_reply_was_lost_is_recognised(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction lands but its reply never arrives: the store reads the task back and
+    recognises its own write (STYLE: retries that may have succeeded are safe)."""
+    real = store._txn
+    lose_next = [False]
+
+    async def flaky(compare: list[object], success: list[object], failure: object = ()) -> object:
+        resp = await real(compare, success, failure)  # type: ignore[arg-type]
+        writes = any(op.HasField("request_put") for op in success)  # type: ignore[attr-defined]
+        if writes and lose_next[0]:
+            lose_next[0] = False
+            raise StoreError("reply lost")
+        return resp
+
+    monkeypatch.setattr(store, "_txn", flaky)
+    t = spec()
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    lose_next[0] = True
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+    assert not lose_next[0] and c.id == t.id and c.fence == 1
+    lose_next[0] = True
+    assert await store.complete("e", [Completion(t.id, c.fence, '"done"')]) == [None]
+    assert not lose_next[0]
+    assert (await store.get(t.id)).result == "done"
