@@ -858,8 +858,15 @@ class EtcdStore:
             self._sessions.pop(session, None)
             raise LeaseLost(f"expert {expert}: session {session} is not live")
         lease = int(json.loads(kv.value)["lease"])
-        self._sessions[session] = (lease, kv.value)
+        self._remember(session, lease, kv.value)
         return lease, kv.value
+
+    def _remember(self, session: str, lease: int, value: bytes) -> None:
+        """Cache a live session's lease (etcd has the truth); keep the newest sessions only."""
+        self._sessions[session] = (lease, value)
+        while len(self._sessions) > SESSION_CACHE:
+            oldest = next(iter(self._sessions))
+            self._drop_session(oldest, self._sessions[oldest][0])
 
     async def claim(
         self,
@@ -1439,12 +1446,8 @@ class EtcdStore:
                 f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, "
                 f"pid {other.pid}); pick another --name or stop that expert"
             )
-        self._sessions[session] = (lease, lvalue)
+        self._remember(session, lease, lvalue)
         self._records[session] = record
-        # Both are caches (etcd has the truth): keep the newest sessions only.
-        for cache in (self._sessions, self._records):
-            while len(cache) > SESSION_CACHE:
-                del cache[next(iter(cache))]
         return session
 
     async def _revoke(self, lease: int) -> None:
