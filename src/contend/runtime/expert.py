@@ -28,13 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.domain.scoring import (
-    ExpertView,
-    Fitness,
-    TaskView,
-    default_fitness,
-    race_delay,
-)
+from contend.domain.scoring import Fitness, default_fitness
 from contend.domain.task import Capabilities, TaskState, encode_json
 from contend.errors import (
     ConfigError,
@@ -45,12 +39,12 @@ from contend.errors import (
     PayloadError,
 )
 from contend.runtime.app import App, TaskType
+from contend.runtime.competition import Competition, PressurePolicy
 from contend.runtime.context import TaskContext, _current
 from contend.store.port import (
     Claimed,
     Completion,
     ExpertInfo,
-    ExpertRecord,
     Failure,
     Heartbeat,
     Store,
@@ -82,6 +76,8 @@ class ExpertConfig:
     grace: float = 30.0  # SIGTERM: how long running tasks may take to finish
     idle_wait: float = 1.0  # longest sleep between change checks when nothing happens
     fitness: Fitness = default_fitness
+    zone_margin: float = 0.0  # extra race delay for a task that prefers tags this expert lacks
+    pressure: PressurePolicy = field(default_factory=PressurePolicy)
 
     def validate(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
@@ -95,6 +91,10 @@ class ExpertConfig:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
         if not 0 <= self.window <= 60:
             raise ConfigError(f"window must be between 0 and 60 s, got {self.window}")
+        if self.tier not in ("general", "specialized", "emergency"):
+            raise ConfigError(f"tier must be general, specialized or emergency, got {self.tier!r}")
+        if not 0 <= self.zone_margin <= 60:
+            raise ConfigError(f"zone_margin must be between 0 and 60 s, got {self.zone_margin}")
         if not 0 <= self.grace <= 86_400:
             raise ConfigError(f"grace must be between 0 and one day, got {self.grace}")
         if self.name is not None and (not self.name or len(self.name) > 200):
@@ -121,6 +121,7 @@ class ExpertStats:
     tasks_failed: int = 0
     fenced_out: int = 0
     leases_lost: int = 0
+    heartbeats: int = 0
 
 
 class Expert:
@@ -142,7 +143,19 @@ class Expert:
         self._stopping = asyncio.Event()
         self._claiming_stopped = asyncio.Event()
         self._last_renewal = 0.0  # time.monotonic() of the last successful renewal
-        self._peers: list[ExpertRecord] = []
+        self.competition = Competition(
+            self.name,
+            self.config.capabilities,
+            self.config.concurrency,
+            self.queues,
+            tier=self.config.tier,
+            specialties=self.config.specialties,
+            fitness=self.config.fitness,
+            window=self.config.window,
+            jitter=self.config.jitter,
+            zone_margin=self.config.zone_margin,
+            pressure=self.config.pressure,
+        )
         self._pool = ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix=f"contend-{self.name}"
         )
@@ -165,7 +178,7 @@ class Expert:
         self._loop = asyncio.get_running_loop()
         self._store = await self.app.store()
         await self._register()
-        self._peers = await self._store.list_experts()
+        await self._refresh_cluster()
         self.started.set()
         log.info(
             "expert %s started: queues=%s concurrency=%d lease=%.1fs",
@@ -230,7 +243,25 @@ class Expert:
 
     def _beat(self) -> Heartbeat:
         s = self.stats
-        return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done)
+        metrics = self.competition.metrics(s.claim_attempts, s.claims_won)
+        return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
+
+    async def _refresh_cluster(self) -> None:
+        """Rivals, cluster load and, for an emergency expert, whether to join in."""
+        assert self._store is not None
+        self.competition.update_peers(await self._store.list_experts(), self.load)
+        if self.config.tier == "emergency":
+            was = self.competition.active
+            now = self.competition.update_pressure(
+                await self._store.backlog(self.queues), self.load
+            )
+            if now != was:
+                log.info(
+                    "expert %s (emergency) %s",
+                    self.name,
+                    "joins: the cluster is under pressure" if now else "stands down",
+                )
+                self._slot_free.set()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
@@ -267,7 +298,8 @@ class Expert:
                     self._abandon(run)
             try:
                 await self._store.expire()
-                self._peers = await self._store.list_experts()
+                await self._refresh_cluster()
+                self.stats.heartbeats += 1
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
 
@@ -317,6 +349,11 @@ class Expert:
             if not self._lease_safe():
                 await asyncio.sleep(self.config.heartbeat_every / 10)
                 continue
+            if not self.competition.active:  # an emergency expert while all is calm
+                self.state = SlotState.IDLE
+                self._slot_free.clear()
+                await self._wait_slot_or_stop(self.config.heartbeat_every)
+                continue
             self.state = SlotState.CLAIMING
             try:
                 claimed = await self._compete(store, free)
@@ -335,6 +372,12 @@ class Expert:
                 continue
             self.state = SlotState.IDLE if not self._runs else SlotState.EXECUTING
             await self._idle(store)
+
+    async def _wait_slot_or_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._slot_free.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def _pause(self, seconds: float) -> None:
         try:
@@ -359,44 +402,10 @@ class Expert:
                 t.cancel()
             await asyncio.gather(waiter, stopper, return_exceptions=True)
 
-    def _view(self) -> ExpertView:
-        return ExpertView(
-            name=self.name,
-            capabilities=self.config.capabilities,
-            capacity=self.config.concurrency,
-            load=self.load,
-            tier=self.config.tier,
-            specialties=self.config.specialties,
-        )
-
-    def _rivals(self) -> list[ExpertView]:
-        mine = set(self.queues)
-        return [
-            ExpertView(
-                name=p.info.id,
-                capabilities=p.info.capabilities,
-                capacity=p.info.capacity,
-                load=p.load,
-                tier=p.info.tier,
-            )
-            for p in self._peers
-            if p.alive and p.info.id != self.name and mine & set(p.info.queues)
-        ]
-
-    def _race_matters(self, rivals: list[ExpertView]) -> bool:
-        """Competition only changes the outcome when some rival could be fitter: skip the
-        extra read and the wait when this expert is alone or every rival offers the same."""
-        if self.config.window <= 0 or not rivals:
-            return False
-        me = self._view()
-        return any(r.capabilities != me.capabilities or r.tier != me.tier for r in rivals) or bool(
-            self.config.specialties
-        )
-
     async def _compete(self, store: Store, free: int) -> list[Claimed]:
         assert self._session is not None
-        rivals = self._rivals()
-        if not self._race_matters(rivals):
+        comp = self.competition
+        if not comp.race_matters(self.load):
             got = await store.claim(
                 self.name,
                 self._session,
@@ -411,15 +420,15 @@ class Expert:
         views = await store.peek(self.queues, self.config.capabilities, free * 2)
         if not views:
             return []
-        delays = sorted((self._delay(v, rivals), n, v.id) for n, v in enumerate(views))
-        first = delays[0][0]
+        plan = comp.plan(views, self.load)
+        first = plan[0][0]
         if first > 0:
             await self._pause(first)
             if self._stopping.is_set():
                 return []
         # claim every task this expert is about as fit for as for the first one
-        slack = first + self.config.window * 0.1
-        ids = [tid for d, _, tid in delays if d <= slack][:free]
+        slack = first + comp.window * 0.1
+        ids = [tid for d, _, tid in plan if d <= slack][:free]
         got = await store.claim(
             self.name,
             self._session,
@@ -432,14 +441,6 @@ class Expert:
         self.stats.claim_attempts += len(ids)
         self.stats.claims_won += len(got)
         return got
-
-    def _delay(self, view: TaskView, rivals: list[ExpertView]) -> float:
-        fit = self.config.fitness
-        mine = fit(self._view(), view)
-        best = max([mine, *(fit(r, view) for r in rivals)])
-        if best <= 0:
-            return 0.0
-        return race_delay(self.config.window, mine / best, self.config.jitter)
 
     # -- executing -------------------------------------------------------------------------
     def _launch(self, claimed: Claimed) -> None:
@@ -472,15 +473,21 @@ class Expert:
                     retry=False,
                 )
                 return
+            started = time.monotonic()
+            ok: bool | None = None  # stays None when the run is abandoned (not its fault)
             try:
                 result = await self._call(tt, run)
                 text = encode_json(result, f"result of task {c.id}")
+                ok = True
             except TimeoutError:
+                ok = False
                 limit = c.timeout or tt.timeout
                 self._fail(run, "Timeout", f"task exceeded its {limit}s timeout", error=None, tt=tt)
             except PayloadError as exc:
+                ok = False
                 self._fail(run, "PayloadError", str(exc), retry=False)
             except Exception as exc:
+                ok = False
                 self._fail(
                     run,
                     type(exc).__name__,
@@ -491,6 +498,9 @@ class Expert:
                 )
             else:
                 self._send(run, Completion(c.id, c.fence, text))
+            finally:
+                if ok is not None:
+                    self.competition.tracker.record(c.type, ok, time.monotonic() - started)
         finally:
             if self._runs.get(c.id) is run:
                 del self._runs[c.id]

@@ -37,6 +37,7 @@ from contend.store._common import (
     initial_state,
 )
 from contend.store.port import (
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -234,6 +235,7 @@ class MemoryStore:
                 claim_attempts=e.beat.claim_attempts,
                 claims_won=e.beat.claims_won,
                 tasks_done=e.beat.tasks_done,
+                metrics=dict(e.beat.metrics),
             )
             for e in sorted(self._experts.values(), key=lambda e: e.info.id)
         ]
@@ -568,6 +570,16 @@ class MemoryStore:
             except TimeoutError:
                 pass
         self._seen = self._version
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        qs = set(queues)
+        due = [
+            r.run_at
+            for r in self._tasks.values()
+            if r.state == P and r.spec.queue in qs and r.run_at <= now
+        ]
+        return Backlog(len(due), (now - min(due)) if due else None)
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         qs = set(queues)

@@ -20,7 +20,7 @@ Rules every backend keeps (the contract suite in ``contend.testing.contract`` ch
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -126,6 +126,7 @@ class ExpertRecord:
     claim_attempts: int = 0
     claims_won: int = 0
     tasks_done: int = 0
+    metrics: Mapping[str, JSON] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -145,6 +146,7 @@ class ExpertRecord:
             "claim_attempts": self.claim_attempts,
             "claims_won": self.claims_won,
             "tasks_done": self.tasks_done,
+            "metrics": dict(self.metrics),
         }
 
 
@@ -156,6 +158,15 @@ class Heartbeat:
     claim_attempts: int = 0
     claims_won: int = 0
     tasks_done: int = 0
+    #: Free-form JSON the store keeps as is and hands back in ExpertRecord.metrics: per task
+    #: type results and speed, lost races, window length, tier state (see runtime.expert).
+    metrics: Mapping[str, JSON] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    pending: int
+    oldest_age: float | None  # seconds since the oldest due pending task became due
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,3 +292,6 @@ class Store(Protocol):
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         """The earliest ``run_at`` of a pending task in *queues*, or None."""
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        """How many tasks in *queues* are pending and due now, and the oldest one's age."""

@@ -58,6 +58,7 @@ from contend.store._common import (
     initial_state,
 )
 from contend.store.port import (
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -122,7 +123,8 @@ CREATE TABLE experts (
     load INTEGER NOT NULL DEFAULT 0,
     claim_attempts INTEGER NOT NULL DEFAULT 0,
     claims_won INTEGER NOT NULL DEFAULT 0,
-    tasks_done INTEGER NOT NULL DEFAULT 0
+    tasks_done INTEGER NOT NULL DEFAULT 0,
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 """
 
@@ -492,7 +494,7 @@ class SQLiteStore:
         rows = await self._retry(
             lambda: self._conn.execute(
                 "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
-                "claim_attempts, claims_won, tasks_done FROM experts ORDER BY id"
+                "claim_attempts, claims_won, tasks_done, metrics FROM experts ORDER BY id"
             ).fetchall()
         )
         now = self._clock()
@@ -508,6 +510,7 @@ class SQLiteStore:
                 claim_attempts=r[7],
                 claims_won=r[8],
                 tasks_done=r[9],
+                metrics=json.loads(r[10]),
             )
             for r in rows
         ]
@@ -675,7 +678,7 @@ class SQLiteStore:
             self._check_session(db, expert, session, now)
             db.execute(
                 "UPDATE experts SET lease_deadline = ?, heartbeat_at = ?, load = ?, "
-                "claim_attempts = ?, claims_won = ?, tasks_done = ? WHERE id = ?",
+                "claim_attempts = ?, claims_won = ?, tasks_done = ?, metrics = ? WHERE id = ?",
                 (
                     now + ttl,
                     now,
@@ -683,6 +686,7 @@ class SQLiteStore:
                     beat.claim_attempts,
                     beat.claims_won,
                     beat.tasks_done,
+                    json.dumps(dict(beat.metrics)),
                     expert,
                 ),
             )
@@ -1003,6 +1007,20 @@ class SQLiteStore:
                 await asyncio.wait_for(self._local_change.wait(), min(poll, left))
             except TimeoutError:
                 pass
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        if not queues:
+            return Backlog(0, None)
+        marks = ",".join("?" * len(queues))
+        now = self._clock()
+        row = await self._retry(
+            lambda: self._conn.execute(
+                f"SELECT count(*), min(run_at) FROM tasks WHERE state = 'pending' "
+                f"AND queue IN ({marks}) AND run_at <= ?",
+                (*queues, now),
+            ).fetchone()
+        )
+        return Backlog(row[0], None if row[1] is None else now - row[1])
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         if not queues:
