@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.domain.scoring import Fitness, default_fitness
+from contend.domain.scoring import Fitness, TaskView, default_fitness
 from contend.domain.task import Capabilities, TaskState, encode_json
 from contend.errors import (
     ConfigError,
@@ -42,6 +42,7 @@ from contend.runtime.app import App, TaskType
 from contend.runtime.competition import Competition, PressurePolicy
 from contend.runtime.context import TaskContext, _current
 from contend.store.port import (
+    Auction,
     Claimed,
     Completion,
     ExpertInfo,
@@ -77,6 +78,9 @@ class ExpertConfig:
     idle_wait: float = 1.0  # longest sleep between change checks when nothing happens
     fitness: Fitness = default_fitness
     zone_margin: float = 0.0  # extra race delay for a task that prefers tags this expert lacks
+    auction_window: float = 0.2  # how long an auction takes bids, seconds
+    auction_grace: float = 0.5  # how long each bidder has to claim before the next may
+    auction_threshold: float = 2.0  # mode="auto": auction types whose runs take this long
     pressure: PressurePolicy = field(default_factory=PressurePolicy)
 
     def validate(self) -> None:
@@ -93,6 +97,10 @@ class ExpertConfig:
             raise ConfigError(f"window must be between 0 and 60 s, got {self.window}")
         if self.tier not in ("general", "specialized", "emergency"):
             raise ConfigError(f"tier must be general, specialized or emergency, got {self.tier!r}")
+        if not 0 <= self.auction_window <= 60 or not 0 < self.auction_grace <= 600:
+            raise ConfigError("auction_window must be in [0, 60] s and auction_grace in (0, 600] s")
+        if not 0 < self.auction_threshold <= 86_400:
+            raise ConfigError(f"auction_threshold must be positive, got {self.auction_threshold}")
         if not 0 <= self.zone_margin <= 60:
             raise ConfigError(f"zone_margin must be between 0 and 60 s, got {self.zone_margin}")
         if not 0 <= self.grace <= 86_400:
@@ -160,6 +168,8 @@ class Expert:
             max_workers=self.config.concurrency, thread_name_prefix=f"contend-{self.name}"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
+        self._auction_wake: float | None = None  # store time of the next auction moment
         self.state = SlotState.IDLE
         self.started = asyncio.Event()
 
@@ -388,12 +398,15 @@ class Expert:
     async def _idle(self, store: Store) -> None:
         wait = self.config.idle_wait
         due = await store.next_due(self.queues)
+        now = await store.now()
         if due is not None:
             # A task due later: wake up for it. One due already that we did not get is not
             # ours (another expert's requirements, or a lost race): wait for a change.
-            until = due - await store.now()
+            until = due - now
             if until > 0:
                 wait = min(wait, until)
+        if self._auction_wake is not None:
+            wait = max(0.001, min(wait, self._auction_wake - now))
         if wait > 0:
             waiter = asyncio.create_task(store.wait_for_change(wait))
             stopper = asyncio.create_task(self._stopping.wait())
@@ -402,33 +415,27 @@ class Expert:
                 t.cancel()
             await asyncio.gather(waiter, stopper, return_exceptions=True)
 
-    async def _compete(self, store: Store, free: int) -> list[Claimed]:
+    def _auction_types(self) -> set[str]:
+        """Task types this expert auctions now: mode "auction", and mode "auto" once their runs
+        take long enough to pay for an auction (seed 000 §6.1)."""
+        out = set()
+        typical = self.competition.typical
+        mine = self.competition.tracker.snapshot()
+        for tt in self.app.tasks.values():
+            if tt.mode == "auction":
+                out.add(tt.name)
+            elif tt.mode == "auto":
+                mean = typical.get(tt.name) or (
+                    mine[tt.name].mean_seconds if tt.name in mine else None
+                )
+                if mean is not None and mean >= self.config.auction_threshold:
+                    out.add(tt.name)
+        return out
+
+    async def _claim_ids(self, store: Store, ids: list[str], free: int) -> list[Claimed]:
         assert self._session is not None
-        comp = self.competition
-        if not comp.race_matters(self.load):
-            got = await store.claim(
-                self.name,
-                self._session,
-                self.queues,
-                self.config.capabilities,
-                limit=free,
-                lease_ttl=self.config.lease_ttl,
-            )
-            self.stats.claim_attempts += len(got)
-            self.stats.claims_won += len(got)
-            return got
-        views = await store.peek(self.queues, self.config.capabilities, free * 2)
-        if not views:
+        if not ids:
             return []
-        plan = comp.plan(views, self.load)
-        first = plan[0][0]
-        if first > 0:
-            await self._pause(first)
-            if self._stopping.is_set():
-                return []
-        # claim every task this expert is about as fit for as for the first one
-        slack = first + comp.window * 0.1
-        ids = [tid for d, _, tid in plan if d <= slack][:free]
         got = await store.claim(
             self.name,
             self._session,
@@ -441,6 +448,76 @@ class Expert:
         self.stats.claim_attempts += len(ids)
         self.stats.claims_won += len(got)
         return got
+
+    async def _compete(self, store: Store, free: int) -> list[Claimed]:
+        assert self._session is not None
+        comp = self.competition
+        auctioned = self._auction_types()
+        if not auctioned and not comp.race_matters(self.load):
+            got = await store.claim(
+                self.name,
+                self._session,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            self.stats.claim_attempts += len(got)
+            self.stats.claims_won += len(got)
+            return got
+        views = await store.peek(self.queues, self.config.capabilities, free * 2)
+        self._auction_wake = None
+        if not views:
+            return []
+        claimed: list[Claimed] = []
+        lots = [v for v in views if v.type in auctioned]
+        if lots:
+            claimed = await self._bid_and_claim(store, lots, free)
+            free -= len(claimed)
+        races = [v for v in views if v.type not in auctioned]
+        if not races or free <= 0:
+            return claimed
+        plan = comp.plan(races, self.load)
+        first = plan[0][0]
+        if first > 0:
+            await self._pause(first)
+            if self._stopping.is_set():
+                return claimed
+        # claim every task this expert is about as fit for as for the first one
+        slack = first + comp.window * 0.1
+        ids = [tid for d, _, tid in plan if d <= slack][:free]
+        return claimed + await self._claim_ids(store, ids, free)
+
+    async def _bid_and_claim(self, store: Store, lots: list[TaskView], free: int) -> list[Claimed]:
+        """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
+        and each next bidder may after its grace period."""
+        assert self._session is not None
+        me = self.competition.me(self.load)
+        grace = self.config.auction_grace
+        entitled: list[str] = []
+        now = await store.now()
+        seen = {v.id for v in lots}
+        for tid in [t for t in self._auctions if t not in seen]:
+            del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
+        for view in lots[: max(1, free)]:
+            state = self._auctions.get(view.id)
+            if state is None or (not state[1] and now >= state[0].closes_at):
+                score = self.config.fitness(me, view)
+                auction = await store.bid(
+                    self.name, self._session, view.id, score, self.config.auction_window
+                )
+                state = (auction, auction.now >= auction.closes_at)
+                self._auctions[view.id] = state
+            auction, _ = state
+            if not auction.open:
+                continue
+            at = auction.may_claim_at(self.name, grace)
+            if now >= at:
+                entitled.append(view.id)
+            else:
+                wake = at if now >= auction.closes_at else auction.closes_at
+                self._auction_wake = min(self._auction_wake or wake, wake)
+        return await self._claim_ids(store, entitled, free)
 
     # -- executing -------------------------------------------------------------------------
     def _launch(self, claimed: Claimed) -> None:

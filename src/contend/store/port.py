@@ -164,6 +164,32 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class Auction:
+    """The state of the auction for one pending task (seed 000 §2.1).
+
+    The first bid opens it; it closes ``window`` seconds later by the store's clock. Bids are
+    ranked best first (higher score, then earlier bid). After the close the top bidder may claim;
+    the bidder ranked *r* (0-based) may claim from ``closes_at + r × grace``, and anyone from
+    ``closes_at + len(bids) × grace``, so a vanished winner never strands the task.
+    """
+
+    task_id: str
+    now: float
+    closes_at: float
+    bids: tuple[tuple[str, float], ...]  # (expert, score), best first
+    open: bool = True  # False when the task is no longer pending
+
+    def rank(self, expert: str) -> int:
+        for n, (name, _) in enumerate(self.bids):
+            if name == expert:
+                return n
+        return len(self.bids)
+
+    def may_claim_at(self, expert: str, grace: float) -> float:
+        return self.closes_at + self.rank(expert) * grace
+
+
+@dataclass(frozen=True, slots=True)
 class Backlog:
     pending: int
     oldest_age: float | None  # seconds since the oldest due pending task became due
@@ -295,3 +321,12 @@ class Store(Protocol):
 
     async def backlog(self, queues: Sequence[str]) -> Backlog:
         """How many tasks in *queues* are pending and due now, and the oldest one's age."""
+
+    # -- auctions --------------------------------------------------------------------------
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        """Place (or repeat) this expert's bid on a pending task; the first bid opens the auction
+        for *window* seconds. Returns the auction as it stands. Raises LeaseLost for a session
+        that is not live; a task that is not pending gives ``open=False``. Bids on tasks that
+        are no longer pending are cleared by ``expire``."""

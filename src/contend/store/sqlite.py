@@ -53,11 +53,14 @@ from contend.errors import (
 )
 from contend.store._common import (
     check_batch_dependencies,
+    check_bid,
     check_limit,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
     Backlog,
     Claimed,
     Completion,
@@ -113,6 +116,11 @@ CREATE TABLE task_events (
     expert TEXT, detail TEXT
 );
 CREATE INDEX task_events_task ON task_events (task_id);
+CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE bids (
+    task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, expert)
+) WITHOUT ROWID;
 CREATE TABLE experts (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
@@ -831,6 +839,7 @@ class SQLiteStore:
             db.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
             return len(lapsed)
 
+        await self._clear_auctions()
         # A cheap read first: most calls find nothing to do and need no write lock.
         now = self._clock()
         due = await self._retry(
@@ -845,6 +854,27 @@ class SQLiteStore:
         if moved:
             self._touch()
         return moved
+
+    async def _clear_auctions(self) -> None:
+        """Drop auctions and bids of tasks that are no longer pending."""
+        stale = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT 1 FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending' LIMIT 1"
+            ).fetchone()
+        )
+        if stale is None:
+            return
+
+        def run(db: sqlite3.Connection) -> None:
+            done = (
+                "(SELECT a.task_id FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending')"
+            )
+            db.execute(f"DELETE FROM bids WHERE task_id IN {done}")
+            db.execute(f"DELETE FROM auctions WHERE task_id IN {done}")
+
+        await self._tx(run)
 
     def _settle_dependents(
         self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
@@ -1007,6 +1037,42 @@ class SQLiteStore:
                 await asyncio.wait_for(self._local_change.wait(), min(poll, left))
             except TimeoutError:
                 pass
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+
+        def run(db: sqlite3.Connection) -> Auction:
+            now = self._clock()
+            self._check_session(db, expert, session, now)
+            row = db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            db.execute(
+                "INSERT INTO auctions (task_id, closes_at) VALUES (?, ?) "
+                "ON CONFLICT (task_id) DO NOTHING",
+                (task_id, now + window),
+            )
+            closes = db.execute(
+                "SELECT closes_at FROM auctions WHERE task_id = ?", (task_id,)
+            ).fetchone()[0]
+            if row[0] != "pending":
+                return Auction(task_id, now, closes, (), open=False)
+            db.execute(
+                "INSERT INTO bids (task_id, expert, score, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (task_id, expert) DO UPDATE SET score = excluded.score",
+                (task_id, expert, score, now),
+            )
+            bids = {
+                r[0]: (r[1], r[2])
+                for r in db.execute(
+                    "SELECT expert, score, at FROM bids WHERE task_id = ?", (task_id,)
+                )
+            }
+            return Auction(task_id, now, closes, rank_bids(bids))
+
+        return await self._tx(run)
 
     async def backlog(self, queues: Sequence[str]) -> Backlog:
         if not queues:
