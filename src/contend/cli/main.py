@@ -505,7 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--window",
         type=_seconds("--window", 0, 60),
         default=0.02,
-        help="base race window in seconds (default 0.02)",
+        help="base race window in seconds (default 0.02; 0 turns competition off)",
+    )
+    e.add_argument(
+        "--zone-margin",
+        type=_seconds("--zone-margin", 0, 60),
+        default=0.0,
+        help="extra race delay for tasks that prefer tags (a zone) this expert lacks",
     )
     e.set_defaults(func=cmd_expert)
 
