@@ -116,10 +116,13 @@ def decode_json(text: str | None) -> JSON:
 
 @dataclass(frozen=True, slots=True)
 class Requirements:
-    """What a task needs from an expert: capability tags, and amounts of named resources."""
+    """What a task needs from an expert: capability tags and amounts of named resources (hard:
+    an expert without them never claims the task), and preferred tags such as ``zone:eu``
+    (soft: experts without them may run it, but score lower and wait longer in the race)."""
 
     tags: frozenset[str] = frozenset()
     resources: Mapping[str, float] = field(default_factory=dict)
+    prefer: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, value: Requirements | Iterable[str] | Mapping[str, Any] | None) -> Requirements:
@@ -130,20 +133,26 @@ class Requirements:
         if isinstance(value, Mapping):
             tags = value.get("tags", ())
             res = value.get("resources", {})
-            unknown = set(value) - {"tags", "resources"}
+            unknown = set(value) - {"tags", "resources", "prefer"}
             if unknown:
                 raise TaskError(f"requirements have unknown keys: {sorted(unknown)}")
-            return cls(_tags(tags), _resources(res))
+            return cls(_tags(tags), _resources(res), _tags(value.get("prefer", ())))
         return cls(_tags(value), {})
 
     @property
     def empty(self) -> bool:
-        return not self.tags and not self.resources
+        return not self.tags and not self.resources and not self.prefer
 
     def to_json(self) -> JSON:
         if self.empty:
             return None
-        return {"tags": sorted(self.tags), "resources": dict(sorted(self.resources.items()))}
+        data: dict[str, JSON] = {
+            "tags": sorted(self.tags),
+            "resources": dict(sorted(self.resources.items())),
+        }
+        if self.prefer:
+            data["prefer"] = sorted(self.prefer)
+        return data
 
     @classmethod
     def from_json(cls, data: JSON) -> Requirements:

@@ -32,11 +32,15 @@ from contend.errors import (
 from contend.store._common import (
     after_failure,
     check_batch_dependencies,
+    check_bid,
     check_limit,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -95,6 +99,8 @@ class MemoryStore:
         self._version = 0
         self._seen = 0
         self._done_times: list[float] = []
+        self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
+        self._auction_close: dict[str, float] = {}
 
     async def open(self) -> None:
         return None
@@ -234,6 +240,7 @@ class MemoryStore:
                 claim_attempts=e.beat.claim_attempts,
                 claims_won=e.beat.claims_won,
                 tasks_done=e.beat.tasks_done,
+                metrics=dict(e.beat.metrics),
             )
             for e in sorted(self._experts.values(), key=lambda e: e.info.id)
         ]
@@ -481,6 +488,9 @@ class MemoryStore:
                     self._settle_dependents(tid, now)
                 self._event(row, now, "expired", prev)
                 moved += 1
+        for tid in [t for t in self._bids if self._tasks[t].state != P]:
+            del self._bids[tid]
+            self._auction_close.pop(tid, None)
         for eid in [k for k, e in self._experts.items() if e.lease_deadline < now - 3600]:
             del self._experts[eid]
         if moved:
@@ -568,6 +578,33 @@ class MemoryStore:
             except TimeoutError:
                 pass
         self._seen = self._version
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+        now = self._clock()
+        self._live_session(expert, session, now)
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        if row.state != P:
+            return Auction(task_id, now, self._auction_close.get(task_id, now), (), open=False)
+        bids = self._bids.setdefault(task_id, {})
+        closes = self._auction_close.setdefault(task_id, now + window)
+        if expert not in bids or bids[expert][0] != score:
+            bids[expert] = (score, bids.get(expert, (score, now))[1])
+        return Auction(task_id, now, closes, rank_bids(bids))
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        qs = set(queues)
+        due = [
+            r.run_at
+            for r in self._tasks.values()
+            if r.state == P and r.spec.queue in qs and r.run_at <= now
+        ]
+        return Backlog(len(due), (now - min(due)) if due else None)
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         qs = set(queues)

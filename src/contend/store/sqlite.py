@@ -53,11 +53,15 @@ from contend.errors import (
 )
 from contend.store._common import (
     check_batch_dependencies,
+    check_bid,
     check_limit,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -112,6 +116,11 @@ CREATE TABLE task_events (
     expert TEXT, detail TEXT
 );
 CREATE INDEX task_events_task ON task_events (task_id);
+CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE bids (
+    task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, expert)
+) WITHOUT ROWID;
 CREATE TABLE experts (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
@@ -122,7 +131,8 @@ CREATE TABLE experts (
     load INTEGER NOT NULL DEFAULT 0,
     claim_attempts INTEGER NOT NULL DEFAULT 0,
     claims_won INTEGER NOT NULL DEFAULT 0,
-    tasks_done INTEGER NOT NULL DEFAULT 0
+    tasks_done INTEGER NOT NULL DEFAULT 0,
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 """
 
@@ -492,7 +502,7 @@ class SQLiteStore:
         rows = await self._retry(
             lambda: self._conn.execute(
                 "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
-                "claim_attempts, claims_won, tasks_done FROM experts ORDER BY id"
+                "claim_attempts, claims_won, tasks_done, metrics FROM experts ORDER BY id"
             ).fetchall()
         )
         now = self._clock()
@@ -508,6 +518,7 @@ class SQLiteStore:
                 claim_attempts=r[7],
                 claims_won=r[8],
                 tasks_done=r[9],
+                metrics=json.loads(r[10]),
             )
             for r in rows
         ]
@@ -675,7 +686,7 @@ class SQLiteStore:
             self._check_session(db, expert, session, now)
             db.execute(
                 "UPDATE experts SET lease_deadline = ?, heartbeat_at = ?, load = ?, "
-                "claim_attempts = ?, claims_won = ?, tasks_done = ? WHERE id = ?",
+                "claim_attempts = ?, claims_won = ?, tasks_done = ?, metrics = ? WHERE id = ?",
                 (
                     now + ttl,
                     now,
@@ -683,6 +694,7 @@ class SQLiteStore:
                     beat.claim_attempts,
                     beat.claims_won,
                     beat.tasks_done,
+                    json.dumps(dict(beat.metrics)),
                     expert,
                 ),
             )
@@ -827,6 +839,7 @@ class SQLiteStore:
             db.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
             return len(lapsed)
 
+        await self._clear_auctions()
         # A cheap read first: most calls find nothing to do and need no write lock.
         now = self._clock()
         due = await self._retry(
@@ -841,6 +854,27 @@ class SQLiteStore:
         if moved:
             self._touch()
         return moved
+
+    async def _clear_auctions(self) -> None:
+        """Drop auctions and bids of tasks that are no longer pending."""
+        stale = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT 1 FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending' LIMIT 1"
+            ).fetchone()
+        )
+        if stale is None:
+            return
+
+        def run(db: sqlite3.Connection) -> None:
+            done = (
+                "(SELECT a.task_id FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending')"
+            )
+            db.execute(f"DELETE FROM bids WHERE task_id IN {done}")
+            db.execute(f"DELETE FROM auctions WHERE task_id IN {done}")
+
+        await self._tx(run)
 
     def _settle_dependents(
         self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
@@ -1003,6 +1037,56 @@ class SQLiteStore:
                 await asyncio.wait_for(self._local_change.wait(), min(poll, left))
             except TimeoutError:
                 pass
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+
+        def run(db: sqlite3.Connection) -> Auction:
+            now = self._clock()
+            self._check_session(db, expert, session, now)
+            row = db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            db.execute(
+                "INSERT INTO auctions (task_id, closes_at) VALUES (?, ?) "
+                "ON CONFLICT (task_id) DO NOTHING",
+                (task_id, now + window),
+            )
+            closes = db.execute(
+                "SELECT closes_at FROM auctions WHERE task_id = ?", (task_id,)
+            ).fetchone()[0]
+            if row[0] != "pending":
+                return Auction(task_id, now, closes, (), open=False)
+            db.execute(
+                "INSERT INTO bids (task_id, expert, score, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (task_id, expert) DO UPDATE SET score = excluded.score",
+                (task_id, expert, score, now),
+            )
+            bids = {
+                r[0]: (r[1], r[2])
+                for r in db.execute(
+                    "SELECT expert, score, at FROM bids WHERE task_id = ?", (task_id,)
+                )
+            }
+            return Auction(task_id, now, closes, rank_bids(bids))
+
+        return await self._tx(run)
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        if not queues:
+            return Backlog(0, None)
+        marks = ",".join("?" * len(queues))
+        now = self._clock()
+        row = await self._retry(
+            lambda: self._conn.execute(
+                f"SELECT count(*), min(run_at) FROM tasks WHERE state = 'pending' "
+                f"AND queue IN ({marks}) AND run_at <= ?",
+                (*queues, now),
+            ).fetchone()
+        )
+        return Backlog(row[0], None if row[1] is None else now - row[1])
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         if not queues:
