@@ -30,7 +30,10 @@ a ``/`` in a name can never be read as a separator)::
                                   crash before the waiters are settled is repaired by expire()
     {p}e/{expert}                 the expert's record: info, session, counters (outlives it)
     {p}l/{expert}                 the live session, on the expert's lease: {"session", "lease"}
-    {p}b/{task}/{expert}          reserved for auction bids (on the bidder's lease)
+    {p}u/{task}                   an auction: {"closes_at"}, written by the first bid
+    {p}b/{task}/{expert}          a bid: {"score", "at"}. Bids outlive their bidder (the grace
+                                  period lets the next bidder claim); expire() drops the
+                                  auctions and bids of tasks that are no longer pending.
     {p}leader/{queue}             reserved for central-dispatch leader election
 
 The claim is one ``Txn`` per task: it compares the task key's ``mod_revision`` with the one
@@ -101,11 +104,15 @@ from contend.errors import (
 from contend.store._common import (
     after_failure,
     check_batch_dependencies,
+    check_bid,
     check_limit,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -796,6 +803,7 @@ class EtcdStore:
                     claim_attempts=d["claim_attempts"],
                     claims_won=d["claims_won"],
                     tasks_done=d["tasks_done"],
+                    metrics=d.get("metrics") or {},
                 )
             )
         return sorted(out, key=lambda e: e.info.id)
@@ -1098,6 +1106,7 @@ class EtcdStore:
             claim_attempts=beat.claim_attempts,
             claims_won=beat.claims_won,
             tasks_done=beat.tasks_done,
+            metrics=dict(beat.metrics),
         )
         resp = await self._txn(
             [_value_is(lkey, session_value)],
@@ -1272,10 +1281,32 @@ class EtcdStore:
             for kv in await self._scan(self._k("s", ""), keys_only=True)
         ]
         await self._settle_many([t for t in leftovers if t not in ended])
+        await self._clear_auctions()
         await self._forget_experts()
         if moved:
             self._touch()
         return moved
+
+    async def _clear_auctions(self) -> None:
+        """Drop the auctions and bids of tasks that are no longer pending."""
+        base = len(self._k("u", ""))
+        tids = [
+            _unenc(kv.key[base:].decode())
+            for kv in await self._scan(self._k("u", ""), keys_only=True)
+        ]
+        if not tids:
+            return
+        recs = await self._read_many([self._task_key(t) for t in tids])
+        for tid, kv in zip(tids, recs, strict=True):
+            if kv is None or _Rec.loads(kv.value).state != "pending":
+                cmp = [] if kv is None else [_mod_is(kv.key, kv.mod_revision)]
+                await self._txn(
+                    cmp,
+                    [
+                        _delete(self._k("u", _enc(tid))),
+                        _delete(self._k("b", _enc(tid), ""), prefix=True),
+                    ],
+                )
 
     async def _forget_experts(self) -> None:
         now = self._clock()
@@ -1549,6 +1580,52 @@ class EtcdStore:
                 call.cancel()
             await asyncio.sleep(pause)
             pause = min(pause * 2, 1.0)
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+        tkey, ukey = self._task_key(task_id), self._k("u", _enc(task_id))
+        bids_prefix = self._k("b", _enc(task_id), "")
+        mine = self._k("b", _enc(task_id), _enc(expert))
+        for _ in range(WRITE_RETRIES):
+            _, session_value = await self._session(expert, session)
+            resp = await self._txn([], [_get(tkey), _get(ukey), _get(bids_prefix, prefix=True)])
+            t, u, bids = (r.response_range.kvs for r in resp.responses)
+            now = self._clock()
+            if not t:
+                raise TaskNotFound(task_id)
+            closes = json.loads(u[0].value)["closes_at"] if u else now + window
+            if _Rec.loads(t[0].value).state != "pending":
+                return Auction(task_id, now, closes if u else now, (), open=False)
+            placed = {
+                _unenc(kv.key[len(bids_prefix) :].decode()): json.loads(kv.value) for kv in bids
+            }
+            old = placed.get(expert)
+            placed[expert] = {"score": score, "at": old["at"] if old else now}
+            cmp = [
+                _mod_is(tkey, t[0].mod_revision),
+                _value_is(self._k("l", _enc(expert)), session_value),
+                _mod_is(ukey, u[0].mod_revision) if u else _absent(ukey),
+            ]
+            ops = [] if u else [_put(ukey, json.dumps({"closes_at": closes}))]
+            if old is None or old["score"] != score:
+                ops.append(_put(mine, json.dumps(placed[expert])))
+            if (await self._txn(cmp, ops)).succeeded:
+                ranked = rank_bids({e: (b["score"], b["at"]) for e, b in placed.items()})
+                return Auction(task_id, now, closes, ranked)
+        raise StoreError(f"the auction of task {task_id} kept changing; gave up")
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        count, oldest = 0, None
+        for queue in dict.fromkeys(queues):
+            for kv in await self._scan(self._k("q", _enc(queue), ""), keys_only=True):
+                due = int(kv.key.decode().rsplit("/", 2)[1]) / 1_000_000
+                if due <= now:
+                    count += 1
+                    oldest = due if oldest is None else min(oldest, due)
+        return Backlog(count, None if oldest is None else now - oldest)
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         best: float | None = None

@@ -515,3 +515,49 @@ async def test_a_write_whose_reply_was_lost_is_recognised(
     assert await store.complete("e", [Completion(t.id, c.fence, '"done"')]) == [None]
     assert not lose_next[0]
     assert (await store.get(t.id)).result == "done"
+
+
+# -- auctions, backlog, metrics ----------------------------------------------------------------
+async def test_auction_bids_rank_and_are_cleared(store_url: str) -> None:
+    clock = FakeClock()
+    store = EtcdStore(store_url, clock=clock)
+    await store.open()
+    try:
+        t = spec()
+        await store.submit([t])
+        a = await store.register_expert(ExpertInfo("a"), 10)
+        b = await store.register_expert(ExpertInfo("b"), 10)
+        first = await store.bid("a", a, t.id, 0.5, 2.0)
+        assert first.open and first.closes_at == clock() + 2 and first.bids == (("a", 0.5),)
+        clock.advance(1)
+        second = await store.bid("b", b, t.id, 0.9, 5.0)  # the window was set by the first bid
+        assert second.closes_at == first.closes_at
+        assert second.bids == (("b", 0.9), ("a", 0.5))
+        assert second.rank("a") == 1 and second.may_claim_at("a", 3.0) == first.closes_at + 3
+        again = await store.bid("a", a, t.id, 0.9, 2.0)  # same score as b, but bid earlier
+        assert again.bids == (("a", 0.9), ("b", 0.9))
+        with pytest.raises(ConfigError):
+            await store.bid("a", a, t.id, 1.5, 2.0)
+        with pytest.raises(LeaseLost):
+            await store.bid("a", "not-a-session", t.id, 0.5, 2.0)
+        clock.advance(2)
+        (c,) = await store.claim("a", a, Q, ANY, limit=1, lease_ttl=10, task_ids=[t.id])
+        closed = await store.bid("b", b, t.id, 0.9, 2.0)
+        assert not closed.open and closed.bids == ()
+        await store.expire()
+        assert await store._scan(store._k("b", "")) == []
+        assert await store._scan(store._k("u", "")) == []
+        assert c.id == t.id
+    finally:
+        await store.close()
+
+
+async def test_backlog_and_heartbeat_metrics(store: EtcdStore) -> None:
+    await store.submit([spec(), spec(), spec(delay=600), spec(queue="other")])
+    back = await store.backlog(Q)
+    assert back.pending == 2 and back.oldest_age is not None and back.oldest_age >= 0
+    assert (await store.backlog(["nothing"])).pending == 0
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    await store.renew("e", s, 5, Heartbeat(load=2, metrics={"work": {"ok": 3}}))
+    (rec,) = await store.list_experts()
+    assert rec.metrics == {"work": {"ok": 3}} and rec.load == 2
