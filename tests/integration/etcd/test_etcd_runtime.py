@@ -19,6 +19,11 @@ def make_app(url: str, ran: Counter[str]) -> App:
         await asyncio.sleep(0.01)  # a little work, so that experts overlap
         return x * x
 
+    @app.task(mode="auction")
+    async def heavy(x: int) -> int:
+        ran[f"h{x}"] += 1
+        return -x
+
     return app
 
 
@@ -32,14 +37,17 @@ async def test_experts_share_the_work_and_commit_once(store_url: str) -> None:
     try:
         client = make_app(store_url, ran)
         handles = [await client.submit("square", [i]) for i in range(40)]
+        auctioned = [await client.submit("heavy", [i]) for i in range(6)]
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
         assert results == [i * i for i in range(40)]
+        sold = await asyncio.wait_for(asyncio.gather(*(h.result() for h in auctioned)), 60)
+        assert sold == [-i for i in range(6)]
         store = await client.store()
         assert isinstance(store, EtcdStore)
         tasks = await store.list_tasks(limit=100)
         assert {t.state for t in tasks} == {TaskState.SUCCEEDED}
         assert all(t.fence == 1 for t in tasks)
-        assert sum(e.stats.tasks_done for e in experts) == 40
+        assert sum(e.stats.tasks_done for e in experts) == 46
         await client.aclose()
     finally:
         for e in experts:
