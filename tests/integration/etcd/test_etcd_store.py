@@ -413,7 +413,9 @@ async def test_a_write_before_the_watch_started_is_not_missed(store_url: str) ->
 
 
 # -- restarts ----------------------------------------------------------------------------------
-async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
+@pytest.mark.parametrize("how", ["stop", "kill"])
+async def test_etcd_restart_mid_run(fresh_server: EtcdServer, how: str) -> None:
+    """etcd goes away (a clean stop, or kill -9) and comes back on the same data."""
     store = EtcdStore(f"{fresh_server.url}/restart", timeout=2.0)
     await store.open()
     try:
@@ -423,7 +425,10 @@ async def test_etcd_restart_mid_run(fresh_server: EtcdServer) -> None:
         (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
         await store.wait_for_change(0)  # start the watch before the outage
 
-        fresh_server.stop()
+        if how == "stop":
+            fresh_server.stop()
+        else:
+            fresh_server.kill()
         with pytest.raises(StoreError, match="etcd"):
             await store.submit([spec()])
         with pytest.raises(StoreError):
