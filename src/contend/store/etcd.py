@@ -298,6 +298,7 @@ class EtcdStore:
         self._version = 0
         self._seen = 0
         self._rev = 0  # the highest etcd revision this instance has seen
+        self._forgot_at = -math.inf
         self._watch_task: asyncio.Task[None] | None = None
 
     # -- keys --------------------------------------------------------------------------------
@@ -1230,7 +1231,7 @@ class EtcdStore:
         resp = await self._txn(
             [],
             [
-                _get(self._k("a", ""), prefix=True),
+                _get(self._k("a", ""), prefix=True, keys_only=True),
                 _get(self._k("c", ""), prefix=True, keys_only=True),
             ],
         )
@@ -1309,7 +1310,11 @@ class EtcdStore:
                 )
 
     async def _forget_experts(self) -> None:
+        """Remove records of experts gone for an hour; looked at once a minute (store clock)."""
         now = self._clock()
+        if now - self._forgot_at < 60:
+            return
+        self._forgot_at = now
         for e in await self.list_experts():
             if not e.alive and e.lease_deadline < now - EXPERT_RETENTION:
                 await self._txn([], [_delete(self._k("e", _enc(e.info.id)))])
