@@ -329,7 +329,8 @@ class EtcdStore:
     async def open(self) -> None:
         if self._channel is not None:
             return
-        self._channel = rpc.insecure_channel(f"{self.host}:{self.port}", options=_CHANNEL_OPTIONS)
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        self._channel = rpc.insecure_channel(f"{host}:{self.port}", options=_CHANNEL_OPTIONS)
         self._kv = rpc.KVStub(self._channel)
         self._lease = rpc.LeaseStub(self._channel)
         self._watch_stub = rpc.WatchStub(self._channel)

@@ -66,6 +66,7 @@ def spec(**kw: object) -> TaskSpec:
 def test_url_parsing() -> None:
     assert parse_etcd_url("etcd://h:1234") == ("h", 1234, "contend/")
     assert parse_etcd_url("etcd://h/app/one") == ("h", 2379, "app/one/")
+    assert parse_etcd_url("etcd://[::1]:2380/x") == ("::1", 2380, "x/")
     for bad in ("etcd://", "etcd://h:99999", "etcd://h:1?x=1", "etcd://h:1/a//b", "redis://h"):
         with pytest.raises(ConfigError):
             parse_etcd_url(bad)
