@@ -24,10 +24,12 @@ class EtcdUnavailable(RuntimeError):
 
 
 def find_etcd() -> str:
-    path = os.environ.get("CONTEND_ETCD_BIN") or shutil.which("etcd")
+    wanted = os.environ.get("CONTEND_ETCD_BIN")
+    path = shutil.which(wanted) if wanted else shutil.which("etcd")
     if not path:
+        where = f"CONTEND_ETCD_BIN={wanted!r} is not an executable" if wanted else "not on PATH"
         raise EtcdUnavailable(
-            "no etcd binary found; run scripts/install-etcd.sh or set CONTEND_ETCD_BIN"
+            f"no etcd binary ({where}); run scripts/install-etcd.sh or set CONTEND_ETCD_BIN"
         )
     return path
 
