@@ -1242,18 +1242,19 @@ class EtcdStore:
         lapsed = [
             _unenc(kv.key[a_base:].decode()) for kv in active if kv.key[a_base:] not in claimed
         ]
-        moved = 0
         ended: list[str] = []
-        for tid in lapsed:
+
+        async def one(tid: str) -> bool:
+            """Return one lapsed task to pending (or dead); False when it changed meanwhile."""
             tkey, ckey = self._task_key(tid), self._claim_key(tid)
             t = (await self._read_many([tkey]))[0]
             if t is None:
                 await self._txn([], [_delete(self._active_key(tid))])
-                continue
+                return False
             rec = _Rec.loads(t.value)
             if rec.state not in _OWNED_S:
                 await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(self._active_key(tid))])
-                continue
+                return False
             now = self._clock()
             prev = rec.owner
             ops = [_delete(self._active_key(tid))]
@@ -1271,10 +1272,13 @@ class EtcdStore:
             rec.event(now, "expired", prev)
             ops.append(_put(tkey, rec.dumps()))
             resp = await self._txn([_mod_is(tkey, t.mod_revision), _absent(ckey)], ops)
-            if resp.succeeded:
-                moved += 1
-                if rec.state == "dead":
-                    ended.append(tid)
+            if resp.succeeded and rec.state == "dead":
+                ended.append(tid)
+            return bool(resp.succeeded)
+
+        moved = 0
+        for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
+            moved += sum(await asyncio.gather(*(one(t) for t in lapsed[i : i + 64])))
         await self._settle_many(ended)
         # Repair: endings whose waiters were not settled (a crash right after the ending).
         s_base = len(self._k("s", ""))

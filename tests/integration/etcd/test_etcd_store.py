@@ -567,3 +567,16 @@ async def test_backlog_and_heartbeat_metrics(store: EtcdStore) -> None:
     await store.renew("e", s, 5, Heartbeat(load=2, metrics={"work": {"ok": 3}}))
     (rec,) = await store.list_experts()
     assert rec.metrics == {"work": {"ok": 3}} and rec.load == 2
+
+
+async def test_a_dead_expert_s_many_tasks_return_in_one_expire(store: EtcdStore) -> None:
+    await store.submit([spec() for _ in range(150)])
+    s = await store.register_expert(ExpertInfo("big"), 30)
+    got = await store.claim("big", s, Q, ANY, limit=150, lease_ttl=30)
+    assert len(got) == 150
+    assert await store.end_session("big")  # the process died and etcd ended its lease
+    started = time.monotonic()
+    assert await store.expire() == 150
+    took = time.monotonic() - started
+    assert len(await store.peek(Q, ANY, 200)) == 150
+    assert took < 10, took
