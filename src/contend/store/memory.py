@@ -316,31 +316,74 @@ class MemoryStore:
         out = []
         for tid in chosen:
             row = self._tasks[tid]
-            row.state = R if start else C
-            row.owner = expert
-            row.fence += 1
             row.attempts += 1
-            row.lease_deadline = now + ttl
-            row.updated_at = now
-            self._event(row, now, "claimed", expert)
-            s = row.spec
-            out.append(
-                Claimed(
-                    id=tid,
-                    type=s.type,
-                    queue=s.queue,
-                    args=json.loads(s.args_json),
-                    kwargs=json.loads(s.kwargs_json),
-                    fence=row.fence,
-                    attempt=row.attempts,
-                    max_attempts=s.max_attempts,
-                    checkpoint=_load(row.checkpoint),
-                    timeout=s.timeout,
-                    lease_deadline=now + ttl,
-                    priority=s.priority,
-                )
-            )
+            out.append(self._hand_over(tid, row, expert, R if start else C, now + ttl, "claimed"))
         return out
+
+    def _hand_over(
+        self,
+        tid: str,
+        row: _Row,
+        expert: str,
+        state: TaskState,
+        deadline: float,
+        event: str,
+        detail: str | None = None,
+    ) -> Claimed:
+        row.state = state
+        row.owner = expert
+        row.fence += 1
+        row.lease_deadline = deadline
+        row.updated_at = self._clock()
+        self._event(row, self._clock(), event, expert, detail)
+        s = row.spec
+        return Claimed(
+            id=tid,
+            type=s.type,
+            queue=s.queue,
+            args=json.loads(s.args_json),
+            kwargs=json.loads(s.kwargs_json),
+            fence=row.fence,
+            attempt=row.attempts,
+            max_attempts=s.max_attempts,
+            checkpoint=_load(row.checkpoint),
+            timeout=s.timeout,
+            lease_deadline=deadline,
+            priority=s.priority,
+        )
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        self._live_session(thief, session, now)
+        qs = set(queues)
+        loot = sorted(
+            (
+                (-row.spec.priority, row.run_at, tid)
+                for tid, row in self._tasks.items()
+                if row.owner == victim
+                and row.state == C
+                and row.lease_deadline is not None
+                and row.lease_deadline >= now
+                and row.spec.queue in qs
+                and capabilities.satisfies(row.spec.requirements)
+            )
+        )[:limit]
+        return [
+            self._hand_over(tid, self._tasks[tid], thief, R, now + ttl, "stolen", f"from {victim}")
+            for _, _, tid in loot
+        ]
 
     def _owned(
         self,

@@ -275,6 +275,22 @@ class Store(Protocol):
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
         session is not live."""
 
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        """Work stealing (seed 003): take up to *limit* of *victim*'s claimed-but-unstarted
+        tasks in one atomic step, as a claim does (fence + 1, new owner, running, new lease),
+        without counting an attempt. The victim's ``start`` of a stolen task is fenced out, so
+        it never runs it. Raises LeaseLost when the thief's session is not live."""
+
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
         """Move claimed tasks (id, fence) to running."""
 

@@ -596,23 +596,45 @@ class SQLiteStore:
                     "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
                     [(r[0], now, "claimed", r[5], expert) for r in rows],
                 )
-            return [
-                Claimed(
-                    id=r[0],
-                    type=r[1],
-                    queue=r[2],
-                    args=json.loads(r[3]),
-                    kwargs=json.loads(r[4]),
-                    fence=r[5],
-                    attempt=r[6],
-                    max_attempts=r[7],
-                    checkpoint=_load(r[8]),
-                    timeout=r[9],
-                    lease_deadline=now + ttl,
-                    priority=r[10],
-                )
-                for r in rows
-            ]
+            return [_claimed_from_row(r, now + ttl) for r in rows]
+
+        return await self._tx(run)
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        if not queues or not limit:
+            return []
+        qmarks = ",".join("?" * len(queues))
+
+        def run(db: sqlite3.Connection) -> list[Claimed]:
+            now = self._clock()
+            self._check_session(db, thief, session, now)
+            self._caps = capabilities
+            rows = db.execute(
+                "UPDATE tasks SET state = 'running', owner = ?, fence = fence + 1, "
+                "lease_deadline = ?, updated_at = ? WHERE id IN ("
+                f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+                f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
+                "AND (requirements IS NULL OR contend_fits(requirements)) "
+                "ORDER BY priority DESC, run_at, id LIMIT ?) "
+                "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+                "checkpoint, timeout, priority",
+                (thief, now + ttl, now, victim, now, *queues, limit),
+            ).fetchall()
+            self._events(db, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
+            rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
+            return [_claimed_from_row(r, now + ttl) for r in rows]
 
         return await self._tx(run)
 
@@ -1104,6 +1126,23 @@ class SQLiteStore:
 _OWNED = ("claimed", "running")
 _TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
 _TERMINAL_BAD = {"failed", "dead", "cancelled"}
+
+
+def _claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=_load(r[8]),
+        timeout=r[9],
+        lease_deadline=deadline,
+        priority=r[10],
+    )
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
