@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,10 +93,24 @@ def can_move(src: TaskState, dst: TaskState) -> bool:
     return dst in TRANSITIONS[src]
 
 
+_last_id = 0
+_last_id_lock = threading.Lock()
+
+
 def new_task_id(now: float | None = None) -> str:
-    """A 26-character id that sorts by creation time (48-bit ms timestamp + 80 random bits)."""
+    """A 26-character id that sorts by creation time (48-bit ms timestamp + 80 random bits).
+
+    Ids made by one process are strictly increasing, also within one millisecond (the random
+    part then counts up, as monotonic ULIDs do): stores break ties between tasks due at the same
+    moment by id, so this is what keeps a batch first-in-first-out.
+    """
+    global _last_id
     ms = int((time.time() if now is None else now) * 1000)
     value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    with _last_id_lock:
+        if value >> 80 <= _last_id >> 80:
+            value = _last_id + 1
+        _last_id = value
     alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
     chars = []
     for _ in range(26):
