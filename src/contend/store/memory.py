@@ -120,11 +120,18 @@ class MemoryStore:
     # -- submission and inspection ---------------------------------------------------------
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         now = self._clock()
-        fresh = [s for s in specs if s.key is None or s.key not in self._keys]
+        fresh = [
+            s
+            for s in specs
+            if s.id not in self._tasks and (s.key is None or s.key not in self._keys)
+        ]
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
         out: list[Submitted] = []
         batch_keys: dict[str, str] = {}
         for spec in specs:
+            if spec.id in self._tasks:  # the same spec sent again (a lost reply): keep the task
+                out.append(Submitted(spec.id, False))
+                continue
             if spec.key is not None and spec.key in self._keys:
                 out.append(Submitted(self._keys[spec.key], False))
                 continue

@@ -315,9 +315,13 @@ class SQLiteStore:
                         f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk
                     ).fetchall()
                 )
+            known = self._existing(db, [s.id for s in specs])
             fresh: list[TaskSpec] = []
             out: list[Submitted] = []
             for spec in specs:
+                if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+                    out.append(Submitted(spec.id, False))
+                    continue
                 if spec.key is not None and spec.key in existing:
                     out.append(Submitted(existing[spec.key], False))
                     continue
