@@ -920,7 +920,7 @@ class SQLiteStore:
                     (
                         task_id,
                         now,
-                        operation + ("led" if operation == "cancel" else "ed"),
+                        "cancelled" if target == TaskState.CANCELLED else "retried",
                         row[1],
                         row[2],
                         None,
@@ -938,7 +938,7 @@ class SQLiteStore:
 
     async def retry(self, task_id: str) -> Task:
         allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
-        return await self._manage(task_id, TaskState.PENDING, "retri", allowed)
+        return await self._manage(task_id, TaskState.PENDING, "retry", allowed)
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         ttl = check_ttl(lease_ttl)
