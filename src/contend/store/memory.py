@@ -128,6 +128,7 @@ class MemoryStore:
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
         out: list[Submitted] = []
         batch_keys: dict[str, str] = {}
+        born_dead: list[str] = []
         for spec in specs:
             if spec.id in self._tasks:  # the same spec sent again (a lost reply): keep the task
                 out.append(Submitted(spec.id, False))
@@ -156,6 +157,10 @@ class MemoryStore:
                 self._keys[spec.key] = spec.id
                 batch_keys[spec.key] = spec.id
             out.append(Submitted(spec.id, True))
+            if row.state == TaskState.DEAD:
+                born_dead.append(spec.id)
+        for tid in born_dead:  # batch members that wait on it were inserted before it
+            self._settle_dependents(tid, now)
         self._touch()
         return out
 

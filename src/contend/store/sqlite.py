@@ -373,6 +373,8 @@ class SQLiteStore:
             )
             if dep_rows:
                 db.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
+            # A task dead at birth (a dependency had failed) fails batch members that wait on it.
+            self._settle_dependents(db, now, [(r[0], r[3]) for r in rows if r[3] == "dead"])
             return out
 
         try:
