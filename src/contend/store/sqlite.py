@@ -727,6 +727,7 @@ class SQLiteStore:
             self._settle_dependents(db, now, [(items[n].task_id, "succeeded") for n in ok])
 
         out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
+        self._local_change.set()
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
