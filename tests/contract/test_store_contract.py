@@ -59,7 +59,7 @@ async def pass_time(h: Harness, seconds: float, *experts: Expert) -> None:
 async def test_submit_and_get_round_trip_every_field(harness: Harness) -> None:
     s = harness.store
     args = [1, -2.5, "ünïcødé ✓", None, True, [1, [2, {"a": None}]], {"k": [1, 2]}]
-    kwargs = {"nested": {"list": [1, 2, 3], "empty": {}, "s": "x\ny\"z"}, "n": 10**15}
+    kwargs = {"nested": {"list": [1, 2, 3], "empty": {}, "s": 'x\ny"z'}, "n": 10**15}
     t = spec(
         "mail.send",
         *args,
@@ -591,7 +591,8 @@ async def test_cancel_applies_to_unfinished_tasks_only(harness: Harness) -> None
     pending, waiting, claimed, done = spec(), spec(), spec(), spec()
     await s.submit([claimed, done])
     e = await join(harness)
-    cc, cd = await e.claim(2, start=False)
+    await e.claim_one(start=False, task_ids=[claimed.id])
+    cd = await e.claim_one(start=False, task_ids=[done.id])
     assert await e.write("complete", cd.id, cd.fence) is None
     await s.submit([pending, replace(waiting, depends_on=(claimed.id,))])
     for tid in (pending.id, waiting.id, claimed.id):
@@ -609,7 +610,7 @@ async def test_cancel_applies_to_unfinished_tasks_only(harness: Harness) -> None
 
 async def test_retry_sends_a_finished_task_back_to_pending(harness: Harness) -> None:
     s = harness.store
-    failed, dead, cancelled, pending = spec(max_attempts=2), spec(), spec(), spec()
+    failed, dead, cancelled = spec(max_attempts=2), spec(), spec()
     await s.submit([failed, dead, cancelled])
     e = await join(harness)
     claims = {c.id: c for c in await e.claim(3)}
@@ -633,8 +634,9 @@ async def test_retry_of_an_unfinished_task_is_an_invalid_transition(harness: Har
     pending, running, done = spec(), spec(), spec()
     await s.submit([running, done])
     e = await join(harness)
-    cr, cd = await e.claim(2)
-    await e.write("complete", cd.id, cd.fence)
+    await e.claim_one(task_ids=[running.id])
+    cd = await e.claim_one(task_ids=[done.id])
+    assert await e.write("complete", cd.id, cd.fence) is None
     await s.submit([pending])
     for tid in (pending.id, running.id, done.id):
         before = await snapshot(s)
@@ -802,8 +804,9 @@ async def test_stats_counts_tasks_by_queue_and_state(harness: Harness) -> None:
     dep = spec(depends_on=[a1.id])
     await s.submit([a1, a2, a3, b1, dep])
     e = await join(harness)
-    c1, c2 = await e.claim(2, task_ids=[a1.id, a2.id])
-    await e.write("complete", a1.id, c1.fence)
+    c1 = await e.claim_one(task_ids=[a1.id])
+    await e.claim_one(task_ids=[a2.id])
+    assert await e.write("complete", a1.id, c1.fence) is None
     await harness.advance(3)
     stats = await s.stats()
     assert stats.counts == {
