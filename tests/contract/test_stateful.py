@@ -1,0 +1,439 @@
+"""A Hypothesis state machine that drives a store against a small pure-Python model.
+
+Random submits, expert registrations, claims, renewals, clock jumps, expiries, owner writes
+with current and stale fences (and by the wrong expert), cancels and retries. After every step
+the store must agree with the model, and the invariants are checked on what the store reports:
+
+* I1 a task reaches a committed terminal state at most once per claim (fence); a refused
+  (fenced-out) write changes nothing;
+* I2 nothing is lost: every task is terminal, pending, or claimed/running under a lease that is
+  live or that ``expire`` will collect;
+* I3 at most one owner per task, and a task's fence never goes down.
+
+The async store is run from the synchronous machine on a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.errors import ExpertConflict, FencedOut, InvalidTransition, LeaseLost
+from contend.store.port import ExpertInfo, Heartbeat
+from tests.contract.backends import BACKENDS, backend_params
+from tests.contract.helpers import OWNER_WRITES, owner_write
+
+T = TypeVar("T")
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+OK, FAILED, DEAD, CANCELLED = (
+    TaskState.SUCCEEDED,
+    TaskState.FAILED,
+    TaskState.DEAD,
+    TaskState.CANCELLED,
+)
+TTL = 10.0
+EXPERTS = ("a", "b", "c")
+COMMIT_EVENTS = {"succeeded", "failed", "dead"}
+
+
+@dataclass
+class ModelTask:
+    id: str
+    priority: int
+    max_attempts: int
+    run_at: float
+    state: TaskState = P
+    attempts: int = 0
+    fence: int = 0
+    owner: str | None = None
+    lease: float | None = None
+    checkpoint: Any = None
+    result: Any = None
+
+
+@dataclass
+class ModelExpert:
+    session: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Token:
+    """What an expert got from a claim: it may still use it long after it went stale."""
+
+    expert: str
+    task_id: str
+    fence: int
+
+
+class StoreMachine(RuleBasedStateMachine):
+    backend = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory()
+        self.cm = BACKENDS[self.backend].factory(Path(self.tmp.name))
+        self.h = self.run(self.cm.__aenter__())
+        self.s = self.h.store
+        self.now = self.run(self.s.now())
+        self.tasks: dict[str, ModelTask] = {}
+        self.experts: dict[str, ModelExpert] = {}
+        self.tokens: list[Token] = []
+        self.fences_seen: dict[str, int] = {}
+        self.counter = 0
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(coro)  # type: ignore[arg-type]
+
+    def teardown(self) -> None:
+        try:
+            self.run(self.cm.__aexit__(None, None, None))
+        finally:
+            self.loop.close()
+            self.tmp.cleanup()
+
+    # -- model helpers -----------------------------------------------------------------------
+    def live(self, name: str) -> bool:
+        e = self.experts.get(name)
+        return e is not None and e.deadline >= self.now
+
+    def claimable(self) -> list[ModelTask]:
+        ready = [t for t in self.tasks.values() if t.state == P and t.run_at <= self.now]
+        return sorted(ready, key=lambda t: (-t.priority, t.run_at, t.id))
+
+    def task_json(self, task_id: str) -> dict[str, Any]:
+        return self.run(self.s.get(task_id)).to_json()
+
+    # -- rules -------------------------------------------------------------------------------
+    @initialize(n=st.integers(1, 4))
+    def start_with_two_experts_and_some_tasks(self, n: int) -> None:
+        self.register("a")
+        self.register("b")
+        self.submit(n, 0, 2, 0.0)
+
+    @rule(
+        n=st.integers(1, 3),
+        priority=st.sampled_from([-1, 0, 0, 2]),
+        max_attempts=st.integers(1, 3),
+        delay=st.sampled_from([0.0, 0.0, 5.0]),
+    )
+    def submit(self, n: int, priority: int, max_attempts: int, delay: float) -> None:
+        specs = [
+            TaskSpec.build("job", [k], priority=priority, max_attempts=max_attempts, delay=delay)
+            for k in range(n)
+        ]
+        subs = self.run(self.s.submit(specs))
+        assert [x.id for x in subs] == [x.id for x in specs]
+        assert all(x.created for x in subs)
+        for x in specs:
+            self.tasks[x.id] = ModelTask(x.id, priority, max_attempts, self.now + delay)
+
+    @rule(name=st.sampled_from(EXPERTS))
+    def register(self, name: str) -> None:
+        info = ExpertInfo(id=name)
+        if self.live(name):
+            with pytest.raises(ExpertConflict):
+                self.run(self.s.register_expert(info, TTL))
+            return
+        session = self.run(self.s.register_expert(info, TTL))
+        old = self.experts.get(name)
+        assert old is None or session != old.session
+        self.experts[name] = ModelExpert(session, self.now + TTL)
+
+    @rule(name=st.sampled_from(EXPERTS))
+    def deregister(self, name: str) -> None:
+        e = self.experts.get(name)
+        if e is None:
+            return
+        self.run(self.s.deregister_expert(name, e.session))
+        e.deadline = min(e.deadline, self.now - 1e-6)
+
+    @rule(name=st.sampled_from(EXPERTS), limit=st.integers(1, 3), start=st.booleans())
+    def claim(self, name: str, limit: int, start: bool) -> None:
+        session = self.experts[name].session if name in self.experts else "no-session"
+        call = self.s.claim(
+            name, session, ["default"], Capabilities(), limit=limit, lease_ttl=TTL, start=start
+        )
+        if not self.live(name):
+            with pytest.raises(LeaseLost):
+                self.run(call)
+            return
+        got = self.run(call)
+        event(f"claim got {len(got)}")
+        expected = self.claimable()[:limit]
+        assert sorted(c.id for c in got) == sorted(t.id for t in expected)
+        for c in got:
+            t = self.tasks[c.id]
+            t.state, t.owner, t.lease = (R if start else C), name, self.now + TTL
+            t.fence += 1
+            t.attempts += 1
+            assert (c.fence, c.attempt, c.checkpoint) == (t.fence, t.attempts, t.checkpoint)
+            self.tokens.append(Token(name, c.id, c.fence))
+
+    @rule(name=st.sampled_from(EXPERTS))
+    def renew(self, name: str) -> None:
+        session = self.experts[name].session if name in self.experts else "no-session"
+        call = self.s.renew(name, session, TTL, Heartbeat())
+        if not self.live(name):
+            with pytest.raises(LeaseLost):
+                self.run(call)
+            return
+        held = self.run(call)
+        expected = {}
+        for t in self.tasks.values():
+            if (
+                t.owner == name
+                and t.state in (C, R)
+                and t.lease is not None
+                and t.lease >= self.now
+            ):
+                t.lease = self.now + TTL
+                expected[t.id] = t.fence
+        self.experts[name].deadline = self.now + TTL
+        assert held == expected
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 6.0, 11.0]), then_expire=st.booleans())
+    def advance(self, seconds: float, then_expire: bool) -> None:
+        self.run(self.h.advance(seconds))
+        self.now += seconds
+        assert self.run(self.s.now()) == pytest.approx(self.now)
+        if then_expire:
+            self.expire()
+
+    def expire(self) -> None:
+        moved = self.run(self.s.expire())
+        event(f"expire moved {min(moved, 2)}+")
+        lapsed = [
+            t
+            for t in self.tasks.values()
+            if t.state in (C, R) and t.lease is not None and t.lease < self.now
+        ]
+        assert moved == len(lapsed)
+        for t in lapsed:
+            t.state = P if t.attempts < t.max_attempts else DEAD
+            t.owner, t.lease = None, None
+
+    @precondition(lambda self: self.tokens)
+    @rule(
+        data=st.data(),
+        op=st.sampled_from(OWNER_WRITES),
+        retry_delay=st.sampled_from([None, 0.0, 4.0]),
+        final_state=st.sampled_from([FAILED, DEAD]),
+    )
+    def owner_write(
+        self,
+        data: st.DataObject,
+        op: str,
+        retry_delay: float | None,
+        final_state: TaskState,
+    ) -> None:
+        current = [
+            tok
+            for tok in self.tokens
+            if self.tasks[tok.task_id].fence == tok.fence
+            and self.tasks[tok.task_id].state in (C, R)
+        ]
+        if current and data.draw(st.booleans(), label="by the current owner"):
+            token = data.draw(st.sampled_from(current), label="token")
+            writer = token.expert
+        else:  # anything an expert was ever handed, possibly by another expert
+            token = data.draw(st.sampled_from(self.tokens), label="token")
+            writer = data.draw(st.sampled_from([token.expert, *EXPERTS]), label="writer")
+        t = self.tasks[token.task_id]
+        self.counter += 1
+        allowed = (C,) if op == "start" else (C, R)
+        lands = (
+            t.fence == token.fence
+            and t.owner == writer
+            and t.state in allowed
+            and t.lease is not None
+            and t.lease >= self.now
+        )
+        before = self.task_json(t.id)
+        out = self.run(
+            owner_write(
+                self.s,
+                op,
+                writer,
+                t.id,
+                token.fence,
+                result=self.counter,
+                retry_delay=retry_delay,
+                final_state=final_state,
+                state={"n": self.counter},
+            )
+        )
+        event(f"{op} {'lands' if lands else 'is fenced out'}")
+        if not lands:
+            assert isinstance(out, FencedOut), (op, token, writer, t)
+            assert self.task_json(t.id) == before, "a fenced-out write changed the task"
+            return
+        assert out is None, (op, token, writer, t, out)
+        if op == "start":
+            t.state = R
+        elif op == "checkpoint":
+            t.checkpoint = {"n": self.counter}
+        elif op == "complete":
+            t.state, t.result, t.owner, t.lease = OK, self.counter, None, None
+        elif op == "release":
+            t.state, t.owner, t.lease = P, None, None
+            t.attempts -= 1
+        else:
+            t.owner, t.lease = None, None
+            if retry_delay is not None and t.attempts < t.max_attempts:
+                t.state, t.run_at = P, self.now + retry_delay
+            else:
+                t.state = final_state if retry_delay is None else DEAD
+
+    @precondition(lambda self: self.tasks)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        t = self.tasks[data.draw(st.sampled_from(sorted(self.tasks)), label="task")]
+        if t.state in (W, P, C, R):
+            assert self.run(self.s.cancel(t.id)).state == CANCELLED
+            t.state, t.owner, t.lease = CANCELLED, None, None
+        else:
+            before = self.task_json(t.id)
+            with pytest.raises(InvalidTransition):
+                self.run(self.s.cancel(t.id))
+            assert self.task_json(t.id) == before
+
+    @precondition(lambda self: self.tasks)
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        t = self.tasks[data.draw(st.sampled_from(sorted(self.tasks)), label="task")]
+        if t.state in (FAILED, DEAD, CANCELLED):
+            assert self.run(self.s.retry(t.id)).state == P
+            t.state, t.attempts, t.run_at = P, 0, self.now
+        else:
+            before = self.task_json(t.id)
+            with pytest.raises(InvalidTransition):
+                self.run(self.s.retry(t.id))
+            assert self.task_json(t.id) == before
+
+    # -- checks after every step -------------------------------------------------------------
+    @invariant()
+    def store_agrees_with_the_model(self) -> None:
+        stored = {x.id: x for x in self.run(self.s.list_tasks(limit=100_000))}
+        assert set(stored) == set(self.tasks), "a task was lost or invented"  # I2
+        for tid, m in self.tasks.items():
+            x = stored[tid]
+            assert x.state == m.state, (tid, x.state, m)
+            assert (x.fence, x.attempts, x.owner) == (m.fence, m.attempts, m.owner), (x, m)
+            assert x.checkpoint == m.checkpoint
+            assert x.result == m.result
+            if m.lease is None:
+                assert x.lease_deadline is None
+            else:
+                assert x.lease_deadline == pytest.approx(m.lease)
+            if m.state == P:
+                assert x.run_at == pytest.approx(m.run_at)
+
+    @invariant()
+    def nothing_is_lost(self) -> None:  # I2, on what the store says alone
+        now = self.run(self.s.now())
+        for x in self.run(self.s.list_tasks(limit=100_000)):
+            if x.state.terminal or x.state in (P, W):
+                assert x.owner is None and x.lease_deadline is None, x
+            else:
+                assert x.state in (C, R) and x.owner is not None, x
+                assert x.lease_deadline is not None, x  # live, or expire() collects it
+                assert x.lease_deadline <= now + TTL + 1e-6, x
+
+    @invariant()
+    def one_owner_and_fences_only_grow(self) -> None:  # I3
+        for x in self.run(self.s.list_tasks(limit=100_000)):
+            assert x.fence >= self.fences_seen.get(x.id, 0), x
+            self.fences_seen[x.id] = x.fence
+            assert x.attempts <= x.max_attempts and x.attempts <= x.fence
+        live_claims: dict[str, tuple[str, int]] = {}
+        for tok in self.tokens:
+            t = self.tasks[tok.task_id]
+            if t.state in (C, R) and t.fence == tok.fence:
+                assert live_claims.setdefault(tok.task_id, (tok.expert, tok.fence)) == (
+                    tok.expert,
+                    tok.fence,
+                )
+
+    @invariant()
+    def at_most_one_commit_per_claim(self) -> None:  # I1
+        for tid in self.tasks:
+            history = self.run(self.s.get(tid, history=True)).history
+            commits = [e.fence for e in history if e.event in COMMIT_EVENTS and e.expert]
+            assert len(commits) == len(set(commits)), (tid, history)
+            succeeded = [e for e in history if e.event == "succeeded"]
+            assert len(succeeded) <= 1, (tid, history)
+            if succeeded:
+                assert self.tasks[tid].state == OK
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_store_state_machine(backend: str) -> None:
+    machine = type(f"{backend.title()}StoreMachine", (StoreMachine,), {"backend": backend})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+
+
+def test_the_model_notices_a_store_that_ignores_fences() -> None:
+    """The machine can fail: a store whose complete skips the fence check is caught."""
+    from contend.store.memory import MemoryStore
+
+    original = MemoryStore._owned
+
+    def careless(
+        self: MemoryStore,
+        expert: str,
+        task_id: str,
+        fence: int,
+        now: float,
+        states: Any = frozenset({C, R}),
+    ) -> Any:
+        row = self._tasks.get(task_id)
+        return (
+            row
+            if row is not None and row.state in (C, R)
+            else original(self, expert, task_id, fence, now, states)
+        )
+
+    MemoryStore._owned = careless  # type: ignore[method-assign]
+    try:
+        with pytest.raises(AssertionError):
+            run_state_machine_as_test(
+                StoreMachine,
+                settings=settings(
+                    max_examples=200,
+                    stateful_step_count=40,
+                    deadline=None,
+                    database=None,
+                    phases=[Phase.generate],  # no need to shrink: only that it fails counts
+                    suppress_health_check=[HealthCheck.too_slow],
+                ),
+            )
+    finally:
+        MemoryStore._owned = original  # type: ignore[method-assign]
