@@ -208,9 +208,10 @@ class Capabilities:
             if "=" in item:
                 name, _, amount = item.partition("=")
                 try:
-                    res[_name(name)] = _amount(name, float(amount))
+                    value = float(amount)
                 except ValueError as exc:
                     raise TaskError(f"capability {item!r}: amount must be a number") from exc
+                res[_name(name)] = _amount(name, value)
             else:
                 tags.add(_name(item))
         return cls(frozenset(tags), res)
