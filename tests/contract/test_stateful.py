@@ -156,7 +156,11 @@ class StoreMachine(RuleBasedStateMachine):
             return
         session = self.run(self.s.register_expert(info, TTL))
         old = self.experts.get(name)
-        assert old is None or session != old.session
+        if old is not None:
+            assert session != old.session
+            for t in self.tasks.values():  # the old session's claims end with it
+                if t.owner == name and t.state in (C, R) and t.lease is not None:
+                    t.lease = min(t.lease, old.deadline)
         self.experts[name] = ModelExpert(session, self.now + TTL)
 
     @rule(name=st.sampled_from(EXPERTS))
@@ -267,6 +271,7 @@ class StoreMachine(RuleBasedStateMachine):
             and t.state in allowed
             and t.lease is not None
             and t.lease >= self.now
+            and self.live(writer)  # an expert whose own lease lapsed commits nothing
         )
         before = self.task_json(t.id)
         out = self.run(

@@ -365,11 +365,33 @@ async def _after_reclaim(h: Harness, t_id: str) -> tuple[Expert, int]:
     return e1, c.fence
 
 
+async def _lapsed_session(h: Harness, t_id: str) -> tuple[Expert, int]:
+    """The expert's own lease lapsed, though the task's deadline (set at claim) is still ahead:
+    an expert that cannot renew must commit nothing."""
+    e = await join(h)
+    await h.advance(h.ttl * 0.5)
+    c = await e.claim_one(start=False)
+    await h.advance(h.ttl * 0.6)
+    with pytest.raises(LeaseLost):
+        await e.renew()
+    return e, c.fence
+
+
+async def _new_session(h: Harness, t_id: str) -> tuple[Expert, int]:
+    """The expert's lease lapsed and the same expert id came back with a new session: the old
+    session's claim does not carry over to it."""
+    old, fence = await _lapsed_session(h, t_id)
+    await join(h, old.name)
+    return old, fence
+
+
 STALE = {
     "stale-fence": _stale_fence,
     "wrong-owner": _wrong_owner,
     "lapsed-lease": _lapsed_lease,
     "after-reclaim": _after_reclaim,
+    "lapsed-session": _lapsed_session,
+    "new-session": _new_session,
 }
 
 
@@ -454,6 +476,30 @@ async def test_renew_after_the_lease_lapsed_raises_lease_lost_and_never_revives(
     assert await state_of(s, t.id) == P
     experts = {x.info.id: x for x in await s.list_experts()}
     assert not experts["e1"].alive
+
+
+async def test_a_new_session_does_not_inherit_the_claims_of_a_lapsed_one(
+    harness: Harness,
+) -> None:
+    s = harness.store
+    t = spec()
+    await s.submit([t])
+    old = await join(harness)
+    await harness.advance(harness.ttl * 0.5)
+    c = await old.claim_one()
+    await harness.advance(harness.ttl * 0.6)  # the session lapsed; the task's deadline has not
+    with pytest.raises(LeaseLost):
+        await old.renew()
+    new = await join(harness, old.name)
+    assert await new.renew() == {}
+    assert isinstance(await new.write("complete", t.id, c.fence), FencedOut)
+    await harness.advance(harness.ttl)
+    await new.renew()
+    assert await s.expire() == 1
+    task = await s.get(t.id)
+    assert (task.state, task.owner) == (P, None)
+    again = await new.claim_one()
+    assert again.fence == c.fence + 1
 
 
 async def test_renew_with_a_stale_session_raises_lease_lost(harness: Harness) -> None:

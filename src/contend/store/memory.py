@@ -366,6 +366,9 @@ class MemoryStore:
             return FencedOut(task_id, fence, f"the task is {row.state}")
         if row.lease_deadline is None or row.lease_deadline < now:
             return FencedOut(task_id, fence, "the lease lapsed")
+        e = self._experts.get(expert)
+        if e is None or e.lease_deadline < now:
+            return FencedOut(task_id, fence, f"the lease of expert {expert} lapsed")
         return row
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
@@ -562,6 +565,11 @@ class MemoryStore:
                 f"expert id {info.id!r} is live elsewhere (host {old.info.host or '?'}, "
                 f"pid {old.info.pid}); pick another --name or stop that expert"
             )
+        if old is not None:
+            # The old session's claims end with it: a new session never inherits them.
+            for row in self._tasks.values():
+                if row.owner == info.id and row.state in (C, R) and row.lease_deadline is not None:
+                    row.lease_deadline = min(row.lease_deadline, old.lease_deadline)
         session = uuid.uuid4().hex
         self._experts[info.id] = _Expert(info, session, now + ttl, now, now)
         return session

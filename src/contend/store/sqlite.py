@@ -636,6 +636,10 @@ class SQLiteStore:
                     chunk,
                 ):
                     found[r[0]] = r
+            lease = db.execute(
+                "SELECT lease_deadline FROM experts WHERE id = ?", (expert,)
+            ).fetchone()
+            expert_live = lease is not None and lease[0] >= now
             out: list[FencedOut | None] = []
             ok: list[int] = []
             for n, (tid, fence) in enumerate(items):
@@ -650,6 +654,8 @@ class SQLiteStore:
                     out.append(FencedOut(tid, fence, f"the task is {r[3]}"))
                 elif r[4] is None or r[4] < now:
                     out.append(FencedOut(tid, fence, "the lease lapsed"))
+                elif not expert_live:
+                    out.append(FencedOut(tid, fence, f"the lease of expert {expert} lapsed"))
                 else:
                     out.append(None)
                     ok.append(n)
@@ -957,6 +963,13 @@ class SQLiteStore:
                 raise ExpertConflict(
                     f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
                     f"{other.pid}); pick another --name or stop that expert"
+                )
+            if row is not None:
+                # The old session's claims end with it: a new session never inherits them.
+                db.execute(
+                    "UPDATE tasks SET lease_deadline = min(lease_deadline, ?) "
+                    "WHERE owner = ? AND state IN ('claimed', 'running')",
+                    (row[1], info.id),
                 )
             db.execute(
                 "INSERT OR REPLACE INTO experts (id, session, info, lease_deadline, heartbeat_at, "
