@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,6 +67,7 @@ class ModelTask:
     lease: float | None = None
     checkpoint: Any = None
     result: Any = None
+    deps_open: set[str] = field(default_factory=set)  # while waiting: deps not yet succeeded
 
 
 @dataclass
@@ -94,6 +95,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.cm = BACKENDS[self.backend].factory(Path(self.tmp.name))
         self.h = self.run(self.cm.__aenter__())
         self.s = self.h.store
+        self.other = self.run(self.h.new_store())  # a second instance on the same data
         self.now = self.run(self.s.now())
         self.tasks: dict[str, ModelTask] = {}
         self.experts: dict[str, ModelExpert] = {}
@@ -123,29 +125,79 @@ class StoreMachine(RuleBasedStateMachine):
     def task_json(self, task_id: str) -> dict[str, Any]:
         return self.run(self.s.get(task_id)).to_json()
 
+    def via(self, other: bool) -> Any:
+        return self.other if other else self.s
+
+    def settle(self, task_id: str) -> None:
+        """A task became terminal: release or kill the tasks that wait on it."""
+        todo = [task_id]
+        while todo:
+            done = self.tasks[todo.pop()]
+            for t in self.tasks.values():
+                if t.state != W or done.id not in t.deps_open:
+                    continue
+                if done.state == OK:
+                    t.deps_open.discard(done.id)
+                    if not t.deps_open:
+                        t.state, t.run_at = P, max(t.run_at, self.now)
+                else:
+                    t.state, t.deps_open = DEAD, set()
+                    todo.append(t.id)
+
     # -- rules -------------------------------------------------------------------------------
     @initialize(n=st.integers(1, 4))
     def start_with_two_experts_and_some_tasks(self, n: int) -> None:
         self.register("a")
         self.register("b")
-        self.submit(n, 0, 2, 0.0)
+        specs = [TaskSpec.build("job", [k], max_attempts=2) for k in range(n)]
+        self.run(self.s.submit(specs))
+        for x in specs:
+            self.tasks[x.id] = ModelTask(x.id, 0, 2, self.now)
 
     @rule(
+        data=st.data(),
         n=st.integers(1, 3),
         priority=st.sampled_from([-1, 0, 0, 2]),
         max_attempts=st.integers(1, 3),
         delay=st.sampled_from([0.0, 0.0, 5.0]),
+        with_deps=st.booleans(),
     )
-    def submit(self, n: int, priority: int, max_attempts: int, delay: float) -> None:
-        specs = [
-            TaskSpec.build("job", [k], priority=priority, max_attempts=max_attempts, delay=delay)
-            for k in range(n)
-        ]
+    def submit(
+        self,
+        data: st.DataObject,
+        n: int,
+        priority: int,
+        max_attempts: int,
+        delay: float,
+        with_deps: bool,
+    ) -> None:
+        specs: list[TaskSpec] = []
+        for k in range(n):
+            known = sorted(self.tasks) + [x.id for x in specs]  # earlier members of the batch too
+            deps: list[str] = []
+            if with_deps and known:
+                deps = data.draw(st.lists(st.sampled_from(known), max_size=2, unique=True))
+            specs.append(
+                TaskSpec.build(
+                    "job",
+                    [k],
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    delay=delay,
+                    depends_on=deps,
+                )
+            )
+            bad = [d for d in deps if self.tasks[d].state in (FAILED, DEAD, CANCELLED)]
+            waits = {d for d in deps if not self.tasks[d].state.terminal}
+            t = ModelTask(specs[-1].id, priority, max_attempts, self.now + delay)
+            if bad:
+                t.state = DEAD
+            elif waits:
+                t.state, t.deps_open = W, waits
+            self.tasks[t.id] = t
         subs = self.run(self.s.submit(specs))
         assert [x.id for x in subs] == [x.id for x in specs]
         assert all(x.created for x in subs)
-        for x in specs:
-            self.tasks[x.id] = ModelTask(x.id, priority, max_attempts, self.now + delay)
 
     @rule(name=st.sampled_from(EXPERTS))
     def register(self, name: str) -> None:
@@ -171,10 +223,18 @@ class StoreMachine(RuleBasedStateMachine):
         self.run(self.s.deregister_expert(name, e.session))
         e.deadline = min(e.deadline, self.now - 1e-6)
 
-    @rule(name=st.sampled_from(EXPERTS), limit=st.integers(1, 3), start=st.booleans())
-    def claim(self, name: str, limit: int, start: bool) -> None:
+    @rule(
+        name=st.sampled_from(EXPERTS),
+        limit=st.integers(1, 3),
+        start=st.booleans(),
+        other=st.booleans(),
+    )
+    def claim(self, name: str, limit: int, start: bool, other: bool) -> None:
         session = self.experts[name].session if name in self.experts else "no-session"
-        call = self.s.claim(
+        best = self.claimable()[:limit]
+        peeked = self.run(self.via(other).peek(["default"], Capabilities(), limit))
+        assert [v.id for v in peeked] == [t.id for t in best], "peek is not best first"
+        call = self.via(other).claim(
             name, session, ["default"], Capabilities(), limit=limit, lease_ttl=TTL, start=start
         )
         if not self.live(name):
@@ -193,10 +253,10 @@ class StoreMachine(RuleBasedStateMachine):
             assert (c.fence, c.attempt, c.checkpoint) == (t.fence, t.attempts, t.checkpoint)
             self.tokens.append(Token(name, c.id, c.fence))
 
-    @rule(name=st.sampled_from(EXPERTS))
-    def renew(self, name: str) -> None:
+    @rule(name=st.sampled_from(EXPERTS), other=st.booleans())
+    def renew(self, name: str, other: bool) -> None:
         session = self.experts[name].session if name in self.experts else "no-session"
-        call = self.s.renew(name, session, TTL, Heartbeat())
+        call = self.via(other).renew(name, session, TTL, Heartbeat())
         if not self.live(name):
             with pytest.raises(LeaseLost):
                 self.run(call)
@@ -235,6 +295,8 @@ class StoreMachine(RuleBasedStateMachine):
         for t in lapsed:
             t.state = P if t.attempts < t.max_attempts else DEAD
             t.owner, t.lease = None, None
+            if t.state == DEAD:
+                self.settle(t.id)
 
     @precondition(lambda self: self.tokens)
     @rule(
@@ -242,6 +304,7 @@ class StoreMachine(RuleBasedStateMachine):
         op=st.sampled_from(OWNER_WRITES),
         retry_delay=st.sampled_from([None, 0.0, 4.0]),
         final_state=st.sampled_from([FAILED, DEAD]),
+        other=st.booleans(),
     )
     def owner_write(
         self,
@@ -249,6 +312,7 @@ class StoreMachine(RuleBasedStateMachine):
         op: str,
         retry_delay: float | None,
         final_state: TaskState,
+        other: bool,
     ) -> None:
         current = [
             tok
@@ -276,7 +340,7 @@ class StoreMachine(RuleBasedStateMachine):
         before = self.task_json(t.id)
         out = self.run(
             owner_write(
-                self.s,
+                self.via(other),
                 op,
                 writer,
                 t.id,
@@ -299,6 +363,7 @@ class StoreMachine(RuleBasedStateMachine):
             t.checkpoint = {"n": self.counter}
         elif op == "complete":
             t.state, t.result, t.owner, t.lease = OK, self.counter, None, None
+            self.settle(t.id)
         elif op == "release":
             t.state, t.owner, t.lease = P, None, None
             t.attempts -= 1
@@ -308,6 +373,7 @@ class StoreMachine(RuleBasedStateMachine):
                 t.state, t.run_at = P, self.now + retry_delay
             else:
                 t.state = final_state if retry_delay is None else DEAD
+                self.settle(t.id)
 
     @precondition(lambda self: self.tasks)
     @rule(data=st.data())
@@ -316,6 +382,7 @@ class StoreMachine(RuleBasedStateMachine):
         if t.state in (W, P, C, R):
             assert self.run(self.s.cancel(t.id)).state == CANCELLED
             t.state, t.owner, t.lease = CANCELLED, None, None
+            self.settle(t.id)
         else:
             before = self.task_json(t.id)
             with pytest.raises(InvalidTransition):
@@ -328,7 +395,7 @@ class StoreMachine(RuleBasedStateMachine):
         t = self.tasks[data.draw(st.sampled_from(sorted(self.tasks)), label="task")]
         if t.state in (FAILED, DEAD, CANCELLED):
             assert self.run(self.s.retry(t.id)).state == P
-            t.state, t.attempts, t.run_at = P, 0, self.now
+            t.state, t.attempts, t.run_at, t.deps_open = P, 0, self.now, set()
         else:
             before = self.task_json(t.id)
             with pytest.raises(InvalidTransition):
@@ -354,6 +421,17 @@ class StoreMachine(RuleBasedStateMachine):
                 assert x.run_at == pytest.approx(m.run_at)
 
     @invariant()
+    def stats_and_next_due_agree_with_the_model(self) -> None:
+        counts: dict[str, int] = {}
+        for t in self.tasks.values():
+            counts[str(t.state)] = counts.get(str(t.state), 0) + 1
+        stats = self.run(self.s.stats())
+        assert stats.counts == ({"default": counts} if counts else {})
+        due = [t.run_at for t in self.tasks.values() if t.state == P]
+        got = self.run(self.s.next_due(["default"]))
+        assert got == (pytest.approx(min(due)) if due else None)
+
+    @invariant()
     def nothing_is_lost(self) -> None:  # I2, on what the store says alone
         now = self.run(self.s.now())
         for x in self.run(self.s.list_tasks(limit=100_000)):
@@ -363,6 +441,15 @@ class StoreMachine(RuleBasedStateMachine):
                 assert x.state in (C, R) and x.owner is not None, x
                 assert x.lease_deadline is not None, x  # live, or expire() collects it
                 assert x.lease_deadline <= now + TTL + 1e-6, x
+
+    @invariant()
+    def no_task_waits_for_ever(self) -> None:  # I2 for dependencies
+        tasks = {x.id: x for x in self.run(self.s.list_tasks(limit=100_000))}
+        for x in tasks.values():
+            if x.state == W:
+                deps = [tasks[d].state for d in x.depends_on]
+                assert any(not d.terminal for d in deps), (x.id, deps)
+                assert all(d == OK for d in deps if d.terminal), (x.id, deps)
 
     @invariant()
     def one_owner_and_fences_only_grow(self) -> None:  # I3
