@@ -15,6 +15,7 @@ import pytest
 
 from contend.domain.task import TaskState
 from contend.errors import (
+    ConfigError,
     DependencyError,
     ExpertConflict,
     FencedOut,
@@ -22,7 +23,7 @@ from contend.errors import (
     LeaseLost,
     TaskNotFound,
 )
-from contend.store.port import Completion, Failure, Store
+from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat, Store
 from tests.contract.backends import Harness
 from tests.contract.helpers import OWNER_WRITES, Expert, caps, snapshot, spec
 
@@ -963,3 +964,86 @@ async def test_wait_for_change_without_a_change_waits_for_its_timeout(harness: H
     started = time.monotonic()
     await s.wait_for_change(0.2)
     assert time.monotonic() - started >= 0.15
+
+
+# -- bad arguments -----------------------------------------------------------------------------
+
+
+async def test_a_limit_of_zero_returns_nothing(harness: Harness) -> None:
+    s = harness.store
+    await s.submit([spec(), spec()])
+    e = await join(harness)
+    assert await s.list_tasks(limit=0) == []
+    assert await s.peek(["default"], e.capabilities, 0) == []
+    assert await e.claim(0) == []
+    assert all(t.state == P for t in await s.list_tasks())
+
+
+async def test_claim_checks_the_session_whatever_it_is_asked_for(harness: Harness) -> None:
+    s = harness.store
+    await s.submit([spec()])
+    e = await join(harness)
+    await harness.advance(harness.ttl * 2)
+    with pytest.raises(LeaseLost):
+        await e.claim(0)
+    with pytest.raises(LeaseLost):
+        await e.claim(1, queues=[])
+    with pytest.raises(LeaseLost):
+        await e.claim(1, task_ids=[])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "claim-negative-limit",
+        "claim-zero-ttl",
+        "claim-infinite-ttl",
+        "renew-negative-ttl",
+        "register-zero-ttl",
+        "list-negative-limit",
+        "peek-negative-limit",
+        "fail-nan-delay",
+        "fail-infinite-delay",
+        "fail-negative-delay",
+    ],
+)
+async def test_bad_arguments_are_a_config_error_and_change_nothing(
+    harness: Harness, call: str
+) -> None:
+    s = harness.store
+    t = spec()
+    await s.submit([t])
+    e = await join(harness)
+    c = await e.claim_one()
+    await s.submit([spec()])
+    before = await snapshot(s)
+    experts_before = [x.to_json() for x in await s.list_experts()]
+    calls = {
+        "claim-negative-limit": lambda: e.claim(-1),
+        "claim-zero-ttl": lambda: s.claim(
+            "e1", e.session, ["default"], e.capabilities, limit=1, lease_ttl=0
+        ),
+        "claim-infinite-ttl": lambda: s.claim(
+            "e1", e.session, ["default"], e.capabilities, limit=1, lease_ttl=float("inf")
+        ),
+        "renew-negative-ttl": lambda: s.renew("e1", e.session, -1, Heartbeat()),
+        "register-zero-ttl": lambda: s.register_expert(ExpertInfo(id="e2"), 0),
+        "list-negative-limit": lambda: s.list_tasks(limit=-1),
+        "peek-negative-limit": lambda: s.peek(["default"], e.capabilities, -1),
+        "fail-nan-delay": lambda: s.fail("e1", [Failure(t.id, c.fence, "{}", float("nan"))]),
+        "fail-infinite-delay": lambda: s.fail("e1", [Failure(t.id, c.fence, "{}", float("inf"))]),
+        "fail-negative-delay": lambda: s.fail("e1", [Failure(t.id, c.fence, "{}", -5.0)]),
+    }
+    with pytest.raises(ConfigError):
+        await calls[call]()
+    assert await snapshot(s) == before
+    assert [x.to_json() for x in await s.list_experts()] == experts_before
+
+
+async def test_claim_with_task_ids_and_a_limit_takes_the_best_of_them(harness: Harness) -> None:
+    s = harness.store
+    low, mid, high = spec(priority=1), spec(priority=5), spec(priority=9)
+    await s.submit([low, mid, high])
+    e = await join(harness)
+    got = await e.claim(2, task_ids=[low.id, mid.id, high.id])
+    assert {c.id for c in got} == {high.id, mid.id}

@@ -210,13 +210,13 @@ class MemoryStore:
         self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Task]:
         check_limit(limit)
-        out = []
+        out: list[Task] = []
         for tid in sorted(self._tasks):
+            if len(out) >= limit:
+                break
             row = self._tasks[tid]
             if (state is None or row.state == state) and (queue is None or row.spec.queue == queue):
                 out.append(self._view(tid, row))
-                if len(out) >= limit:
-                    break
         return out
 
     async def stats(self) -> StoreStats:
