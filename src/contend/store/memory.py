@@ -304,20 +304,10 @@ class MemoryStore:
         if task_ids is None:
             chosen = self._claimable(queues, capabilities, now)[:limit]
         else:
-            qs = set(queues)
-            chosen = []
-            for tid in dict.fromkeys(task_ids):
-                row = self._tasks.get(tid)
-                if (
-                    row is not None
-                    and row.state == P
-                    and row.run_at <= now
-                    and row.spec.queue in qs
-                    and capabilities.satisfies(row.spec.requirements)
-                ):
-                    chosen.append(tid)
-                if len(chosen) >= limit:
-                    break
+            wanted = set(task_ids)
+            chosen = [
+                tid for tid in self._claimable(queues, capabilities, now) if tid in wanted
+            ][:limit]
         out = []
         for tid in chosen:
             row = self._tasks[tid]
