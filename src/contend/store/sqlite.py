@@ -566,14 +566,14 @@ class SQLiteStore:
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
-        if not queues or not limit or (task_ids is not None and not task_ids):
-            return []
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         new_state = "running" if start else "claimed"
 
         def run(db: sqlite3.Connection) -> list[Claimed]:
             now = self._clock()
             self._check_session(db, expert, session, now)
+            if not queues or not limit or (ids is not None and not ids):
+                return []
             self._caps = capabilities
             inner = self._claimable_sql(queues, None if ids is None else len(ids))
             rows = db.execute(
