@@ -33,6 +33,7 @@ from contend.store._common import (
     after_failure,
     check_batch_dependencies,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
 )
@@ -426,6 +427,8 @@ class MemoryStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         now = self._clock()
         out: list[FencedOut | None] = []
         for item in items:

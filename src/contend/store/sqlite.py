@@ -54,6 +54,7 @@ from contend.errors import (
 from contend.store._common import (
     check_batch_dependencies,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
 )
@@ -737,6 +738,8 @@ class SQLiteStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         if not items:
             return []
         pairs = [(i.task_id, i.fence) for i in items]
