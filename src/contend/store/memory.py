@@ -306,9 +306,8 @@ class MemoryStore:
             chosen = self._claimable(queues, capabilities, now)[:limit]
         else:
             wanted = set(task_ids)
-            chosen = [
-                tid for tid in self._claimable(queues, capabilities, now) if tid in wanted
-            ][:limit]
+            claimable = self._claimable(queues, capabilities, now)
+            chosen = [tid for tid in claimable if tid in wanted][:limit]
         out = []
         for tid in chosen:
             row = self._tasks[tid]
