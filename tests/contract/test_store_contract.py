@@ -1047,3 +1047,71 @@ async def test_claim_with_task_ids_and_a_limit_takes_the_best_of_them(harness: H
     e = await join(harness)
     got = await e.claim(2, task_ids=[low.id, mid.id, high.id])
     assert {c.id for c in got} == {high.id, mid.id}
+
+
+# -- experts and history as reported -------------------------------------------------------------
+
+
+async def test_list_experts_reports_what_experts_publish(harness: Harness) -> None:
+    s = harness.store
+    info = ExpertInfo(
+        id="gpu-1",
+        capabilities=caps("gpu", "zone:eu", mem_gb=16),
+        queues=("default", "render"),
+        capacity=4,
+        tier="specialized",
+        host="node-7",
+        pid=4242,
+    )
+    session = await s.register_expert(info, harness.ttl)
+    await harness.advance(1)
+    beat = Heartbeat(load=3, claim_attempts=10, claims_won=8, tasks_done=5)
+    assert await s.renew("gpu-1", session, harness.ttl, beat) == {}
+    (rec,) = await s.list_experts()
+    assert rec.info == info
+    assert (rec.session, rec.alive, rec.load) == (session, True, 3)
+    assert (rec.claim_attempts, rec.claims_won, rec.tasks_done) == (10, 8, 5)
+    now = await s.now()
+    assert rec.heartbeat_at == pytest.approx(now)
+    assert rec.lease_deadline == pytest.approx(now + harness.ttl)
+    assert rec.started_at == pytest.approx(now - 1)
+    competition = (await s.stats()).to_json()["competition"]
+    assert competition == {"claim_attempts": 10, "claims_won": 8, "success_rate": 0.8}
+    await s.deregister_expert("gpu-1", session)
+    (rec,) = await s.list_experts()
+    assert not rec.alive and rec.load == 0
+
+
+async def test_history_tells_the_life_of_a_task(harness: Harness) -> None:
+    s = harness.store
+    t = spec(max_attempts=5)
+    await s.submit([t])
+    e = await join(harness)
+    c1 = await e.claim_one()
+    await e.write("fail", t.id, c1.fence, retry_delay=0.0)
+    c2 = await e.claim_one()
+    await e.write("release", t.id, c2.fence)
+    c3 = await e.claim_one(start=False)
+    await e.write("start", t.id, c3.fence)
+    await harness.advance(harness.ttl * 2)
+    await s.expire()
+    e2 = await join(harness, "e2")
+    c4 = await e2.claim_one()
+    await e2.write("complete", t.id, c4.fence)
+    history = (await s.get(t.id, history=True)).history
+    assert (await s.get(t.id)).history == ()
+    steps = [(h.event, h.fence) for h in history if h.event != "submitted"]
+    assert steps == [
+        ("claimed", 1),
+        ("retry", 1),
+        ("claimed", 2),
+        ("released", 2),
+        ("claimed", 3),
+        ("started", 3),
+        ("expired", 3),
+        ("claimed", 4),
+        ("succeeded", 4),
+    ]
+    assert [h.expert for h in history if h.event == "claimed"] == ["e1", "e1", "e1", "e2"]
+    times = [h.at for h in history]
+    assert times == sorted(times)
