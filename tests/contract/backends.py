@@ -39,6 +39,9 @@ class Harness:
     * ``new_store()`` — another independent, opened instance (connection, client) on the same
       data, closed by the harness; a backend with no such notion may return ``store`` itself.
     * ``ttl`` — the lease length the tests use; a real-clock backend may ask for a short one.
+      Tests express their waits and delays in multiples of it where they can.
+    * ``tolerance`` — how far (seconds) two readings of the store's clock taken around one call
+      may differ; 0 for a fake clock, a little for a real one. ``at(t)`` compares with it.
     """
 
     name: str
@@ -46,7 +49,12 @@ class Harness:
     advance: Callable[[float], Awaitable[None]]
     new_store: Callable[[], Awaitable[Store]]
     ttl: float = 10.0
+    tolerance: float = 1e-6
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def at(self, t: float) -> Any:
+        """A time on the store's clock, compared with ``tolerance``: ``x == h.at(now + 5)``."""
+        return pytest.approx(t, rel=0, abs=self.tolerance)
 
 
 Factory = Callable[[Path], AbstractAsyncContextManager[Harness]]
@@ -57,6 +65,7 @@ class Backend:
     name: str
     factory: Factory
     marks: tuple[pytest.MarkDecorator, ...] = ()
+    fake_clock: bool = True  # the state machine jumps the clock a lot: fake clocks only
 
 
 #: name -> backend; the fixture is parametrized over these, in this order.
@@ -64,20 +73,27 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def backend(
-    name: str, *, marks: tuple[pytest.MarkDecorator, ...] | list[pytest.MarkDecorator] = ()
+    name: str,
+    *,
+    marks: tuple[pytest.MarkDecorator, ...] | list[pytest.MarkDecorator] = (),
+    fake_clock: bool = True,
 ) -> Callable[[Factory], Factory]:
     def register(factory: Factory) -> Factory:
         if name in BACKENDS:
             raise ValueError(f"backend {name!r} is registered twice")
-        BACKENDS[name] = Backend(name, factory, tuple(marks))
+        BACKENDS[name] = Backend(name, factory, tuple(marks), fake_clock)
         return factory
 
     return register
 
 
-def backend_params() -> list[Any]:
+def backend_params(*, fake_clock_only: bool = False) -> list[Any]:
     """``pytest.param`` for every backend, with its marks and its name as the id."""
-    return [pytest.param(b.name, marks=b.marks, id=b.name) for b in BACKENDS.values()]
+    return [
+        pytest.param(b.name, marks=b.marks, id=b.name)
+        for b in BACKENDS.values()
+        if b.fake_clock or not fake_clock_only
+    ]
 
 
 # -- the backends that need no service ------------------------------------------------------

@@ -91,8 +91,8 @@ async def test_submit_and_get_round_trip_every_field(harness: Harness) -> None:
     assert got.state == P
     assert (got.attempts, got.fence, got.owner, got.lease_deadline) == (0, 0, None, None)
     assert (got.result, got.error, got.checkpoint) == (None, None, None)
-    assert got.created_at == pytest.approx(before)
-    assert got.run_at == pytest.approx(before)
+    assert got.created_at == harness.at(before)
+    assert got.run_at == harness.at(before)
     assert got.depends_on == ()
     assert json.loads(json.dumps(got.to_json())) == got.to_json()
 
@@ -152,12 +152,12 @@ async def test_claim_hands_a_task_to_one_expert(harness: Harness) -> None:
     assert [c.id for c in got] == [t.id]
     c = got[0]
     assert (c.type, c.args, c.fence, c.attempt, c.checkpoint) == ("a", [1], 1, 1, None)
-    assert c.lease_deadline == pytest.approx(await s.now() + harness.ttl)
+    assert c.lease_deadline == harness.at(await s.now() + harness.ttl)
     assert await e2.claim(5) == []
     assert await e1.claim(5) == []
     task = await s.get(t.id)
     assert (task.state, task.owner, task.fence, task.attempts) == (R, "e1", 1, 1)
-    assert task.lease_deadline == pytest.approx(c.lease_deadline)
+    assert task.lease_deadline == harness.at(c.lease_deadline)
 
 
 async def test_claim_without_start_leaves_the_task_claimed(harness: Harness) -> None:
@@ -212,7 +212,7 @@ async def test_claim_order_is_priority_then_first_in_first_out(harness: Harness)
         t = spec("a", prio, priority=prio)
         await s.submit([t])
         order.append((prio, t.id))
-        await harness.advance(0.5)
+        await harness.advance(harness.ttl * 0.05)
     expected = [tid for _, tid in sorted(order, key=lambda x: -x[0])]  # stable: FIFO in a prio
     e = await join(harness)
     got = [(await e.claim_one()).id for _ in order]
@@ -267,17 +267,18 @@ async def test_claim_only_takes_tasks_of_the_expert_queues(harness: Harness) -> 
 
 async def test_delayed_task_is_not_claimable_before_it_is_due(harness: Harness) -> None:
     s = harness.store
-    t = spec(delay=30)
+    later = harness.ttl * 3
+    t = spec(delay=later)
     await s.submit([t])
     due = (await s.get(t.id)).run_at
-    assert due == pytest.approx(await s.now() + 30)
-    assert await s.next_due(["default"]) == pytest.approx(due)
+    assert due == harness.at(await s.now() + later)
+    assert await s.next_due(["default"]) == harness.at(due)
     e = await join(harness)
     assert await e.claim() == []
     assert await s.peek(["default"], e.capabilities, 5) == []
-    await pass_time(harness, 29, e)
+    await pass_time(harness, later - harness.ttl * 0.1, e)
     assert await e.claim() == []
-    await pass_time(harness, 1.5, e)
+    await pass_time(harness, harness.ttl * 0.2, e)
     assert (await e.claim_one()).id == t.id
 
 
@@ -288,7 +289,7 @@ async def test_claim_with_task_ids_takes_only_those_that_are_claimable(harness: 
         spec(),
         spec(queue="other"),
         spec(requirements=["gpu"]),
-        spec(delay=60),
+        spec(delay=harness.ttl * 6),
     )
     await s.submit([a, b, other_q, gpu, later])
     e = await join(harness)
@@ -450,7 +451,7 @@ async def test_renew_extends_the_leases_and_returns_the_held_tasks(harness: Harn
     assert held == {ca.id: ca.fence, cb.id: cb.fence}
     now = await s.now()
     for tid in (ca.id, cb.id):
-        assert (await s.get(tid)).lease_deadline == pytest.approx(now + harness.ttl)
+        assert (await s.get(tid)).lease_deadline == harness.at(now + harness.ttl)
     await harness.advance(harness.ttl * 0.75)  # past the first deadline, within the renewed one
     assert await s.expire() == 1  # e2's task, not renewed
     assert await e1.write("complete", ca.id, ca.fence) is None
@@ -575,15 +576,16 @@ async def test_fail_with_a_retry_delay_makes_the_task_pending_later(harness: Har
     await s.submit([t])
     e = await join(harness)
     c = await e.claim_one()
-    assert await e.write("fail", t.id, c.fence, retry_delay=20.0) is None
+    later = harness.ttl * 2
+    assert await e.write("fail", t.id, c.fence, retry_delay=later) is None
     task = await s.get(t.id)
     assert (task.state, task.owner, task.attempts) == (P, None, 1)
-    assert task.run_at == pytest.approx(await s.now() + 20)
+    assert task.run_at == harness.at(await s.now() + later)
     assert task.error == {"type": "Boom", "message": "boom"}
     assert await e.claim() == []
-    await pass_time(harness, 19, e)
+    await pass_time(harness, later - harness.ttl * 0.1, e)
     assert await e.claim() == []
-    await pass_time(harness, 1.5, e)
+    await pass_time(harness, harness.ttl * 0.2, e)
     assert (await e.claim_one()).attempt == 2
 
 
@@ -664,11 +666,11 @@ async def test_retry_sends_a_finished_task_back_to_pending(harness: Harness) -> 
     await e.write("fail", failed.id, claims[failed.id].fence, final_state=FAILED)
     await e.write("fail", dead.id, claims[dead.id].fence, final_state=DEAD)
     await s.cancel(cancelled.id)
-    await harness.advance(5)
+    await harness.advance(harness.ttl * 0.5)
     for tid in (failed.id, dead.id, cancelled.id):
         task = await s.retry(tid)
         assert (task.state, task.attempts, task.owner) == (P, 0, None)
-        assert task.run_at == pytest.approx(await s.now())
+        assert task.run_at == harness.at(await s.now())
         assert task.fence >= 1
     got = {c.id: c for c in await e.claim(5)}
     assert set(got) == {failed.id, dead.id, cancelled.id}
@@ -854,17 +856,33 @@ async def test_stats_counts_tasks_by_queue_and_state(harness: Harness) -> None:
     c1 = await e.claim_one(task_ids=[a1.id])
     await e.claim_one(task_ids=[a2.id])
     assert await e.write("complete", a1.id, c1.fence) is None
-    await harness.advance(3)
+    await harness.advance(harness.ttl * 0.3)
     stats = await s.stats()
     assert stats.counts == {
         "default": {"succeeded": 1, "running": 1, "pending": 2},
         "b": {"pending": 1},
     }
     assert stats.done_last_minute == 1
-    assert stats.oldest_pending_age == pytest.approx(3)
+    assert stats.oldest_pending_age == harness.at(harness.ttl * 0.3)
     assert [x.info.id for x in stats.experts] == ["e1"]
-    assert stats.now == pytest.approx(await s.now())
-    await harness.advance(61)
+    assert stats.now == harness.at(await s.now())
+
+
+async def test_stats_done_last_minute_forgets_older_commits(harness: Harness) -> None:
+    s = harness.store
+    a, b = spec(), spec()
+    await s.submit([a, b])
+    e = await join(harness)
+    ca = await e.claim_one(task_ids=[a.id])
+    assert await e.write("complete", a.id, ca.fence) is None
+    await harness.advance(45)
+    e2 = await join(harness, "e2")
+    cb = await e2.claim_one(task_ids=[b.id])
+    assert await e2.write("complete", b.id, cb.fence) is None
+    assert (await s.stats()).done_last_minute == 2
+    await harness.advance(30)
+    assert (await s.stats()).done_last_minute == 1
+    await harness.advance(31)
     assert (await s.stats()).done_last_minute == 0
 
 
@@ -1072,9 +1090,9 @@ async def test_list_experts_reports_what_experts_publish(harness: Harness) -> No
     assert (rec.session, rec.alive, rec.load) == (session, True, 3)
     assert (rec.claim_attempts, rec.claims_won, rec.tasks_done) == (10, 8, 5)
     now = await s.now()
-    assert rec.heartbeat_at == pytest.approx(now)
-    assert rec.lease_deadline == pytest.approx(now + harness.ttl)
-    assert rec.started_at == pytest.approx(now - 1)
+    assert rec.heartbeat_at == harness.at(now)
+    assert rec.lease_deadline == harness.at(now + harness.ttl)
+    assert rec.started_at == harness.at(now - 1)
     competition = (await s.stats()).to_json()["competition"]
     assert competition == {"claim_attempts": 10, "claims_won": 8, "success_rate": 0.8}
     await s.deregister_expert("gpu-1", session)
