@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
 
-from contend.domain.task import TaskState
+from contend.domain.task import Capabilities, TaskState
 from contend.errors import (
     ConfigError,
     DependencyError,
@@ -36,8 +37,13 @@ OK, FAILED, DEAD, CANCELLED = (
 )
 
 
-async def join(h: Harness, name: str = "e1", store: Store | None = None, **kw: object) -> Expert:
-    return await Expert.join(store or h.store, name, h.ttl, **kw)  # type: ignore[arg-type]
+async def join(
+    h: Harness,
+    name: str = "e1",
+    store: Store | None = None,
+    capabilities: Capabilities | None = None,
+) -> Expert:
+    return await Expert.join(store or h.store, name, h.ttl, capabilities)
 
 
 async def state_of(store: Store, task_id: str) -> TaskState:
@@ -564,7 +570,7 @@ async def test_expire_makes_a_task_dead_when_its_attempts_are_spent(harness: Har
     task = await s.get(t.id)
     assert (task.state, task.owner, task.attempts) == (DEAD, None, 1)
     assert task.error is not None
-    assert await join(harness, "e2") and await (await join(harness, "e3")).claim(5) == []
+    assert await (await join(harness, "e2")).claim(5) == []
 
 
 # -- fail and release ------------------------------------------------------------------------
@@ -908,7 +914,7 @@ async def test_concurrent_claimers_never_get_the_same_task(harness: Harness) -> 
     experts = [await join(harness, f"e{n}", store=await harness.new_store()) for n in range(6)]
 
     async def drain(e: Expert, limit: int) -> list[tuple[str, int]]:
-        mine = []
+        mine: list[tuple[str, int]] = []
         while True:
             got = await e.claim(limit)
             if not got:
@@ -944,12 +950,12 @@ async def test_concurrent_owner_writes_land_exactly_once(harness: Harness) -> No
     assert len(landed) == 1
 
 
-async def _wakes(waiter: Store, act: object, *, within: float = 5.0) -> float:
+async def _wakes(waiter: Store, act: Awaitable[object], *, within: float = 5.0) -> float:
     await waiter.wait_for_change(0)  # take in earlier changes
     started = time.monotonic()
     waiting = asyncio.create_task(waiter.wait_for_change(60))
     await asyncio.sleep(0)
-    await act  # type: ignore[misc]
+    await act
     await asyncio.wait_for(waiting, within)
     return time.monotonic() - started
 
@@ -1036,7 +1042,7 @@ async def test_bad_arguments_are_a_config_error_and_change_nothing(
     await s.submit([spec()])
     before = await snapshot(s)
     experts_before = [x.to_json() for x in await s.list_experts()]
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
         "claim-negative-limit": lambda: e.claim(-1),
         "claim-zero-ttl": lambda: s.claim(
             "e1", e.session, ["default"], e.capabilities, limit=1, lease_ttl=0
