@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,10 +93,25 @@ def can_move(src: TaskState, dst: TaskState) -> bool:
     return dst in TRANSITIONS[src]
 
 
+_last_id = 0
+_last_id_lock = threading.Lock()
+
+
 def new_task_id(now: float | None = None) -> str:
-    """A 28-character hex id that sorts by creation time: 48-bit milliseconds, 64 random bits."""
+    """A 28-character hex id that sorts by creation time: 48-bit milliseconds, 64 random bits.
+
+    Ids made by one process are strictly increasing, also within one millisecond (the random
+    part then counts up, as monotonic ULIDs do): stores break ties between tasks due at the same
+    moment by id, so this is what keeps a batch first-in-first-out.
+    """
+    global _last_id
     ms = int((time.time() if now is None else now) * 1000)
-    return f"{ms:012x}{os.urandom(8).hex()}"
+    value = (ms << 64) | int.from_bytes(os.urandom(8), "big")
+    with _last_id_lock:
+        if value >> 64 <= _last_id >> 64:
+            value = _last_id + 1
+        _last_id = value
+    return f"{value:028x}"
 
 
 def encode_json(value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
@@ -196,9 +212,10 @@ class Capabilities:
             if "=" in item:
                 name, _, amount = item.partition("=")
                 try:
-                    res[_name(name)] = _amount(name, float(amount))
+                    value = float(amount)
                 except ValueError as exc:
                     raise TaskError(f"capability {item!r}: amount must be a number") from exc
+                res[_name(name)] = _amount(name, value)
             else:
                 tags.add(_name(item))
         return cls(frozenset(tags), res)

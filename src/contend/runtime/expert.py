@@ -22,6 +22,7 @@ import random
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -81,6 +82,8 @@ class ExpertConfig:
     auction_window: float = 0.2  # how long an auction takes bids, seconds
     auction_grace: float = 0.5  # how long each bidder has to claim before the next may
     auction_threshold: float = 2.0  # mode="auto": auction types whose runs take this long
+    prefetch: int = 0  # tasks claimed ahead, unstarted, beyond the running ones
+    steal_ratio: float | None = 1.0  # steal from experts this loaded (None: never steal)
     pressure: PressurePolicy = field(default_factory=PressurePolicy)
 
     def validate(self) -> None:
@@ -101,6 +104,12 @@ class ExpertConfig:
             raise ConfigError("auction_window must be in [0, 60] s and auction_grace in (0, 600] s")
         if not 0 < self.auction_threshold <= 86_400:
             raise ConfigError(f"auction_threshold must be positive, got {self.auction_threshold}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise ConfigError(f"prefetch must be an integer, got {self.prefetch!r}")
+        if not 0 <= self.prefetch <= 10_000:
+            raise ConfigError(f"prefetch must be between 0 and 10000, got {self.prefetch}")
+        if self.steal_ratio is not None and not 0 < self.steal_ratio <= 1:
+            raise ConfigError(f"steal_ratio must be in (0, 1], got {self.steal_ratio}")
         if not 0 <= self.zone_margin <= 60:
             raise ConfigError(f"zone_margin must be between 0 and 60 s, got {self.zone_margin}")
         if not 0 <= self.grace <= 86_400:
@@ -130,6 +139,8 @@ class ExpertStats:
     fenced_out: int = 0
     leases_lost: int = 0
     heartbeats: int = 0
+    stolen: int = 0  # tasks this expert took from others
+    stolen_from_me: int = 0  # prefetched tasks others took before this expert started them
 
 
 class Expert:
@@ -168,6 +179,7 @@ class Expert:
             max_workers=self.config.concurrency, thread_name_prefix=f"contend-{self.name}"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._prefetched: deque[Claimed] = deque()
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
         self.state = SlotState.IDLE
@@ -254,6 +266,8 @@ class Expert:
     def _beat(self) -> Heartbeat:
         s = self.stats
         metrics = self.competition.metrics(s.claim_attempts, s.claims_won)
+        metrics["prefetched"] = len(self._prefetched)
+        metrics["stolen"] = s.stolen
         return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
 
     async def _refresh_cluster(self) -> None:
@@ -306,6 +320,9 @@ class Expert:
                         run.claimed.fence,
                     )
                     self._abandon(run)
+            kept = [c for c in self._prefetched if held.get(c.id) == c.fence]
+            self.stats.stolen_from_me += len(self._prefetched) - len(kept)
+            self._prefetched = deque(kept)
             try:
                 await self._store.expire()
                 await self._refresh_cluster()
@@ -329,6 +346,7 @@ class Expert:
         for run in runs:
             self._abandon(run)
         self._outbox.clear()
+        self._prefetched.clear()
         if self._stopping.is_set():
             return
         try:
@@ -351,7 +369,8 @@ class Expert:
         store = self._store
         while not self._stopping.is_set():
             free = self.config.concurrency - len(self._runs)
-            if free <= 0:
+            room = self.config.prefetch - len(self._prefetched)
+            if free <= 0 and room <= 0:
                 self._slot_free.clear()
                 if self.config.concurrency - len(self._runs) <= 0:
                     await self._slot_free.wait()
@@ -366,7 +385,16 @@ class Expert:
                 continue
             self.state = SlotState.CLAIMING
             try:
-                claimed = await self._compete(store, free)
+                if free > 0 and self._prefetched:
+                    claimed = await self._start_prefetched(store, free)
+                elif free > 0:
+                    claimed = await self._compete(store, free)
+                    if not claimed:
+                        claimed = await self._steal(store, free)
+                else:
+                    claimed = []
+                if room > 0 and not (free > 0 and not claimed):
+                    await self._prefetch(store, room)
             except LeaseLost as exc:
                 await self._lose_lease(str(exc))
                 continue
@@ -380,8 +408,76 @@ class Expert:
                     self._launch(c)
                 await asyncio.sleep(0)
                 continue
+            if free <= 0:  # full, prefetch topped up: wait for a slot
+                self._slot_free.clear()
+                await self._wait_slot_or_stop(self.config.idle_wait)
+                continue
             self.state = SlotState.IDLE if not self._runs else SlotState.EXECUTING
             await self._idle(store)
+
+    # -- prefetch and work stealing (seed 003) ---------------------------------------------
+    async def _prefetch(self, store: Store, room: int) -> None:
+        """Claim a few tasks ahead, unstarted (``claimed``): they start the moment a slot frees,
+        unless an idle expert steals them first."""
+        assert self._session is not None
+        got = await store.claim(
+            self.name,
+            self._session,
+            self.queues,
+            self.config.capabilities,
+            limit=room,
+            lease_ttl=self.config.lease_ttl,
+            start=False,
+        )
+        self.stats.claim_attempts += len(got)
+        self.stats.claims_won += len(got)
+        self._prefetched.extend(got)
+
+    async def _start_prefetched(self, store: Store, free: int) -> list[Claimed]:
+        batch = [self._prefetched.popleft() for _ in range(min(free, len(self._prefetched)))]
+        results = await store.start(self.name, [(c.id, c.fence) for c in batch])
+        started = []
+        for c, res in zip(batch, results, strict=True):
+            if res is None:
+                started.append(c)
+            else:
+                self.stats.stolen_from_me += 1
+                log.info("expert %s: prefetched task %s was taken over (%s)", self.name, c.id, res)
+        return started
+
+    async def _steal(self, store: Store, free: int) -> list[Claimed]:
+        """An idle expert takes unstarted tasks from an expert loaded above the steal ratio."""
+        assert self._session is not None
+        ratio = self.config.steal_ratio
+        if ratio is None:
+            return []
+        victims = sorted(
+            (
+                p
+                for p in self.competition.peers
+                if p.alive
+                and p.info.id != self.name
+                and int(p.metrics.get("prefetched", 0) or 0) > 0
+                and p.load / max(1, p.info.capacity) >= ratio
+                and set(self.queues) & set(p.info.queues)
+            ),
+            key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
+        )
+        for victim in victims:
+            got = await store.steal(
+                self.name,
+                self._session,
+                victim.info.id,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            if got:
+                self.stats.stolen += len(got)
+                log.info("expert %s stole %d task(s) from %s", self.name, len(got), victim.info.id)
+                return got
+        return []
 
     async def _wait_slot_or_stop(self, seconds: float) -> None:
         try:
@@ -738,7 +834,9 @@ class Expert:
             except TimeoutError:
                 break
         left = list(self._runs.values())
-        if not left:
+        unstarted = list(self._prefetched)
+        self._prefetched.clear()
+        if not left and not unstarted:
             return
         for run in left:
             run.outcome_sent = True
@@ -747,10 +845,10 @@ class Expert:
                 run.task.cancel()
         await asyncio.gather(*(r.task for r in left if r.task is not None), return_exceptions=True)
         assert self._store is not None
+        items = [(r.claimed.id, r.claimed.fence) for r in left]
+        items += [(c.id, c.fence) for c in unstarted]
         try:
-            res = await self._store.release(
-                self.name, [(r.claimed.id, r.claimed.fence) for r in left]
-            )
+            res = await self._store.release(self.name, items)
             n = sum(1 for r in res if r is None)
             log.info("expert %s released %d unfinished task(s) for others", self.name, n)
         except ContendError as exc:

@@ -38,6 +38,21 @@ def check_ttl(lease_ttl: float) -> float:
     return float(lease_ttl)
 
 
+def check_retry_delay(delay: float | None) -> None:
+    """A failure's retry delay is None (final) or a finite, non-negative number of seconds."""
+    if delay is None:
+        return
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not math.isfinite(delay)
+        or delay < 0
+    ):
+        raise ConfigError(
+            f"retry_delay must be None or a non-negative number of seconds, got {delay!r}"
+        )
+
+
 def check_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ConfigError(f"limit must be a non-negative integer, got {limit!r}")

@@ -1,6 +1,6 @@
 """The store port: every backend implements :class:`Store`, in domain words.
 
-Rules every backend keeps (the contract suite in ``contend.testing.contract`` checks them):
+Rules every backend keeps (the contract suite in ``tests/contract`` checks them):
 
 * Times are the **store's** clock (``await store.now()``); an expert never compares its own
   clock with another host's.
@@ -274,6 +274,22 @@ class Store(Protocol):
         """Atomically claim up to *limit* tasks (only those in *task_ids* when given), moving
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
         session is not live."""
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        """Work stealing (seed 003): take up to *limit* of *victim*'s claimed-but-unstarted
+        tasks in one atomic step, as a claim does (fence + 1, new owner, running, new lease),
+        without counting an attempt. The victim's ``start`` of a stolen task is fenced out, so
+        it never runs it. Raises LeaseLost when the thief's session is not live."""
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
         """Move claimed tasks (id, fence) to running."""

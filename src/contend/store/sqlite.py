@@ -55,6 +55,7 @@ from contend.store._common import (
     check_batch_dependencies,
     check_bid,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
     rank_bids,
@@ -327,9 +328,13 @@ class SQLiteStore:
                         f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk
                     ).fetchall()
                 )
+            known = self._existing(db, [s.id for s in specs])
             fresh: list[TaskSpec] = []
             out: list[Submitted] = []
             for spec in specs:
+                if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+                    out.append(Submitted(spec.id, False))
+                    continue
                 if spec.key is not None and spec.key in existing:
                     out.append(Submitted(existing[spec.key], False))
                     continue
@@ -381,6 +386,8 @@ class SQLiteStore:
             )
             if dep_rows:
                 db.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
+            # A task dead at birth (a dependency had failed) fails batch members that wait on it.
+            self._settle_dependents(db, now, [(r[0], r[3]) for r in rows if r[3] == "dead"])
             return out
 
         try:
@@ -573,14 +580,14 @@ class SQLiteStore:
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
-        if not queues or not limit or (task_ids is not None and not task_ids):
-            return []
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         new_state = "running" if start else "claimed"
 
         def run(db: sqlite3.Connection) -> list[Claimed]:
             now = self._clock()
             self._check_session(db, expert, session, now)
+            if not queues or not limit or (ids is not None and not ids):
+                return []
             self._caps = capabilities
             inner = self._claimable_sql(queues, None if ids is None else len(ids))
             rows = db.execute(
@@ -596,23 +603,45 @@ class SQLiteStore:
                     "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
                     [(r[0], now, "claimed", r[5], expert) for r in rows],
                 )
-            return [
-                Claimed(
-                    id=r[0],
-                    type=r[1],
-                    queue=r[2],
-                    args=json.loads(r[3]),
-                    kwargs=json.loads(r[4]),
-                    fence=r[5],
-                    attempt=r[6],
-                    max_attempts=r[7],
-                    checkpoint=_load(r[8]),
-                    timeout=r[9],
-                    lease_deadline=now + ttl,
-                    priority=r[10],
-                )
-                for r in rows
-            ]
+            return [_claimed_from_row(r, now + ttl) for r in rows]
+
+        return await self._tx(run)
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        if not queues or not limit:
+            return []
+        qmarks = ",".join("?" * len(queues))
+
+        def run(db: sqlite3.Connection) -> list[Claimed]:
+            now = self._clock()
+            self._check_session(db, thief, session, now)
+            self._caps = capabilities
+            rows = db.execute(
+                "UPDATE tasks SET state = 'running', owner = ?, fence = fence + 1, "
+                "lease_deadline = ?, updated_at = ? WHERE id IN ("
+                f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+                f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
+                "AND (requirements IS NULL OR contend_fits(requirements)) "
+                "ORDER BY priority DESC, run_at, id LIMIT ?) "
+                "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+                "checkpoint, timeout, priority",
+                (thief, now + ttl, now, victim, now, *queues, limit),
+            ).fetchall()
+            self._events(db, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
+            rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
+            return [_claimed_from_row(r, now + ttl) for r in rows]
 
         return await self._tx(run)
 
@@ -643,6 +672,10 @@ class SQLiteStore:
                     chunk,
                 ):
                     found[r[0]] = r
+            lease = db.execute(
+                "SELECT lease_deadline FROM experts WHERE id = ?", (expert,)
+            ).fetchone()
+            expert_live = lease is not None and lease[0] >= now
             out: list[FencedOut | None] = []
             ok: list[int] = []
             for n, (tid, fence) in enumerate(items):
@@ -657,6 +690,8 @@ class SQLiteStore:
                     out.append(FencedOut(tid, fence, f"the task is {r[3]}"))
                 elif r[4] is None or r[4] < now:
                     out.append(FencedOut(tid, fence, "the lease lapsed"))
+                elif not expert_live:
+                    out.append(FencedOut(tid, fence, f"the lease of expert {expert} lapsed"))
                 else:
                     out.append(None)
                     ok.append(n)
@@ -739,6 +774,8 @@ class SQLiteStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         if not items:
             return []
         pairs = [(i.task_id, i.fence) for i in items]
@@ -956,7 +993,7 @@ class SQLiteStore:
                     (
                         task_id,
                         now,
-                        operation + ("led" if operation == "cancel" else "ed"),
+                        "cancelled" if target == TaskState.CANCELLED else "retried",
                         row[1],
                         row[2],
                         None,
@@ -974,7 +1011,7 @@ class SQLiteStore:
 
     async def retry(self, task_id: str) -> Task:
         allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
-        return await self._manage(task_id, TaskState.PENDING, "retri", allowed)
+        return await self._manage(task_id, TaskState.PENDING, "retry", allowed)
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         ttl = check_ttl(lease_ttl)
@@ -990,6 +1027,13 @@ class SQLiteStore:
                 raise ExpertConflict(
                     f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
                     f"{other.pid}); pick another --name or stop that expert"
+                )
+            if row is not None:
+                # The old session's claims end with it: a new session never inherits them.
+                db.execute(
+                    "UPDATE tasks SET lease_deadline = min(lease_deadline, ?) "
+                    "WHERE owner = ? AND state IN ('claimed', 'running')",
+                    (row[1], info.id),
                 )
             db.execute(
                 "INSERT OR REPLACE INTO experts (id, session, info, lease_deadline, heartbeat_at, "
@@ -1104,6 +1148,23 @@ class SQLiteStore:
 _OWNED = ("claimed", "running")
 _TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
 _TERMINAL_BAD = {"failed", "dead", "cancelled"}
+
+
+def _claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=_load(r[8]),
+        timeout=r[9],
+        lease_deadline=deadline,
+        priority=r[10],
+    )
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
