@@ -106,6 +106,7 @@ from contend.store._common import (
     check_batch_dependencies,
     check_bid,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
     rank_bids,
@@ -1015,6 +1016,103 @@ class EtcdStore:
         out.sort(key=lambda cl: (-cl.priority, cl.id))
         return out
 
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        lease, session_value = await self._session(thief, session)
+        if not queues or not limit:
+            return []
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        # The victim's live claims are its held keys (they vanish with its lease).
+        base = self._k("h", _enc(victim), "")
+        held = [
+            _unenc(kv.key[len(base) :].decode()) for kv in await self._scan(base, keys_only=True)
+        ]
+        reads = await self._read_many(
+            [k for t in held for k in (self._task_key(t), self._claim_key(t))]
+        )
+        qs = set(queues)
+        loot: list[tuple[tuple[int, float, str], Any, Any]] = []
+        for n, tid in enumerate(held):
+            t, c = reads[2 * n : 2 * n + 2]
+            if t is None or c is None:
+                continue
+            rec = _Rec.loads(t.value)
+            if (
+                rec.owner == victim
+                and rec.state == "claimed"
+                and rec.queue in qs
+                and capabilities.satisfies(Requirements.from_json(rec.req))
+            ):
+                loot.append(((-rec.priority, rec.run_at, tid), t, c))
+        loot.sort(key=lambda item: item[0])
+        session_key = self._k("l", _enc(thief))
+        now = self._clock()
+        lost = False
+
+        async def one(t: Any, c: Any) -> Claimed | None:
+            nonlocal lost
+            rec = _Rec.loads(t.value)
+            tid = rec.id
+            rec.state, rec.owner, rec.session = "running", thief, session
+            rec.fence += 1
+            rec.lease_deadline, rec.updated_at = now + ttl, now
+            rec.event(now, "stolen", thief, f"from {victim}")
+            claim = json.dumps({"expert": thief, "session": session, "fence": rec.fence})
+            resp = await self._commit(
+                [
+                    _mod_is(t.key, t.mod_revision),
+                    _mod_is(c.key, c.mod_revision),
+                    _value_is(session_key, session_value),
+                ],
+                [
+                    _put(t.key, rec.dumps()),
+                    _put(c.key, claim, lease),
+                    _delete(self._held_key(victim, tid)),
+                    _put(self._held_key(thief, tid), str(rec.fence), lease),
+                    _put(self._active_key(tid), thief),
+                ],
+                [_get(session_key)],
+            )
+            if resp is not None and not resp.succeeded:
+                kvs = resp.responses[0].response_range.kvs
+                lost = lost or not kvs or kvs[0].value != session_value
+                return None  # the victim started it, or someone else stole it first
+            a, ck = await self._read_many(
+                [self._data_key(tid, "args"), self._data_key(tid, "checkpoint")]
+            )
+            args, kwargs = json.loads(a.value) if a is not None else ([], {})
+            return Claimed(
+                id=tid,
+                type=rec.type,
+                queue=rec.queue,
+                args=args,
+                kwargs=kwargs,
+                fence=rec.fence,
+                attempt=rec.attempts,
+                max_attempts=rec.max_attempts,
+                checkpoint=json.loads(ck.value) if ck is not None else None,
+                timeout=rec.timeout,
+                lease_deadline=now + ttl,
+                priority=rec.priority,
+            )
+
+        got = await asyncio.gather(*(one(t, c) for _, t, c in loot[:limit]))
+        if lost:
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {thief}: session {session} is not live")
+        return [c for c in got if c is not None]
+
     async def _owner_write(
         self,
         expert: str,
@@ -1167,16 +1265,7 @@ class EtcdStore:
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
         for i in items:
-            d = i.retry_delay
-            if d is not None and (
-                isinstance(d, bool)
-                or not isinstance(d, int | float)
-                or not math.isfinite(d)
-                or d < 0
-            ):
-                raise ConfigError(
-                    f"retry_delay must be None or a non-negative number of seconds, got {d!r}"
-                )
+            check_retry_delay(i.retry_delay)
         final: set[str] = set()
 
         def apply(item: Failure) -> Callable[[_Rec, float], list[Any]]:
