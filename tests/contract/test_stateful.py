@@ -103,6 +103,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.cm = BACKENDS[self.backend].factory(Path(self.tmp.name))
         self.h = self.run(self.cm.__aenter__())
         self.s = self.h.store
+        # A backend whose claims hang on the session's lease (etcd): a claimed task's lease is
+        # its owner's session deadline, and the claims end when the session is deregistered.
+        self.session_leases = bool(self.h.extra.get("session_leases"))
         self.other = self.run(self.h.new_store())  # a second instance on the same data
         self.now = self.run(self.s.now())
         self.tasks: dict[str, ModelTask] = {}
@@ -233,6 +236,10 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.run(self.s.deregister_expert(name, e.session))
         e.deadline = min(e.deadline, self.now - 1e-6)
+        if self.session_leases:
+            for t in self.tasks.values():
+                if t.owner == name and t.state in (C, R) and t.lease is not None:
+                    t.lease = min(t.lease, e.deadline)
 
     @rule(
         name=st.sampled_from(EXPERTS),
@@ -259,7 +266,8 @@ class StoreMachine(RuleBasedStateMachine):
         for c in got:
             t = self.tasks[c.id]
             self.touched.add(t.id)
-            t.state, t.owner, t.lease = (R if start else C), name, self.now + TTL
+            lease = self.experts[name].deadline if self.session_leases else self.now + TTL
+            t.state, t.owner, t.lease = (R if start else C), name, lease
             t.fence += 1
             t.attempts += 1
             assert (c.fence, c.attempt, c.checkpoint) == (t.fence, t.attempts, t.checkpoint)
