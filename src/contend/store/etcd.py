@@ -1120,12 +1120,17 @@ class EtcdStore:
         fence: int,
         states: frozenset[str],
         apply: Callable[[_Rec, float], list[Any]],
+        first: tuple[Any, Any] | None = None,
     ) -> FencedOut | None:
         """Check owner, fence, state and live claim, then commit *apply*'s operations in one
-        Txn that compares the task and claim revisions read; re-read when either moved."""
+        Txn that compares the task and claim revisions read; re-read when either moved.
+        *first* is the (task, claim) pair already read for the first try, if any."""
         tkey, ckey = self._task_key(task_id), self._claim_key(task_id)
         for _ in range(WRITE_RETRIES):
-            t, c = await self._read_many([tkey, ckey])
+            if first is not None:
+                (t, c), first = first, None
+            else:
+                t, c = await self._read_many([tkey, ckey])
             if t is None:
                 return FencedOut(task_id, fence, "no such task")
             rec = _Rec.loads(t.value)
@@ -1145,6 +1150,29 @@ class EtcdStore:
             if resp is None or resp.succeeded:
                 return None
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def _owner_writes(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: frozenset[str],
+        apply: Callable[[int], Callable[[_Rec, float], list[Any]]],
+    ) -> list[FencedOut | None]:
+        """Owner writes of a batch: one read for all, then one transaction per task, run
+        concurrently. *apply(n)* gives the operations of the n-th item."""
+        reads = await self._read_many(
+            [k for tid, _ in items for k in (self._task_key(tid), self._claim_key(tid))]
+        )
+        return list(
+            await asyncio.gather(
+                *(
+                    self._owner_write(
+                        expert, tid, fence, states, apply(n), (reads[2 * n], reads[2 * n + 1])
+                    )
+                    for n, (tid, fence) in enumerate(items)
+                )
+            )
+        )
 
     def _unown(self, rec: _Rec, expert: str) -> list[Any]:
         """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
@@ -1170,14 +1198,7 @@ class EtcdStore:
             rec.event(now, "started", expert)
             return [_put(self._task_key(rec.id), rec.dumps())]
 
-        return list(
-            await asyncio.gather(
-                *(
-                    self._owner_write(expert, tid, fence, frozenset({"claimed"}), apply)
-                    for tid, fence in items
-                )
-            )
-        )
+        return await self._owner_writes(expert, items, frozenset({"claimed"}), lambda n: apply)
 
     async def renew(
         self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
@@ -1240,8 +1261,12 @@ class EtcdStore:
             raise res
 
     async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        awaited: set[str] = set()  # completed tasks that other tasks wait for
+
         def apply(item: Completion) -> Callable[[_Rec, float], list[Any]]:
             def ops(rec: _Rec, now: float) -> list[Any]:
+                if rec.has_waiters:
+                    awaited.add(rec.id)
                 out = self._unown(rec, expert)
                 rec.state, rec.updated_at = "succeeded", now
                 rec.event(now, "succeeded", expert)
@@ -1252,13 +1277,11 @@ class EtcdStore:
 
             return ops
 
-        out = list(
-            await asyncio.gather(
-                *(self._owner_write(expert, i.task_id, i.fence, _OWNED_S, apply(i)) for i in items)
-            )
+        out = await self._owner_writes(
+            expert, [(i.task_id, i.fence) for i in items], _OWNED_S, lambda n: apply(items[n])
         )
         ended = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
-        await self._settle_many(ended)
+        await self._settle_many([t for t in ended if t in awaited])
         if ended:
             self._touch()  # wakes result() waiters of this process; experts watch q/ only
         return out
@@ -1283,16 +1306,15 @@ class EtcdStore:
                     )
                     rec.event(now, rec.state, expert)
                     out += self._ended(rec)
-                    final.add(rec.id)
+                    if rec.has_waiters:
+                        final.add(rec.id)
                 out.append(_put(self._task_key(rec.id), rec.dumps()))
                 return out
 
             return ops
 
-        out = list(
-            await asyncio.gather(
-                *(self._owner_write(expert, i.task_id, i.fence, _OWNED_S, apply(i)) for i in items)
-            )
+        out = await self._owner_writes(
+            expert, [(i.task_id, i.fence) for i in items], _OWNED_S, lambda n: apply(items[n])
         )
         landed = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
         await self._settle_many([t for t in landed if t in final])
@@ -1311,11 +1333,7 @@ class EtcdStore:
             rec.event(now, "released", expert)
             return [*ops, _put(self._task_key(rec.id), rec.dumps())]
 
-        return list(
-            await asyncio.gather(
-                *(self._owner_write(expert, tid, fence, _OWNED_S, apply) for tid, fence in items)
-            )
-        )
+        return await self._owner_writes(expert, items, _OWNED_S, lambda n: apply)
 
     async def expire(self) -> int:
         resp = await self._txn(
@@ -1361,7 +1379,7 @@ class EtcdStore:
             rec.event(now, "expired", prev)
             ops.append(_put(tkey, rec.dumps()))
             resp = await self._txn([_mod_is(tkey, t.mod_revision), _absent(ckey)], ops)
-            if resp.succeeded and rec.state == "dead":
+            if resp.succeeded and rec.state == "dead" and rec.has_waiters:
                 ended.append(tid)
             return bool(resp.succeeded)
 
