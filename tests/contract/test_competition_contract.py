@@ -138,3 +138,36 @@ async def test_heartbeat_metrics_come_back_with_the_expert(harness: Harness) -> 
     (rec,) = [r for r in await h.store.list_experts() if r.info.id == "e1"]
     assert dict(rec.metrics) == metrics
     assert rec.to_json()["metrics"] == metrics
+
+
+async def test_the_low_lane_takes_the_oldest_tasks_whatever_their_priority(harness: Harness) -> None:
+    h = harness
+    old = await h.store.submit([spec("t", i, priority=0) for i in range(3)])
+    await h.advance(h.ttl / 10)
+    await h.store.submit([spec("t", i, priority=5) for i in range(6)])
+    e = await join(h, "e")
+    peeked = await h.store.peek(["default"], caps(), 4, low_lane=1)
+    got = await h.store.claim("e", e.session, ["default"], caps(), limit=4, lease_ttl=h.ttl, low_lane=1)
+    assert {c.id for c in got} == {v.id for v in peeked}
+    assert sorted(c.priority for c in got) == [0, 5, 5, 5]
+    assert old[0].id in {c.id for c in got}  # the oldest of all
+    plain = await h.store.claim("e", e.session, ["default"], caps(), limit=2, lease_ttl=h.ttl)
+    assert [c.priority for c in plain] == [5, 5]
+
+
+async def test_waiting_tasks_gain_priority_as_they_age(harness: Harness) -> None:
+    h = harness
+    (old,) = await h.store.submit([spec("t", priority=0)])
+    # after e^3 - 1 ≈ 19.1 s a priority-0 task has aged to 3: above a fresh priority 2
+    step = min(h.ttl / 2, 5.0)
+    waited = 0.0
+    while waited < 20.0:
+        await h.advance(step)
+        waited += step
+    (fresh,) = await h.store.submit([spec("t", priority=2)])
+    await h.store.expire()  # housekeeping applies the ageing
+    e = await join(h, "e")
+    (first,) = await e.claim(1)
+    assert first.id == old.id
+    (second,) = await e.claim(1)
+    assert second.id == fresh.id

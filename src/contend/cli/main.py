@@ -164,6 +164,9 @@ async def cmd_expert(args: argparse.Namespace) -> int:
         specialties=frozenset(args.specialty or ()),
         window=args.window,
         zone_margin=args.zone_margin,
+        prefetch=args.prefetch,
+        steal_ratio=None if args.no_steal else args.steal_ratio,
+        auction_window=args.auction_window,
     )
     expert = Expert(app, config)
     loop = asyncio.get_running_loop()
@@ -506,6 +509,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds("--window", 0, 60),
         default=0.02,
         help="base race window in seconds (default 0.02; 0 turns competition off)",
+    )
+    e.add_argument(
+        "--prefetch",
+        type=_int_in("--prefetch", 0, 10_000),
+        default=0,
+        help="claim this many tasks ahead, unstarted; idle experts may steal them (default 0)",
+    )
+    e.add_argument(
+        "--steal-ratio",
+        type=_seconds("--steal-ratio", 0.01, 1.0),
+        default=1.0,
+        help="steal unstarted tasks from experts at least this loaded (default 1.0: full)",
+    )
+    e.add_argument(
+        "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
+    )
+    e.add_argument(
+        "--auction-window",
+        type=_seconds("--auction-window", 0, 60),
+        default=0.2,
+        help="how long an auction for a heavy task takes bids (default 0.2 s)",
     )
     e.add_argument(
         "--zone-margin",
