@@ -13,11 +13,18 @@ a ``/`` in a name can never be read as a separator)::
     {p}d/{task}/result            the result JSON         written by complete()
     {p}d/{task}/checkpoint        the checkpoint JSON     written by checkpoint()
     {p}q/{queue}/{inv}/{due}/{task}
-                                  the pending index: one key per pending task. {inv} is
-                                  1_000_000 - priority on 7 digits and {due} the due time in
-                                  microseconds on 17 digits, so a range read of q/{queue}/ yields
-                                  the best priority first and FIFO within one priority. The value
-                                  holds what a scorer needs (type, requirements, created_at).
+                                  the priority index: one key per pending task. {inv} is
+                                  10_000_000 - effective priority on 8 digits and {due} the due
+                                  time in microseconds on 17 digits, so a range read of
+                                  q/{queue}/ yields the highest effective priority first and
+                                  FIFO within one. The value holds what a scorer needs (type,
+                                  requirements, created_at). The effective priority starts at the
+                                  task's priority and grows as it waits (domain.aged_priority).
+    {p}o/{queue}/{due}/{task}     the age index of the same tasks: the ones due the longest
+                                  first (the low-priority lane, next_due, backlog)
+    {p}g/{when}/{task}            the promotion index: when a pending task gains its next step
+                                  of effective priority; expire() reads what is due and moves
+                                  the task's q/ key up
     {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
                                   owner's etcd lease, so it vanishes when that lease ends
     {p}h/{expert}/{task}          the fence, on the same lease: what renew() reports as held
@@ -82,14 +89,15 @@ from aetcd import rpc
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
     JSON,
-    MAX_PRIORITY,
     Capabilities,
     Requirements,
     Task,
     TaskEvent,
     TaskSpec,
     TaskState,
+    aged_priority,
     can_move,
+    next_promotion,
 )
 from contend.errors import (
     ConfigError,
@@ -131,6 +139,9 @@ SCHEMA_VERSION = 1
 HISTORY_LIMIT = 50
 #: How many times an owner write re-reads and retries when the task changed under it.
 WRITE_RETRIES = 20
+#: Effective priorities are stored as AGED_BASE − priority on 8 digits (a range read then
+#: yields the highest first); priorities are within ±1,000,000 and ageing adds a few dozen.
+AGED_BASE = 10_000_000
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
 #: Expert records whose session ended this long ago are removed by expire().
@@ -178,6 +189,10 @@ def _prefix_end(prefix: bytes) -> bytes:
         if prefix[i] < 0xFF:
             return prefix[:i] + bytes([prefix[i] + 1])
     return b"\0"
+
+
+def _micros(t: float) -> int:
+    return max(0, round(t * 1_000_000))
 
 
 def _error_json(kind: str, message: str) -> str:
@@ -248,6 +263,8 @@ class _Rec:
     deps_left: int
     has_waiters: bool
     pending_key: str | None
+    aged: int  # the effective priority: grows as the task waits (expire() raises it)
+    promote_at: float  # when it gains its next step
     history: list[list[Any]]
 
     def dumps(self) -> bytes:
@@ -322,9 +339,14 @@ class EtcdStore:
         return self._k("a", _enc(tid))
 
     def _pending_key(self, rec: _Rec) -> str:
-        inv = MAX_PRIORITY - rec.priority
-        due = max(0, round(rec.run_at * 1_000_000))
-        return f"q/{_enc(rec.queue)}/{inv:07d}/{due:017d}/{_enc(rec.id)}"
+        inv = AGED_BASE - rec.aged
+        return f"q/{_enc(rec.queue)}/{inv:08d}/{_micros(rec.run_at):017d}/{_enc(rec.id)}"
+
+    def _oldest_key(self, rec: _Rec) -> bytes:
+        return self._k("o", _enc(rec.queue), f"{_micros(rec.run_at):017d}", _enc(rec.id))
+
+    def _promotion_key(self, rec: _Rec) -> bytes:
+        return self._k("g", f"{_micros(rec.promote_at):020d}", _enc(rec.id))
 
     # -- connection --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -464,6 +486,11 @@ class EtcdStore:
         self._rev = max(self._rev, resp.header.revision)
         return resp
 
+    async def _count(self, key: bytes, end: bytes) -> int:
+        req = rpc.RangeRequest(key=key, range_end=end, count_only=True)
+        resp = await self._call("a count", lambda: self._kv.Range(req, timeout=self._timeout))
+        return int(resp.count)
+
     async def _scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
         """Every key under *prefix*, in key order, read in pages."""
         out: list[Any] = []
@@ -590,6 +617,8 @@ class EtcdStore:
                 deps_left=len(left),
                 has_waiters=False,
                 pending_key=None,
+                aged=spec.priority,
+                promote_at=next_promotion(spec.priority, spec.priority, now),
                 history=[],
             )
             if failed is not None:
@@ -611,8 +640,7 @@ class EtcdStore:
                     cmp.append(_mod_is(self._task_key(d), dep_kvs[d].mod_revision))
                     ops.append(_put(self._task_key(d), deps[d].dumps()))
             if rec.state == P:
-                rec.pending_key = self._pending_key(rec)
-                ops.append(_put(self._k(rec.pending_key), self._index_value(rec)))
+                ops += self._enter_pending(rec)
             if spec.id in awaited and failed is None:
                 rec.has_waiters = True
             cmp.append(_absent(self._task_key(spec.id)))
@@ -812,11 +840,16 @@ class EtcdStore:
         return sorted(out, key=lambda e: e.info.id)
 
     # -- the claim protocol ----------------------------------------------------------------
+    def _order(self, pending_key: str) -> tuple[str, str, str]:
+        """Sort key of a pending task from its index key: effective priority, due time, id."""
+        inv, due, tid = pending_key.rsplit("/", 3)[1:]
+        return inv, due, tid
+
     async def _candidates(
         self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
-    ) -> list[tuple[tuple[str, str, str], Any, dict[str, Any]]]:
-        """Pending-index entries that are due and that *caps* can run, best first."""
-        found: list[tuple[tuple[str, str, str], Any, dict[str, Any]]] = []
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """(task id, pending key, index value) of due tasks *caps* can run, best first."""
+        found: list[tuple[str, str, dict[str, Any]]] = []
         for queue in dict.fromkeys(queues):
             prefix = self._k("q", _enc(queue), "")
             start, end = prefix, _prefix_end(prefix)
@@ -829,35 +862,90 @@ class EtcdStore:
                         Requirements.from_json(meta["req"])
                     ):
                         continue
-                    inv, due, tid = kv.key[len(prefix) :].decode().split("/")
-                    found.append(((inv, due, tid), kv, meta))
+                    key = kv.key[len(self._p) :].decode()
+                    found.append((_unenc(key.rsplit("/", 1)[1]), key, meta))
                     taken += 1
                 if not resp.more or not resp.kvs:
                     break
                 start = resp.kvs[-1].key + b"\0"
-        found.sort(key=lambda f: f[0])
+        found.sort(key=lambda f: self._order(f[1]))
         return found
 
+    async def _longest_waiting(
+        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
+    ) -> list[tuple[str, float]]:
+        """(task id, due time) of the due tasks *caps* can run that are due the longest."""
+        found: list[tuple[str, float]] = []
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("o", _enc(queue), "")
+            end = prefix + f"{_micros(now) + 1:017d}".encode()  # due now at the latest
+            start, taken = prefix, 0
+            while taken < limit:
+                resp = await self._range(start, end, limit=max(64, 2 * limit))
+                for kv in resp.kvs:
+                    if caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"])):
+                        due, tid = kv.key[len(prefix) :].decode().split("/")
+                        found.append((_unenc(tid), int(due) / 1_000_000))
+                        taken += 1
+                if not resp.more or not resp.kvs:
+                    break
+                start = resp.kvs[-1].key + b"\0"
+        found.sort(key=lambda f: (f[1], f[0]))
+        return found[:limit]
+
+    async def _choose(
+        self,
+        queues: Sequence[str],
+        caps: Capabilities,
+        limit: int,
+        low_lane: int,
+        now: float,
+    ) -> list[str]:
+        """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
+        priority, plus the ``low_lane`` due the longest; more of the best after them, to try
+        when rivals win some."""
+        low_lane = max(0, min(low_lane, limit))
+        best = await self._candidates(queues, caps, limit, now)
+        chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
+        if low_lane:
+            for tid, _ in await self._longest_waiting(queues, caps, low_lane, now):
+                chosen.setdefault(tid)
+        first = list(chosen)
+        order = {f[0]: self._order(f[1]) for f in best}
+        if any(t not in order for t in first):  # the oldest may lie beyond the best read
+            kvs = await self._read_many([self._task_key(t) for t in first])
+            for t, kv in zip(first, kvs, strict=True):
+                rec = _Rec.loads(kv.value) if kv is not None else None
+                if rec is not None and rec.pending_key is not None:
+                    order[t] = self._order(rec.pending_key)
+        first = sorted((t for t in first if t in order), key=lambda t: order[t])
+        return first + [f[0] for f in best if f[0] not in chosen]
+
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
     ) -> list[TaskView]:
         check_limit(limit)
         if not queues or not limit:
             return []
+        ids = (await self._choose(queues, capabilities, limit, low_lane, self._clock()))[:limit]
         out = []
-        for (_, _, etid), _kv, meta in (
-            await self._candidates(queues, capabilities, limit, self._clock())
-        )[:limit]:
-            tid = _unenc(etid)
-            queue = _unenc(_kv.key[len(self._k("q", "")) :].decode().split("/")[0])
+        for kv in await self._read_many([self._task_key(t) for t in ids]):
+            if kv is None:
+                continue
+            rec = _Rec.loads(kv.value)
             out.append(
                 TaskView(
-                    tid,
-                    meta["type"],
-                    queue,
-                    meta["priority"],
-                    Requirements.from_json(meta["req"]),
-                    meta["created_at"],
+                    rec.id,
+                    rec.type,
+                    rec.queue,
+                    rec.priority,
+                    Requirements.from_json(rec.req),
+                    rec.created_at,
                 )
             )
         return out
@@ -890,6 +978,7 @@ class EtcdStore:
         lease_ttl: float,
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        low_lane: int = 0,
     ) -> list[Claimed]:
         check_limit(limit)
         check_ttl(lease_ttl)
@@ -897,21 +986,21 @@ class EtcdStore:
             await self._session(expert, session)
             return []
         now = self._clock()
-        cands: list[tuple[str, bytes]]  # (task id, its pending-index key)
+        cands: list[str]  # task ids, best first
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
-            (lease, session_value), found = await asyncio.gather(
-                self._session(expert, session), self._candidates(queues, capabilities, limit, now)
+            (lease, session_value), cands = await asyncio.gather(
+                self._session(expert, session),
+                self._choose(queues, capabilities, limit, low_lane, now),
             )
-            cands = [(_unenc(f[0][2]), f[1].key) for f in found]
         else:
             ids = list(dict.fromkeys(task_ids))
             qs = set(queues)
-            cands = []
             (lease, session_value), kvs = await asyncio.gather(
                 self._session(expert, session),
                 self._read_many([self._task_key(t) for t in ids]),
             )
+            named: list[tuple[tuple[str, str, str], str]] = []
             for tid, kv in zip(ids, kvs, strict=True):
                 if kv is None:
                     continue
@@ -923,18 +1012,20 @@ class EtcdStore:
                     and rec.queue in qs
                     and capabilities.satisfies(Requirements.from_json(rec.req))
                 ):
-                    cands.append((tid, self._k(rec.pending_key)))
-            # The best of the named tasks first, as a range read of the index would give them.
-            cands.sort(key=lambda c: c[1].rsplit(b"/", 3)[1:])
+                    named.append((self._order(rec.pending_key), tid))
+            cands = [tid for _, tid in sorted(named)]  # the best of the named tasks first
         ttl = json.loads(session_value).get("ttl", lease_ttl)
-        out: list[Claimed] = []
+        won: list[tuple[tuple[str, str, str], Claimed]] = []
         session_key = self._k("l", _enc(expert))
         lost = False
 
-        async def one(tid: str, ikey: bytes, t: Any, a: Any, c: Any) -> None:
+        async def one(tid: str, t: Any, a: Any, c: Any) -> None:
             """One claim transaction; the transactions of a round run concurrently."""
             nonlocal lost
             rec = _Rec.loads(t.value)
+            assert rec.pending_key is not None
+            order = self._order(rec.pending_key)
+            ops = self._leave_pending(rec)
             rec.state = str(R if start else C)
             rec.owner = expert
             rec.session = session
@@ -942,7 +1033,6 @@ class EtcdStore:
             rec.attempts += 1
             rec.lease_deadline = now + ttl
             rec.updated_at = now
-            rec.pending_key = None
             rec.event(now, "claimed", expert)
             claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
             resp = await self._commit(
@@ -956,7 +1046,7 @@ class EtcdStore:
                     _put(self._claim_key(tid), claim, lease),
                     _put(self._held_key(expert, tid), str(rec.fence), lease),
                     _put(self._active_key(tid), expert),
-                    _delete(ikey),
+                    *ops,
                 ],
                 [_get(session_key)],
             )
@@ -965,32 +1055,31 @@ class EtcdStore:
                 lost = lost or not kvs or kvs[0].value != session_value
                 return  # another expert won this one, or the session ended
             args, kwargs = json.loads(a.value)
-            out.append(
-                Claimed(
-                    id=tid,
-                    type=rec.type,
-                    queue=rec.queue,
-                    args=args,
-                    kwargs=kwargs,
-                    fence=rec.fence,
-                    attempt=rec.attempts,
-                    max_attempts=rec.max_attempts,
-                    checkpoint=json.loads(c.value) if c is not None else None,
-                    timeout=rec.timeout,
-                    lease_deadline=now + ttl,
-                    priority=rec.priority,
-                )
+            claimed = Claimed(
+                id=tid,
+                type=rec.type,
+                queue=rec.queue,
+                args=args,
+                kwargs=kwargs,
+                fence=rec.fence,
+                attempt=rec.attempts,
+                max_attempts=rec.max_attempts,
+                checkpoint=json.loads(c.value) if c is not None else None,
+                timeout=rec.timeout,
+                lease_deadline=now + ttl,
+                priority=rec.priority,
             )
+            won.append((order, claimed))
 
-        # Rounds: try as many candidates as claims are still wanted, best first, until enough
+        # Rounds: try as many candidates as claims are still wanted, in order, until enough
         # were won or the candidates ran out.
         rest = cands
-        while rest and len(out) < limit and not lost:
-            batch, rest = rest[: limit - len(out)], rest[limit - len(out) :]
+        while rest and len(won) < limit and not lost:
+            batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
             reads = await self._read_many(
                 [
                     k
-                    for tid, _ in batch
+                    for tid in batch
                     for k in (
                         self._task_key(tid),
                         self._data_key(tid, "args"),
@@ -999,22 +1088,20 @@ class EtcdStore:
                 ]
             )
             tries = []
-            for n, (tid, ikey) in enumerate(batch):
+            for n, tid in enumerate(batch):
                 t, a, c = reads[3 * n : 3 * n + 3]
                 if t is None or a is None:
                     continue
                 rec = _Rec.loads(t.value)
-                # The index entry read must still be the task's: pending, same priority and due.
-                current = rec.pending_key is not None and self._k(rec.pending_key) == ikey
-                if rec.state == "pending" and current:
-                    tries.append(one(tid, ikey, t, a, c))
+                if rec.state == "pending" and rec.pending_key is not None and rec.run_at <= now:
+                    tries.append(one(tid, t, a, c))
             await asyncio.gather(*tries)
         if lost:
             # Claims won in the same round vanished with the lease; expire() returns them.
             self._sessions.pop(session, None)
             raise LeaseLost(f"expert {expert}: session {session} is not live")
-        out.sort(key=lambda cl: (-cl.priority, cl.id))
-        return out
+        won.sort(key=lambda w: w[0])
+        return [c for _, c in won]
 
     async def steal(
         self,
@@ -1183,10 +1270,28 @@ class EtcdStore:
             _delete(self._active_key(rec.id)),
         ]
 
-    def _to_pending(self, rec: _Rec) -> list[Any]:
+    def _enter_pending(self, rec: _Rec) -> list[Any]:
+        """Make *rec* pending: its keys in the priority, age and promotion indexes."""
         rec.state = "pending"
         rec.pending_key = self._pending_key(rec)
-        return [_put(self._k(rec.pending_key), self._index_value(rec))]
+        req = json.dumps({"req": rec.req}).encode()
+        return [
+            _put(self._k(rec.pending_key), self._index_value(rec)),
+            _put(self._oldest_key(rec), req),
+            _put(self._promotion_key(rec), b""),
+        ]
+
+    def _leave_pending(self, rec: _Rec) -> list[Any]:
+        """Take a pending *rec* out of the indexes (its new state is set by the caller)."""
+        if rec.pending_key is None:
+            return []
+        ops = [
+            _delete(self._k(rec.pending_key)),
+            _delete(self._oldest_key(rec)),
+            _delete(self._promotion_key(rec)),
+        ]
+        rec.pending_key = None
+        return ops
 
     def _ended(self, rec: _Rec) -> list[Any]:
         """Operations for a task that just reached a terminal state."""
@@ -1298,7 +1403,7 @@ class EtcdStore:
                 rec.error, rec.updated_at = item.error_json, now
                 if item.retry_delay is not None and rec.attempts < rec.max_attempts:
                     rec.run_at = now + item.retry_delay
-                    out += self._to_pending(rec)
+                    out += self._enter_pending(rec)
                     rec.event(now, "retry", expert, f"in {item.retry_delay:.3f}s")
                 else:
                     rec.state = str(
@@ -1329,13 +1434,43 @@ class EtcdStore:
             ops = self._unown(rec, expert)
             rec.attempts = max(0, rec.attempts - 1)
             rec.updated_at = now
-            ops += self._to_pending(rec)
+            ops += self._enter_pending(rec)
             rec.event(now, "released", expert)
             return [*ops, _put(self._task_key(rec.id), rec.dumps())]
 
         return await self._owner_writes(expert, items, _OWNED_S, lambda n: apply)
 
+    async def _promote(self) -> None:
+        """Ageing: pending tasks whose next promotion is due gain effective priority (their
+        priority-index key moves up). The promotion index is ordered by time, so this reads
+        only what is due."""
+        now = self._clock()
+        start = self._k("g", "")
+        end = self._k("g", f"{_micros(now) + 1:020d}")
+        due = [kv.key for kv in (await self._range(start, end, keys_only=True)).kvs]
+
+        async def one(gkey: bytes) -> None:
+            tid = _unenc(gkey.decode().rsplit("/", 1)[1])
+            t = (await self._read_many([self._task_key(tid)]))[0]
+            rec = _Rec.loads(t.value) if t is not None else None
+            if t is None or rec is None or rec.state != "pending" or rec.pending_key is None:
+                await self._txn([], [_delete(gkey)])  # a stale entry
+                return
+            old_q = self._k(rec.pending_key)
+            rec.aged = aged_priority(rec.priority, now - rec.created_at)
+            rec.promote_at = next_promotion(rec.priority, rec.aged, rec.created_at)
+            rec.pending_key = self._pending_key(rec)
+            new_q, new_g = self._k(rec.pending_key), self._promotion_key(rec)
+            ops = [_put(new_q, self._index_value(rec)), _put(new_g, b"")]
+            ops += [_delete(k) for k in (old_q, gkey) if k not in (new_q, new_g)]
+            ops.append(_put(t.key, rec.dumps()))
+            await self._txn([_mod_is(t.key, t.mod_revision)], ops)
+
+        for i in range(0, len(due), 64):
+            await asyncio.gather(*(one(k) for k in due[i : i + 64]))
+
     async def expire(self) -> int:
+        await self._promote()
         resp = await self._txn(
             [],
             [
@@ -1369,7 +1504,7 @@ class EtcdStore:
                 ops.append(_delete(self._held_key(prev, tid)))
             rec.owner, rec.session, rec.lease_deadline, rec.updated_at = None, None, None, now
             if after_failure(rec.attempts, rec.max_attempts) == P:
-                ops += self._to_pending(rec)
+                ops += self._enter_pending(rec)
             else:
                 rec.state = "dead"
                 rec.error = _error_json(
@@ -1464,7 +1599,7 @@ class EtcdStore:
                         rec.deps_left -= 1
                         if rec.deps_left <= 0:
                             rec.run_at = max(rec.run_at, now)
-                            ops += self._to_pending(rec)
+                            ops += self._enter_pending(rec)
                     else:
                         dies = True
                         rec.state = "dead"
@@ -1512,9 +1647,7 @@ class EtcdStore:
                 ops += self._unown(rec, prev)
             else:
                 ops.append(_delete(self._active_key(task_id)))
-            if rec.pending_key is not None:
-                ops.append(_delete(self._k(rec.pending_key)))
-                rec.pending_key = None
+            ops += self._leave_pending(rec)
             rec.state, rec.updated_at = "cancelled", now
             rec.event(now, "cancelled", prev)
             ops += self._ended(rec)
@@ -1537,7 +1670,7 @@ class EtcdStore:
                 raise InvalidTransition(task_id, rec.state, "retry")
             now = self._clock()
             rec.attempts, rec.run_at, rec.updated_at = 0, now, now
-            ops = self._to_pending(rec)
+            ops = self._enter_pending(rec)
             rec.event(now, "retried", None)
             ops.append(_put(tkey, rec.dumps()))
             resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
@@ -1737,18 +1870,22 @@ class EtcdStore:
         now = self._clock()
         count, oldest = 0, None
         for queue in dict.fromkeys(queues):
-            for kv in await self._scan(self._k("q", _enc(queue), ""), keys_only=True):
-                due = int(kv.key.decode().rsplit("/", 2)[1]) / 1_000_000
-                if due <= now:
-                    count += 1
-                    oldest = due if oldest is None else min(oldest, due)
-        return Backlog(count, None if oldest is None else now - oldest)
+            prefix = self._k("o", _enc(queue), "")
+            end = prefix + f"{_micros(now) + 1:017d}".encode()
+            count += await self._count(prefix, end)
+            first = await self._range(prefix, end, limit=1, keys_only=True)
+            if first.kvs:
+                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
+                oldest = due if oldest is None else min(oldest, due)
+        return Backlog(count, None if oldest is None else max(0.0, now - oldest))
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         best: float | None = None
         for queue in dict.fromkeys(queues):
-            for kv in await self._scan(self._k("q", _enc(queue), ""), keys_only=True):
-                due = int(kv.key.decode().rsplit("/", 2)[1]) / 1_000_000
+            prefix = self._k("o", _enc(queue), "")
+            first = await self._range(prefix, _prefix_end(prefix), limit=1, keys_only=True)
+            if first.kvs:
+                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
                 best = due if best is None else min(best, due)
         return best
 
