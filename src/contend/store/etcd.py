@@ -1447,15 +1447,18 @@ class EtcdStore:
         now = self._clock()
         start = self._k("g", "")
         end = self._k("g", f"{_micros(now) + 1:020d}")
-        due = [kv.key for kv in (await self._range(start, end, keys_only=True)).kvs]
+        due, seen = [], set()
+        for kv in (await self._range(start, end, keys_only=True)).kvs:
+            tid = kv.key.rsplit(b"/", 1)[1]
+            if tid not in seen:  # one entry per task and call (a transaction puts a key once)
+                seen.add(tid)
+                due.append(kv.key)
 
-        async def one(gkey: bytes) -> None:
-            tid = _unenc(gkey.decode().rsplit("/", 1)[1])
-            t = (await self._read_many([self._task_key(tid)]))[0]
+        def plan(gkey: bytes, t: Any) -> tuple[list[Any], list[Any]]:
+            """(compares, operations) that promote one task, or drop a stale entry."""
             rec = _Rec.loads(t.value) if t is not None else None
             if t is None or rec is None or rec.state != "pending" or rec.pending_key is None:
-                await self._txn([], [_delete(gkey)])  # a stale entry
-                return
+                return [], [_delete(gkey)]
             old_q = self._k(rec.pending_key)
             rec.aged = aged_priority(rec.priority, now - rec.created_at)
             rec.promote_at = next_promotion(rec.priority, rec.aged, rec.created_at)
@@ -1464,10 +1467,24 @@ class EtcdStore:
             ops = [_put(new_q, self._index_value(rec)), _put(new_g, b"")]
             ops += [_delete(k) for k in (old_q, gkey) if k not in (new_q, new_g)]
             ops.append(_put(t.key, rec.dumps()))
-            await self._txn([_mod_is(t.key, t.mod_revision)], ops)
+            return [_mod_is(t.key, t.mod_revision)], ops
 
-        for i in range(0, len(due), 64):
-            await asyncio.gather(*(one(k) for k in due[i : i + 64]))
+        # Many promotions fall due together (tasks submitted together age together): several
+        # per transaction; a transaction that loses a race is redone one task at a time.
+        step = max(1, self._max_ops // 6)
+        for i in range(0, len(due), step):
+            chunk = due[i : i + step]
+            tids = [_unenc(k.decode().rsplit("/", 1)[1]) for k in chunk]
+            recs = await self._read_many([self._task_key(t) for t in tids])
+            plans = [plan(k, t) for k, t in zip(chunk, recs, strict=True)]
+            cmp = [c for p in plans for c in p[0]]
+            ops = [o for p in plans for o in p[1]]
+            if (await self._txn(cmp, ops)).succeeded:
+                continue
+            for k, tid in zip(chunk, tids, strict=True):
+                t = (await self._read_many([self._task_key(tid)]))[0]
+                c1, o1 = plan(k, t)
+                await self._txn(c1, o1)
 
     async def expire(self) -> int:
         await self._promote()
