@@ -593,6 +593,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tasks", type=_positive_int("--tasks", 1_000_000), default=3000)
     d.add_argument("--experts", type=_int_in("--experts", 2, 32), default=4)
     d.add_argument("--no-kill", action="store_true", help="do not kill an expert")
+    d.add_argument(
+        "--window",
+        type=_seconds("--window", 0, 60),
+        default=0.02,
+        help="the experts' base race window (0 turns competition off, for comparison)",
+    )
     d.add_argument("--json", action="store_true", help="print the closing report as JSON")
     d.set_defaults(func=cmd_demo)
 

@@ -551,7 +551,7 @@ class Expert:
             lease_ttl=self.config.lease_ttl,
             task_ids=ids,
         )
-        self.stats.claim_attempts += len(ids)
+        self.stats.claim_attempts += min(len(ids), free)
         self.stats.claims_won += len(got)
         return got
 
@@ -573,7 +573,7 @@ class Expert:
             self.stats.claim_attempts += len(got)
             self.stats.claims_won += len(got)
             return got
-        views = await store.peek(self.queues, self.config.capabilities, free * 2, low_lane=lane)
+        views = await store.peek(self.queues, self.config.capabilities, free * 3, low_lane=lane)
         self._auction_wake = None
         if not views:
             return []
@@ -591,9 +591,11 @@ class Expert:
             await self._pause(first)
             if self._stopping.is_set():
                 return claimed
-        # claim every task this expert is about as fit for as for the first one
+        # Offer the store every candidate this expert is about as fit for as for the first
+        # one — more than it has room for: the store takes the best `free` still pending, so
+        # tasks a fitter rival took in the meantime cost no lost race.
         slack = first + comp.window * 0.1
-        ids = [tid for d, _, tid in plan if d <= slack][:free]
+        ids = [tid for d, _, tid in plan if d <= slack]
         return claimed + await self._claim_ids(store, ids, free)
 
     async def _bid_and_claim(self, store: Store, lots: list[TaskView], free: int) -> list[Claimed]:
