@@ -9,8 +9,6 @@ import pytest
 from contend.store.etcd import EtcdStore
 from contend.testing.etcd_server import EtcdServer, EtcdUnavailable, find_etcd
 
-pytestmark = pytest.mark.etcd
-
 
 def _binary() -> str:
     try:

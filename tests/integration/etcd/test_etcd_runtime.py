@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+
 from contend import App, Expert
 from contend.domain.task import TaskState
 from contend.store.etcd import EtcdStore
+
+pytestmark = pytest.mark.etcd
 
 
 def make_app(url: str, ran: Counter[str]) -> App:

@@ -32,6 +32,8 @@ from contend.store.registry import make_store
 from contend.testing import FakeClock
 from contend.testing.etcd_server import EtcdServer, lapse_overdue_sessions
 
+pytestmark = pytest.mark.etcd
+
 ANY = Capabilities()
 Q = ["default"]
 
