@@ -18,7 +18,14 @@ def test_nothing_else_public_leaks() -> None:
 
 
 def test_every_error_derives_from_the_root() -> None:
-    errors = [getattr(contend, n) for n in contend.__all__ if n.endswith(("Error", "Failed", "Lost"))]
-    errors += [contend.FencedOut, contend.ExpertConflict, contend.UnknownTaskType, contend.TaskNotFound]
+    errors = [
+        getattr(contend, n) for n in contend.__all__ if n.endswith(("Error", "Failed", "Lost"))
+    ]
+    errors += [
+        contend.FencedOut,
+        contend.ExpertConflict,
+        contend.UnknownTaskType,
+        contend.TaskNotFound,
+    ]
     for cls in errors:
         assert issubclass(cls, contend.ContendError), cls
