@@ -70,6 +70,10 @@ class SimConfig:
     # slot left idle; with spares it names every candidate about as fit and the store hands
     # it the first ones still pending.
     spares: bool = False
+    # Expert breaks ties between equally good candidates by peek order, so equally fit experts
+    # (a perfect fit always waits 0, jitter or not) all go for the same task; with
+    # shuffle_ties each breaks them at random.
+    shuffle_ties: bool = False
     seed: int = 1
 
 
@@ -364,16 +368,17 @@ class _Sim:
             self.idle[e] = None
             return
         best = self._rivals_best()
-        delays = []
+        delays: list[tuple[float, float]] = []
         for n, v in enumerate(views):
             mine = self._fit(e, v.type)
             top = max(mine, best[v.type])
             rel = mine / top if top > 0 else 0.0
-            delays.append((race_delay(self.cfg.window, rel, self.cfg.jitter, self.rng.random), n))
-        delays.sort()
-        first = delays[0][0]
+            delay = race_delay(self.cfg.window, rel, self.cfg.jitter, self.rng.random)
+            delays.append((delay, self.rng.random() if self.cfg.shuffle_ties else n))
+        order = sorted(range(len(views)), key=delays.__getitem__)
+        first = delays[order[0]][0]
         slack = first + self.cfg.window * 0.1
-        ids = tuple(views[n].id for d, n in delays if d <= slack)
+        ids = tuple(views[n].id for n in order if delays[n][0] <= slack)
         if not self.cfg.spares:
             ids = ids[: e.free]
         e.trying = True
