@@ -391,33 +391,45 @@ class _Sim:
 
     # -- auction ---------------------------------------------------------------------------
     def _auction(self) -> None:
+        """Close one bidding round. Auctions are open for the oldest claimable tasks: as many
+        as a racing expert would look at, and at least twice the bidders' free slots. Every
+        free expert bids its fitness; the highest bids are served first, each with the oldest
+        open tasks it bid on, up to its free slots. A bid depends only on the task's kind here,
+        so an expert bids once per kind and the bid stands for every open task of that kind."""
         self.auction_due = False
         bidders = [e for e in self.bidders if e.free > 0]
         self.bidders.clear()
+        if not bidders:
+            return
+        caps = Capabilities(frozenset(t for e in bidders for t in e.caps.tags))
+        slots = sum(e.free for e in bidders)
+        limit = max(self.cfg.depth or 0, 2 * slots)
+        open_tasks: dict[str, list[str]] = {}
+        for v in _now(self.store.peek(QUEUES, caps, limit)):
+            open_tasks.setdefault(v.type, []).append(v.id)
         bids: list[tuple[float, float, int, str]] = []
         for e in bidders:
-            views = _now(self.store.peek(QUEUES, e.caps, self._depth(e)))
-            if not views:
-                self.idle[e] = None
-                continue
-            for v in views:
-                bids.append((-self._fit(e, v.type), self.rng.random(), e.index, v.id))
+            for kind in open_tasks:
+                if e.caps.satisfies(self.templates[kind].requirements):
+                    bids.append((-self._fit(e, kind), self.rng.random(), e.index, kind))
         self.bids += len(bids)
         bids.sort()
-        taken: set[str] = set()
-        wins: dict[int, list[str]] = {}
-        for _, _, who, tid in bids:
-            mine = wins.setdefault(who, [])
-            if tid in taken or len(mine) >= self.experts[who].free:
-                continue
-            taken.add(tid)
-            mine.append(tid)
+        taken = dict.fromkeys(open_tasks, 0)
+        wins: dict[int, list[str]] = {e.index: [] for e in bidders}
+        for _, _, who, kind in bids:
+            room = self.experts[who].free - len(wins[who])
+            ids = open_tasks[kind][taken[kind] : taken[kind] + room]
+            taken[kind] += len(ids)
+            wins[who] += ids
         for who, tids in wins.items():
             e = self.experts[who]
             if tids:
                 self._claim(e, len(tids), tids)
-            if e.free > 0 and e not in self.idle:
-                self._wake(e)  # saw work but won none of it, or has slots left: bid again
+            elif not any(e.caps.satisfies(self.templates[k].requirements) for k in open_tasks):
+                self.idle[e] = None  # nothing open it can run: wait for new work
+                continue
+            if e.free > 0:
+                self._wake(e)  # outbid, or slots left: bid in the next round
 
     # -- greedy ----------------------------------------------------------------------------
     def _plan(self) -> None:

@@ -1,0 +1,508 @@
+"""Placement benchmark: does competition place work better than a plain queue?
+
+``python -m benchmarks.placement [--quick] [--no-real]`` runs
+
+* the simulator (:mod:`contend.sim`) on a few scenarios, every strategy, several seeds;
+* a sensitivity sweep of how the race looks for work (peek depth, spare ids, tie-breaking);
+* a scale sweep, 10 experts / 1,000 tasks up to 1,000 experts / 100,000 tasks;
+* a real run of ``contend expert`` processes on SQLite (:mod:`benchmarks.placement_real`);
+
+then prints the tables and writes ``docs/placement.md``, ``docs/placement.json`` and
+``docs/placement.svg``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+from contend.sim import STRATEGIES, Result, SimConfig, make_scenario, simulate
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+#: The race and the auction look at this many of the best claimable tasks.
+MAIN = SimConfig(window=0.05, jitter=0.1, depth=16)
+
+COLOURS = {
+    "fifo": "#8c8c8c",
+    "race": "#1f77b4",
+    "race-nojitter": "#9ecae1",
+    "auction": "#ff7f0e",
+    "greedy": "#2ca02c",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    experts: int
+    tasks: int
+    arrival: str = "batch"
+    load: float = 0.7
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+# -- runs ----------------------------------------------------------------------------------
+def compare(cases: Sequence[Case], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    out = []
+    for case in cases:
+        runs: dict[str, list[Result]] = {s: [] for s in STRATEGIES}
+        name = ""
+        for seed in seeds:
+            sc = make_scenario(
+                case.experts, case.tasks, arrival=case.arrival, load=case.load, seed=seed
+            )
+            name = sc.name
+            for strategy in STRATEGIES:
+                runs[strategy].append(simulate(sc, strategy, replace(MAIN, seed=seed)))
+        rows = {s: _summary(rs) for s, rs in runs.items()}
+        fifo, greedy = rows["fifo"]["makespan"], rows["greedy"]["makespan"]
+        for row in rows.values():
+            row["vs_fifo"] = 1 - row["makespan"] / fifo
+            row["vs_greedy"] = row["makespan"] / greedy - 1
+        per_seed = [
+            1 - r.makespan / f.makespan for r, f in zip(runs["race"], runs["fifo"], strict=True)
+        ]
+        entry = {
+            "key": case.key,
+            "scenario": name,
+            "seeds": list(seeds),
+            "rows": rows,
+            "race_vs_fifo_per_seed": [round(x, 4) for x in per_seed],
+            "runs": {s: [r.to_json() for r in rs] for s, rs in runs.items()},
+        }
+        out.append(entry)
+        _print_compare(entry)
+    return out
+
+
+def _summary(results: Sequence[Result]) -> dict[str, Any]:
+    return {
+        "makespan": _mean([r.makespan for r in results]),
+        "mean_completion": _mean([r.mean_completion for r in results]),
+        "p95_completion": _mean([r.p95_completion for r in results]),
+        "claims_per_task": _mean([r.claims_per_task for r in results]),
+        "lost_races": _mean([r.lost_races for r in results]),
+        "bids_per_task": _mean([r.bids / r.tasks for r in results]),
+        "cpu_seconds": _mean([r.cpu_seconds for r in results]),
+    }
+
+
+def sensitivity(case: Case) -> list[dict[str, Any]]:
+    sc = make_scenario(case.experts, case.tasks, arrival=case.arrival, load=case.load)
+    variants = [
+        ("2 × free slots (as Expert today)", SimConfig(window=MAIN.window)),
+        ("16", MAIN),
+        ("16, spare ids", replace(MAIN, spares=True)),
+        ("16, spare ids, shuffled ties", replace(MAIN, spares=True, shuffle_ties=True)),
+        ("64, spare ids, shuffled ties", replace(MAIN, depth=64, spares=True, shuffle_ties=True)),
+    ]
+    out = []
+    for label, cfg in variants:
+        row: dict[str, Any] = {"variant": label, "scenario": sc.name}
+        for strategy in ("race", "race-nojitter"):
+            r = simulate(sc, strategy, cfg)
+            row[strategy] = r.to_json()
+        out.append(row)
+        _say(
+            f"  look at {label:34} race: makespan {row['race']['makespan']:6.2f}, "
+            f"lost {row['race']['lost_races']:7,}; no jitter: lost "
+            f"{row['race-nojitter']['lost_races']:7,}"
+        )
+    return out
+
+
+def scale(sizes: Sequence[tuple[int, int]], strategies: Sequence[str]) -> list[dict[str, Any]]:
+    out = []
+    for experts, tasks in sizes:
+        sc = make_scenario(experts, tasks)
+        for strategy in strategies:
+            r = simulate(sc, strategy, MAIN)
+            row = r.to_json()
+            row["wall_per_1000"] = round(r.wall_seconds / tasks * 1000, 4)
+            row["cpu_per_1000"] = round(r.cpu_seconds / tasks * 1000, 4)
+            out.append(row)
+            _say(
+                f"  {experts:>5} experts {tasks:>7,} tasks {strategy:8}: "
+                f"{r.wall_seconds:7.1f} s wall, {r.cpu_seconds:6.1f} s CPU, "
+                f"{row['cpu_per_1000']:.3f} CPU s per 1,000 tasks, "
+                f"{r.claims_per_task:.2f} claims/task"
+            )
+    return out
+
+
+def _print_compare(entry: dict[str, Any]) -> None:
+    _say(f"\n{entry['scenario']} (seeds {', '.join(map(str, entry['seeds']))})")
+    _say(
+        f"  {'strategy':14} {'makespan':>9} {'vs fifo':>8} {'vs greedy':>9} "
+        f"{'mean compl':>10} {'claims/task':>11} {'lost races':>10}"
+    )
+    for s, row in entry["rows"].items():
+        _say(
+            f"  {s:14} {row['makespan']:9.2f} {row['vs_fifo']:+8.1%} {row['vs_greedy']:+9.1%} "
+            f"{row['mean_completion']:10.2f} {row['claims_per_task']:11.2f} "
+            f"{row['lost_races']:10,.0f}"
+        )
+
+
+# -- targets -------------------------------------------------------------------------------
+def targets(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for e in entries:
+        rows = e["rows"]
+        out.append(
+            {
+                "scenario": e["scenario"],
+                "race_vs_fifo": rows["race"]["vs_fifo"],
+                "race_30pct_better_than_fifo": rows["race"]["vs_fifo"] >= 0.30,
+                "race_vs_greedy": rows["race"]["vs_greedy"],
+                "race_within_10pct_of_greedy": rows["race"]["vs_greedy"] <= 0.10,
+                "lost_with_jitter": rows["race"]["lost_races"],
+                "lost_without_jitter": rows["race-nojitter"]["lost_races"],
+                "jitter_lowers_lost_races": rows["race"]["lost_races"]
+                < rows["race-nojitter"]["lost_races"],
+            }
+        )
+    return out
+
+
+# -- the plot ------------------------------------------------------------------------------
+def svg(entries: Sequence[dict[str, Any]], scaling: Sequence[dict[str, Any]]) -> str:
+    w, h = 980, 430
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+    ]
+
+    def text(x: float, y: float, s: str, anchor: str = "middle", **kw: str) -> None:
+        extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in kw.items())
+        parts.append(
+            f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{escape(s)}</text>'
+        )
+
+    def line(x1: float, y1: float, x2: float, y2: float, colour: str = "#333", **kw: str) -> None:
+        extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in kw.items())
+        parts.append(
+            f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
+            f'stroke="{colour}"{extra}/>'
+        )
+
+    # left: makespan per strategy, grouped by scenario
+    x0, y0, pw, ph = 60, 50, 520, 300
+    text(
+        x0 + pw / 2,
+        25,
+        "Makespan per strategy (virtual seconds, mean over seeds)",
+        font_weight="bold",
+    )
+    top = max(r["makespan"] for e in entries for r in e["rows"].values()) * 1.1
+    for i in range(6):
+        v = top * i / 5
+        y = y0 + ph - ph * v / top
+        line(x0, y, x0 + pw, y, "#e5e5e5")
+        text(x0 - 6, y + 4, f"{v:.0f}", "end")
+    line(x0, y0, x0, y0 + ph)
+    line(x0, y0 + ph, x0 + pw, y0 + ph)
+    gw = pw / max(1, len(entries))
+    bw = gw * 0.8 / len(STRATEGIES)
+    for gi, e in enumerate(entries):
+        gx = x0 + gi * gw + gw * 0.1
+        for si, s in enumerate(STRATEGIES):
+            v = e["rows"][s]["makespan"]
+            bh = ph * v / top
+            x = gx + si * bw
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y0 + ph - bh:.1f}" width="{bw - 2:.1f}" height="{bh:.1f}" '
+                f'fill="{COLOURS[s]}"><title>{escape(s)}: {v:.2f} s</title></rect>'
+            )
+            text(x + bw / 2 - 1, y0 + ph - bh - 4, f"{v:.0f}", font_size="10")
+        label = e["scenario"].replace(" experts,", " exp.,").replace(" tasks,", ",")
+        text(gx + gw * 0.4, y0 + ph + 18, label, font_size="11")
+    for si, s in enumerate(STRATEGIES):
+        lx = x0 + si * 104
+        parts.append(f'<rect x="{lx}" y="{h - 28}" width="12" height="12" fill="{COLOURS[s]}"/>')
+        text(lx + 16, h - 18, s, "start")
+
+    # right: CPU seconds per 1,000 tasks against scale
+    x1, pw2 = 680, 270
+    text(x1 + pw2 / 2, 25, "Simulation cost per 1,000 tasks (CPU s)", font_weight="bold")
+    sizes = sorted({(r["experts"], r["tasks"]) for r in scaling})
+    strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in scaling)]
+    top2 = max((r["cpu_per_1000"] for r in scaling), default=1.0) * 1.15 or 1.0
+    for i in range(6):
+        v = top2 * i / 5
+        y = y0 + ph - ph * v / top2
+        line(x1, y, x1 + pw2, y, "#e5e5e5")
+        text(x1 - 6, y + 4, f"{v:.2f}", "end")
+    line(x1, y0, x1, y0 + ph)
+    line(x1, y0 + ph, x1 + pw2, y0 + ph)
+    step = pw2 / max(1, len(sizes))
+    for i, (ex, tk) in enumerate(sizes):
+        text(x1 + step * (i + 0.5), y0 + ph + 18, f"{ex:,}/{tk:,}", font_size="11")
+    text(x1 + pw2 / 2, y0 + ph + 34, "experts / tasks", font_size="11")
+    for s in strategies:
+        pts = []
+        for i, size in enumerate(sizes):
+            row = next(
+                (r for r in scaling if (r["experts"], r["tasks"]) == size and r["strategy"] == s),
+                None,
+            )
+            if row is not None:
+                pts.append((x1 + step * (i + 0.5), y0 + ph - ph * row["cpu_per_1000"] / top2))
+        if pts:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            parts.append(
+                f'<polyline points="{coords}" fill="none" stroke="{COLOURS[s]}" stroke-width="2"/>'
+            )
+            for x, y in pts:
+                parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{COLOURS[s]}"/>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+# -- the report ----------------------------------------------------------------------------
+def markdown(report: dict[str, Any]) -> str:
+    L: list[str] = []
+    add = L.append
+    add("# Placement: competition against a plain queue\n")
+    add(
+        f"Written by `python -m benchmarks.placement{' --quick' if report['quick'] else ''}` on "
+        f"{report['when']} ({report['machine']}); the figures are also in `placement.json`, "
+        "the plot in `placement.svg`.\n"
+    )
+    add("![makespan per strategy and simulation cost per task](placement.svg)\n")
+    add("## What is simulated\n")
+    add(
+        "`contend.sim` is a deterministic discrete-event simulator: simulated experts register, "
+        "`peek`, `claim(task_ids=…)` and `complete` through the real `MemoryStore` (fences and "
+        "all), driven by a `FakeClock`; one seed gives one run. Four task kinds "
+        "(thumbnail 1 s, transcode 4 s, parse 0.5 s, infer 2 s needing a `gpu`), sizes uniform in "
+        "0.5–1.5 × base. 15 % of the experts have a GPU and run `infer` 4× faster; every other "
+        "expert runs one CPU kind 4× faster (drawn in proportion to that kind's share of the "
+        "work). Each expert has 1, 2 or 4 slots. *Batch* submits everything at time 0; *stream* "
+        "draws Poisson arrivals at 70 % of what the cluster could sustain if every task ran on "
+        "a specialist.\n"
+    )
+    add(
+        "- **fifo**: a free expert claims the oldest task it can run (a plain work queue).\n"
+        "- **race**: as `Expert` does: a free expert peeks the best claimable tasks, scores them "
+        "with `speed_fitness` (default fitness × speed on the kind ÷ the fastest speed) relative "
+        "to the best rival (rivals' load as of the last 5 s heartbeat), waits "
+        f"`window × (1 − fitness) × (1 ± jitter)` (window {MAIN.window} s, jitter {MAIN.jitter}) "
+        "and claims every task about as good, up to its free slots; a claim that comes back short "
+        "is a lost race.\n"
+        "- **race-nojitter**: the same with jitter 0.\n"
+        "- **auction**: every window the free experts bid their fitness on the tasks they see; "
+        "each task goes to its top bidder.\n"
+        "- **greedy**: a central planner that knows every arrival and size assigns each task, in "
+        "arrival order, to the slot that finishes it earliest. A yardstick, not a deployable "
+        "design.\n"
+    )
+    add(
+        f"Race and auction look at the {MAIN.depth} best claimable tasks "
+        "(`Expert` today looks at 2 × its free slots: see the sensitivity table).\n"
+    )
+    add("## Results\n")
+    for e in report["compare"]:
+        add(f"### {e['scenario']}\n")
+        add(f"Mean over seeds {', '.join(map(str, e['seeds']))}.\n")
+        add(
+            "| strategy | makespan (s) | vs fifo | vs greedy | mean completion (s) | "
+            "p95 completion (s) | claims per task | lost races |"
+        )
+        add("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for s, r in e["rows"].items():
+            add(
+                f"| {s} | {r['makespan']:.2f} | {r['vs_fifo']:+.1%} | {r['vs_greedy']:+.1%} | "
+                f"{r['mean_completion']:.2f} | {r['p95_completion']:.2f} | "
+                f"{r['claims_per_task']:.2f} | {r['lost_races']:,.0f} |"
+            )
+        per_seed = ", ".join(f"{x:.1%}" for x in e["race_vs_fifo_per_seed"])
+        add(f"\nRace's makespan gain over fifo, per seed: {per_seed}.\n")
+    add("## Targets\n")
+    add(
+        "| scenario | race ≥ 30 % better than fifo | race within 10 % of greedy | jitter lowers lost races |"
+    )
+    add("|---|---|---|---|")
+    for t in report["targets"]:
+        add(
+            f"| {t['scenario']} | {_yes(t['race_30pct_better_than_fifo'])} ({t['race_vs_fifo']:.1%}) | "
+            f"{_yes(t['race_within_10pct_of_greedy'])} ({t['race_vs_greedy']:+.1%}) | "
+            f"{_yes(t['jitter_lowers_lost_races'])} ({t['lost_with_jitter']:,.0f} vs "
+            f"{t['lost_without_jitter']:,.0f}) |"
+        )
+    add("")
+    add("## How the race looks for work\n")
+    sens = report["sensitivity"]
+    if sens:
+        add(
+            f"{sens[0]['scenario']}, seed 1; *depth* is how many of the best claimable tasks a free expert looks at.\n"
+        )
+    add(
+        "| depth | race makespan (s) | race mean completion (s) | race claims per task | "
+        "race lost races | no-jitter lost races |"
+    )
+    add("|---|---:|---:|---:|---:|---:|")
+    for row in sens:
+        r, n = row["race"], row["race-nojitter"]
+        add(
+            f"| {row['variant']} | {r['makespan']:.2f} | {r['mean_completion']:.2f} | "
+            f"{r['claims_per_task']:.2f} | {r['lost_races']:,} | {n['lost_races']:,} |"
+        )
+    add(
+        "\n*Spare ids*: the claim names every candidate about as fit as the best, and the store "
+        "hands back the first ones still pending, instead of exactly as many ids as free slots. "
+        "*Shuffled ties*: equally good candidates are tried in random order rather than in peek "
+        "order.\n"
+    )
+    add("## Cost of the simulation as it grows\n")
+    add(
+        "Batch scenario, one seed, the simulator and the indexed `MemoryStore` in one Python "
+        "process on a shared 2-core machine (wall time is noisy there; CPU time is the steadier "
+        "figure).\n"
+    )
+    add(
+        "| experts | tasks | strategy | wall (s) | CPU (s) | wall s per 1,000 tasks | CPU s per 1,000 tasks | claims per task |"
+    )
+    add("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in report["scale"]:
+        add(
+            f"| {r['experts']:,} | {r['tasks']:,} | {r['strategy']} | {r['wall_seconds']:.1f} | "
+            f"{r['cpu_seconds']:.1f} | {r['wall_per_1000']:.3f} | {r['cpu_per_1000']:.3f} | "
+            f"{r['claims_per_task']:.2f} |"
+        )
+    add("")
+    real = report.get("real")
+    add("## Real processes on SQLite\n")
+    if real:
+        add(
+            f"{len(real['experts'])} `contend expert` processes on one SQLite file, concurrency "
+            f"{real['concurrency']} each, {real['tasks']} tasks submitted in one batch "
+            "(thumbnail 0.10 s, transcode 0.40 s, infer 0.25 s needing `gpu`, sizes 0.5–1.5×). "
+            "Each task sleeps base × size ÷ the speed of the expert running it, looked up by "
+            "`ctx.expert` in the app module's speed table: "
+            + ", ".join(f"`{k}` ({v})" for k, v in real["experts"].items())
+            + ", each 4× faster at its specialty. The experts use the shipped `default_fitness`. "
+            "Makespan is from the batch's commit to the last completion, by the store's clock; the "
+            "two modes alternate on the same workload.\n"
+        )
+        add(
+            "| run | window | makespan (s) | mean completion (s) | on a fast expert | slot-seconds of work |"
+        )
+        add("|---:|---:|---:|---:|---:|---:|")
+        for i, r in enumerate(real["runs"], 1):
+            add(
+                f"| {i} | {r['window']:.2f} | {r['makespan']:.2f} | {r['mean_completion']:.2f} | "
+                f"{r['on_a_fast_expert']:.0%} | {r['work_seconds']:.1f} |"
+            )
+        add("")
+    else:
+        add("Not run this time (`--no-real`).\n")
+    add("## Discussion\n")
+    add(DISCUSSION)
+    return "\n".join(L) + "\n"
+
+
+def _yes(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+DISCUSSION = "(filled in below)\n"
+
+
+# -- main ----------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.placement", description=__doc__)
+    p.add_argument(
+        "--quick", action="store_true", help="smaller scenarios, one seed, no 1,000-expert run"
+    )
+    p.add_argument("--no-real", action="store_true", help="skip the real multi-process run")
+    p.add_argument("--out", type=Path, default=DOCS, help="where to write placement.{md,json,svg}")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    if args.quick:
+        cases = [
+            Case("small", 10, 500),
+            Case("batch", 50, 2_000),
+            Case("stream", 50, 2_000, "stream"),
+        ]
+        seeds: list[int] = [1]
+        sizes = [(10, 1_000), (100, 10_000)]
+        sens_case = Case("batch", 50, 2_000)
+    else:
+        cases = [
+            Case("small", 10, 1_000),
+            Case("batch", 100, 10_000),
+            Case("stream", 100, 10_000, "stream"),
+        ]
+        seeds = [1, 2, 3]
+        sizes = [(10, 1_000), (100, 10_000), (1_000, 100_000)]
+        sens_case = Case("batch", 100, 10_000)
+    _say("== placement, every strategy")
+    entries = compare(cases, seeds)
+    _say("\n== how the race looks for work")
+    sens = sensitivity(sens_case)
+    _say("\n== cost as the simulation grows")
+    scaling = scale(sizes, ("fifo", "race", "auction", "greedy"))
+    real: dict[str, Any] | None = None
+    if not args.no_real:
+        from benchmarks import placement_real
+
+        _say("\n== real expert processes on SQLite")
+        real = asyncio.run(
+            placement_real.run(n=150 if args.quick else 300, rounds=1 if args.quick else 2)
+        )
+    report: dict[str, Any] = {
+        "quick": args.quick,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "config": {
+            "window": MAIN.window,
+            "jitter": MAIN.jitter,
+            "depth": MAIN.depth,
+            "heartbeat": MAIN.heartbeat,
+        },
+        "compare": entries,
+        "targets": targets(entries),
+        "sensitivity": sens,
+        "scale": scaling,
+        "real": real,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "placement.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (args.out / "placement.svg").write_text(svg(entries, scaling), encoding="utf-8")
+    (args.out / "placement.md").write_text(markdown(report), encoding="utf-8")
+    _say("\n== targets")
+    for t in report["targets"]:
+        _say(
+            f"  {t['scenario']}: race vs fifo {t['race_vs_fifo']:.1%} "
+            f"({_yes(t['race_30pct_better_than_fifo'])}), vs greedy {t['race_vs_greedy']:+.1%} "
+            f"({_yes(t['race_within_10pct_of_greedy'])}), lost races {t['lost_with_jitter']:,.0f} "
+            f"with jitter vs {t['lost_without_jitter']:,.0f} without "
+            f"({_yes(t['jitter_lowers_lost_races'])})"
+        )
+    _say(f"\nwrote {args.out}/placement.md, .json, .svg in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
