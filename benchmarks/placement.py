@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -185,6 +186,18 @@ def targets(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- the plot ------------------------------------------------------------------------------
+def _ticks(top: float, n: int = 5) -> list[float]:
+    """Round tick values from 0 to at least *top*: steps of 1, 2 or 5 × 10^k."""
+    raw = max(top, 1e-9) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return [step * i for i in range(math.ceil(top / step) + 1)]
+
+
+def _label(v: float) -> str:
+    return f"{v:g}"
+
+
 def svg(entries: Sequence[dict[str, Any]], scaling: Sequence[dict[str, Any]]) -> str:
     w, h = 980, 430
     parts = [
@@ -214,12 +227,12 @@ def svg(entries: Sequence[dict[str, Any]], scaling: Sequence[dict[str, Any]]) ->
         "Makespan per strategy (virtual seconds, mean over seeds)",
         font_weight="bold",
     )
-    top = max(r["makespan"] for e in entries for r in e["rows"].values()) * 1.1
-    for i in range(6):
-        v = top * i / 5
+    ticks = _ticks(max(r["makespan"] for e in entries for r in e["rows"].values()) * 1.05)
+    top = ticks[-1]
+    for v in ticks:
         y = y0 + ph - ph * v / top
         line(x0, y, x0 + pw, y, "#e5e5e5")
-        text(x0 - 6, y + 4, f"{v:.0f}", "end")
+        text(x0 - 6, y + 4, _label(v), "end")
     line(x0, y0, x0, y0 + ph)
     line(x0, y0 + ph, x0 + pw, y0 + ph)
     gw = pw / max(1, len(entries))
@@ -235,7 +248,13 @@ def svg(entries: Sequence[dict[str, Any]], scaling: Sequence[dict[str, Any]]) ->
                 f'fill="{COLOURS[s]}"><title>{escape(s)}: {v:.2f} s</title></rect>'
             )
             text(x + bw / 2 - 1, y0 + ph - bh - 4, f"{v:.0f}", font_size="10")
-        label = e["scenario"].replace(" experts,", " exp.,").replace(" tasks,", ",")
+        label = (
+            e["scenario"]
+            .replace(" experts,", " exp.,")
+            .replace(" tasks,", ",")
+            .replace(" at ", " ")
+            .replace(" load", "")
+        )
         text(gx + gw * 0.4, y0 + ph + 18, label, font_size="11")
     for si, s in enumerate(STRATEGIES):
         lx = x0 + si * 104
@@ -247,12 +266,12 @@ def svg(entries: Sequence[dict[str, Any]], scaling: Sequence[dict[str, Any]]) ->
     text(x1 + pw2 / 2, 25, "Simulation cost per 1,000 tasks (CPU s)", font_weight="bold")
     sizes = sorted({(r["experts"], r["tasks"]) for r in scaling})
     strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in scaling)]
-    top2 = max((r["cpu_per_1000"] for r in scaling), default=1.0) * 1.15 or 1.0
-    for i in range(6):
-        v = top2 * i / 5
+    ticks2 = _ticks(max((r["cpu_per_1000"] for r in scaling), default=1.0) * 1.05)
+    top2 = ticks2[-1]
+    for v in ticks2:
         y = y0 + ph - ph * v / top2
         line(x1, y, x1 + pw2, y, "#e5e5e5")
-        text(x1 - 6, y + 4, f"{v:.2f}", "end")
+        text(x1 - 6, y + 4, _label(v), "end")
     line(x1, y0, x1, y0 + ph)
     line(x1, y0 + ph, x1 + pw2, y0 + ph)
     step = pw2 / max(1, len(sizes))
@@ -437,7 +456,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-real", action="store_true", help="skip the real multi-process run")
     p.add_argument("--out", type=Path, default=DOCS, help="where to write placement.{md,json,svg}")
+    p.add_argument(
+        "--render", action="store_true", help="only rewrite the .md and .svg from the .json"
+    )
     args = p.parse_args(argv)
+    if args.render:
+        report = json.loads((args.out / "placement.json").read_text(encoding="utf-8"))
+        _write(args.out, report, json_too=False)
+        return 0
     started = time.perf_counter()
     if args.quick:
         cases = [
@@ -487,10 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": scaling,
         "real": real,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "placement.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    (args.out / "placement.svg").write_text(svg(entries, scaling), encoding="utf-8")
-    (args.out / "placement.md").write_text(markdown(report), encoding="utf-8")
+    _write(args.out, report)
     _say("\n== targets")
     for t in report["targets"]:
         _say(
@@ -502,6 +525,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     _say(f"\nwrote {args.out}/placement.md, .json, .svg in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _write(out: Path, report: dict[str, Any], json_too: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    if json_too:
+        (out / "placement.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    (out / "placement.svg").write_text(svg(report["compare"], report["scale"]), encoding="utf-8")
+    (out / "placement.md").write_text(markdown(report), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,16 @@ def test_gpu_tasks_only_run_on_gpu_experts() -> None:
         assert r.claims_won == 6
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cpu_experts_keep_working_behind_a_head_of_gpu_tasks(strategy: str) -> None:
+    kinds = {"g": Kind("g", base=1.0, gpu=True), "c": Kind("c", base=1.0)}
+    experts = (SimExpert("gpu", gpu=True), SimExpert("cpu-0"), SimExpert("cpu-1"))
+    jobs = tuple(Job(f"t{n:02d}", "g" if n < 40 else "c", 0.0) for n in range(50))
+    r = simulate(Scenario("gpu head", kinds, experts, jobs), strategy)
+    # 40 s of gpu work on one slot; the cpu experts take the 10 cpu tasks meanwhile
+    assert 40.0 - 1e-9 <= r.makespan < 40.0 + 40 * SimConfig().window + 1.0
+
+
 def test_a_task_nobody_can_run_is_reported() -> None:
     kinds = {"g": Kind("g", base=1.0, gpu=True)}
     scenario = Scenario("no gpu", kinds, (SimExpert("cpu"),), (Job("t0", "g", 0.0),))

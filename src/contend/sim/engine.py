@@ -391,8 +391,9 @@ class _Sim:
 
     # -- auction ---------------------------------------------------------------------------
     def _auction(self) -> None:
-        """Close one bidding round. Auctions are open for the oldest claimable tasks: as many
-        as a racing expert would look at, and at least twice the bidders' free slots. Every
+        """Close one bidding round. Auctions are open for the oldest tasks the bidders can
+        claim: for each kind of bidder (its capabilities), as many as a racing expert would look
+        at and at least twice those bidders' free slots. Every
         free expert bids its fitness; the highest bids are served first, each with the oldest
         open tasks it bid on, up to its free slots. A bid depends only on the task's kind here,
         so an expert bids once per kind and the bid stands for every open task of that kind."""
@@ -401,12 +402,20 @@ class _Sim:
         self.bidders.clear()
         if not bidders:
             return
-        caps = Capabilities(frozenset(t for e in bidders for t in e.caps.tags))
-        slots = sum(e.free for e in bidders)
-        limit = max(self.cfg.depth or 0, 2 * slots)
+        slots: dict[frozenset[str], int] = {}  # simulated capabilities are tags only
+        for e in bidders:
+            slots[e.caps.tags] = slots.get(e.caps.tags, 0) + e.free
+        seen: dict[str, str] = {}  # id -> kind
+        sees: dict[frozenset[str], bool] = {}  # is there anything these bidders could claim?
+        for tags, free in slots.items():
+            limit = max(self.cfg.depth or 0, 2 * free)
+            views = _now(self.store.peek(QUEUES, Capabilities(tags), limit))
+            sees[tags] = bool(views)
+            for v in views:
+                seen[v.id] = v.type
         open_tasks: dict[str, list[str]] = {}
-        for v in _now(self.store.peek(QUEUES, caps, limit)):
-            open_tasks.setdefault(v.type, []).append(v.id)
+        for tid in sorted(seen, key=self._order):
+            open_tasks.setdefault(seen[tid], []).append(tid)
         bids: list[tuple[float, float, int, str]] = []
         for e in bidders:
             for kind in open_tasks:
@@ -425,11 +434,15 @@ class _Sim:
             e = self.experts[who]
             if tids:
                 self._claim(e, len(tids), tids)
-            elif not any(e.caps.satisfies(self.templates[k].requirements) for k in open_tasks):
-                self.idle[e] = None  # nothing open it can run: wait for new work
+            elif not sees[e.caps.tags]:
+                self.idle[e] = None  # nothing it can run: wait for new work
                 continue
             if e.free > 0:
                 self._wake(e)  # outbid, or slots left: bid in the next round
+
+    def _order(self, tid: str) -> tuple[float, str]:
+        """Claim order of a pending task (every simulated task has priority 0)."""
+        return self.jobs[tid].arrival, tid
 
     # -- greedy ----------------------------------------------------------------------------
     def _plan(self) -> None:
