@@ -585,7 +585,7 @@ def discussion(report: dict[str, Any]) -> str:
             + " → ".join(f"{n:,}" for n in sizes)
             + f" experts: fifo {series('fifo')}, greedy {series('greedy')}, auction "
             f"{series('auction')}, race {series('race')}. With the pending index the store's "
-            "cost per task stays flat (the smallest run carries the start-up cost); what grows "
+            "cost per task stays about flat (the smallest run carries the start-up cost); what grows "
             "for the race is the number of claims per task "
             + " → ".join(
                 f"{sc[(n, 'race')]['claims_per_task']:.1f}" for n in sizes if (n, "race") in sc
