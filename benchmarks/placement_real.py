@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -86,6 +87,7 @@ async def run_once(
                 p.send_signal(signal.SIGTERM)
         await asyncio.gather(*(p.wait() for p in procs))
         await store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     makespan = max(t.updated_at for t in done) - t0
     fast = sum(1 for t in done if pa.SPEED.get(t.result["expert"], {}).get(t.type, 1.0) > 1.0)
     busy = sum(float(t.result["seconds"]) for t in done)
