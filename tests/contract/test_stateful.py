@@ -320,10 +320,6 @@ class StoreMachine(RuleBasedStateMachine):
     def expire(self) -> None:
         moved = self.run(self.s.expire())
         event(f"expire moved {min(moved, 2)}+")
-        for t in self.tasks.values():  # ageing happens first, on tasks pending at that moment
-            if t.state == P and t.promote_at <= self.now:
-                t.aged = aged_priority(t.priority, self.now - t.created)
-                t.promote_at = next_promotion(t.priority, t.aged, t.created)
         lapsed = [
             t
             for t in self.tasks.values()
@@ -336,6 +332,10 @@ class StoreMachine(RuleBasedStateMachine):
             t.owner, t.lease = None, None
             if t.state == DEAD:
                 self.settle(t.id)
+        for t in self.tasks.values():  # then ageing, on every task pending at that moment
+            if t.state == P and t.promote_at <= self.now:
+                t.aged = aged_priority(t.priority, self.now - t.created)
+                t.promote_at = next_promotion(t.priority, t.aged, t.created)
 
     @precondition(lambda self: self.tokens)
     @rule(
