@@ -1487,7 +1487,6 @@ class EtcdStore:
                 await self._txn(c1, o1)
 
     async def expire(self) -> int:
-        await self._promote()
         resp = await self._txn(
             [],
             [
@@ -1546,6 +1545,7 @@ class EtcdStore:
             for kv in await self._scan(self._k("s", ""), keys_only=True)
         ]
         await self._settle_many([t for t in leftovers if t not in ended])
+        await self._promote()  # after the lapse: returned tasks catch up on their ageing too
         await self._clear_auctions()
         await self._forget_experts()
         if moved:
