@@ -119,6 +119,7 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     try:
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
     except ValueError as exc:
         raise ConfigError(f"malformed PostgreSQL URL {url!r}: {exc}") from exc
     if parts.scheme not in ("postgresql", "postgres"):
