@@ -183,6 +183,7 @@ class PostgresStore:
         self._pool: AsyncConnectionPool[AsyncConnection[TupleRow]] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listening = False
+        self._closing = False
         self._listener_conn: AsyncConnection[TupleRow] | None = None
         self._changed = asyncio.Event()
         self._version = 0
@@ -208,6 +209,7 @@ class PostgresStore:
     async def open(self) -> None:
         if self._pool is not None:
             return
+        self._closing = False
         pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
             self._dsn,
             kwargs=self._connect_kwargs(self._dsn),
@@ -236,12 +238,10 @@ class PostgresStore:
             raise
 
     async def close(self) -> None:
+        self._closing = True
         if self._listener is not None:
             self._listener.cancel()
-            try:
-                await self._listener
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait([self._listener], timeout=self._retry_deadline)
             self._listener = None
         if self._listener_conn is not None:
             await self._listener_conn.close()
@@ -1170,7 +1170,8 @@ class PostgresStore:
         if self._listen_url:
             dsn, _ = parse_postgres_url(self._listen_url)
         kwargs = self._connect_kwargs(dsn)
-        kwargs["application_name"] = kwargs.get("application_name", "contend") + "-listen"
+        name = psycopg.conninfo.conninfo_to_dict(dsn).get("application_name") or "contend"
+        kwargs["application_name"] = f"{name}-listen"
         conn = await AsyncConnection.connect(dsn, **kwargs)
         try:
             await conn.execute(f'LISTEN "{self.channel}"')
@@ -1194,17 +1195,25 @@ class PostgresStore:
         )
 
     async def _listen_loop(self, conn: AsyncConnection[TupleRow] | None) -> None:
-        """Turn notifications into wake-ups; on a lost connection, poll and reconnect."""
+        """Turn notifications into wake-ups; on a lost connection, poll and reconnect.
+
+        It stops when ``_closing`` is set: psycopg may turn a cancellation that lands inside
+        a connection attempt into an OperationalError, so cancelling alone is not enough."""
         pause = 0.05
-        while True:
+        while not self._closing:
             if conn is None:
                 try:
                     conn = await asyncio.wait_for(self._listen_connect(), self._retry_deadline)
                 except (psycopg.Error, OSError, TimeoutError) as exc:
+                    if self._closing:
+                        return
                     log.warning("LISTEN connection failed (%s); retrying in %.2fs", exc, pause)
                     await asyncio.sleep(random.uniform(pause / 2, pause))
-                    pause = min(pause * 2, 5.0)
+                    pause = min(pause * 2, 2.0)
                     continue
+                if self._closing:
+                    await conn.close()
+                    return
                 self._listener_conn = conn
                 self._listening = True
                 self._touch()  # changes may have been missed while it was down
@@ -1214,7 +1223,8 @@ class PostgresStore:
                 async for _ in conn.notifies():
                     self._touch()
             except psycopg.Error as exc:
-                log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                if not self._closing:
+                    log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self._listening = False
             self._listener_conn = None
             try:

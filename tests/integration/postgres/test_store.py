@@ -44,7 +44,12 @@ async def test_submit_claim_checkpoint_complete(store: PostgresStore) -> None:
     assert await store.complete("e1", [Completion(sub.id, 1, "3")]) == [None]
     task = await store.get(sub.id, history=True)
     assert task.state == TaskState.SUCCEEDED
-    assert (task.result, task.checkpoint, task.owner, task.lease_deadline) == (3, {"step": 3}, None, None)
+    assert (task.result, task.checkpoint, task.owner, task.lease_deadline) == (
+        3,
+        {"step": 3},
+        None,
+        None,
+    )
     assert [e.event for e in task.history] == ["claimed", "succeeded"]
     stats = await store.stats()
     assert stats.counts == {"default": {"succeeded": 1}}
@@ -133,7 +138,9 @@ async def test_requirements_filter_in_sql(store: PostgresStore) -> None:
     assert [t.id for t in got] == [big.id]
 
 
-async def test_claim_order_queues_delay_and_task_ids(store: PostgresStore, clock: FakeClock) -> None:
+async def test_claim_order_queues_delay_and_task_ids(
+    store: PostgresStore, clock: FakeClock
+) -> None:
     low = TaskSpec.build("t", priority=-1)
     high = TaskSpec.build("t", priority=5)
     later = TaskSpec.build("t", priority=9, delay=30)
@@ -195,13 +202,19 @@ async def test_stale_owner_is_fenced_out(store: PostgresStore, clock: FakeClock)
     assert [e.event for e in task.history] == ["claimed", "expired", "claimed", "succeeded"]
 
 
-async def test_fail_retries_until_attempts_are_spent(store: PostgresStore, clock: FakeClock) -> None:
+async def test_fail_retries_until_attempts_are_spent(
+    store: PostgresStore, clock: FakeClock
+) -> None:
     (sub,) = await store.submit([TaskSpec.build("t", max_attempts=2)])
     session = await expert(store, ttl=1000)
     (c,) = await store.claim("e1", session, Q, NO_CAPS, limit=1, lease_ttl=10)
     await store.fail("e1", [Failure(sub.id, c.fence, '{"type":"E"}', 5.0)])
     task = await store.get(sub.id)
-    assert (task.state, task.run_at, task.error) == (TaskState.PENDING, clock.value + 5, {"type": "E"})
+    assert (task.state, task.run_at, task.error) == (
+        TaskState.PENDING,
+        clock.value + 5,
+        {"type": "E"},
+    )
     assert await store.claim("e1", session, Q, NO_CAPS, limit=1, lease_ttl=10) == []
     clock.advance(5)
     (c,) = await store.claim("e1", session, Q, NO_CAPS, limit=1, lease_ttl=10)
