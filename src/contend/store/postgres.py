@@ -206,10 +206,7 @@ class PostgresStore:
             kwargs["prepare_threshold"] = None
         return kwargs
 
-    async def open(self) -> None:
-        if self._pool is not None:
-            return
-        self._closing = False
+    async def _connect_pool(self) -> AsyncConnectionPool[AsyncConnection[TupleRow]]:
         pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
             self._dsn,
             kwargs=self._connect_kwargs(self._dsn),
@@ -228,7 +225,13 @@ class PostgresStore:
                 f"cannot connect to PostgreSQL at {_safe(self._dsn)} within "
                 f"{self._retry_deadline:.0f}s: {exc}"
             ) from exc
-        self._pool = pool
+        return pool
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        self._closing = False
+        self._pool = await self._connect_pool()
         try:
             await self._prepare()
             if self._listen:
@@ -328,7 +331,7 @@ class PostgresStore:
 
         version = await self._run(check)
         if version is None:
-            await self.migrate()
+            await self._migrate()
             return
         self._check_version(version)
 
@@ -346,7 +349,19 @@ class PostgresStore:
 
     async def migrate(self) -> list[int]:
         """Create the schema or bring it up to this contend's version; returns the versions
-        applied. Safe to run from several processes at once (an advisory lock orders them)."""
+        applied. Safe to run from several processes at once (an advisory lock orders them).
+
+        It needs no :meth:`open` (which refuses an old schema): ``contend migrate`` builds the
+        store from its URL and calls this alone."""
+        if self._pool is None:
+            self._pool = await self._connect_pool()
+            try:
+                return await self._migrate()
+            finally:
+                await self.close()
+        return await self._migrate()
+
+    async def _migrate(self) -> list[int]:
 
         async def run(cur: Cursor) -> list[int]:
             await cur.execute(

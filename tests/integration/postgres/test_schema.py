@@ -1,0 +1,75 @@
+"""Schema creation, versions and the ``?schema=`` option."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from contend.domain.task import TaskSpec
+from contend.errors import SchemaError
+from contend.store.pg_migrations import SCHEMA_VERSION
+from contend.store.postgres import PostgresStore
+
+from .conftest import StoreFactory
+
+
+async def sql(url: str, statement: str) -> list[tuple[object, ...]]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(statement)
+        return await cur.fetchall() if cur.description else []
+
+
+async def test_open_creates_the_schema_once(make_store: StoreFactory, pg_url: str) -> None:
+    # several processes opening an empty database at once: one creates, the others wait
+    stores = await asyncio.gather(*(make_store() for _ in range(4)))
+    rows = await sql(pg_url, "SELECT version FROM contend.contend_schema_version")
+    assert rows == [(SCHEMA_VERSION,)]
+    assert await stores[0].migrate() == []
+
+
+async def test_a_schema_behind_or_ahead_is_refused(make_store: StoreFactory, pg_url: str) -> None:
+    store = await make_store()
+    await store.close()
+    await sql(
+        pg_url,
+        f"INSERT INTO contend.contend_schema_version VALUES ({SCHEMA_VERSION + 1}, 'future')",
+    )
+    with pytest.raises(SchemaError, match="newer than this contend"):
+        await make_store()
+    await sql(pg_url, "DELETE FROM contend.contend_schema_version")
+    with pytest.raises(SchemaError, match="run contend migrate"):
+        await make_store()
+
+
+async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url: str) -> None:
+    # version 0: only the version table exists, as a partly created schema would look
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(
+        pg_url,
+        "CREATE TABLE contend.contend_schema_version (version integer PRIMARY KEY, "
+        "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    with pytest.raises(SchemaError, match="run contend migrate"):
+        await make_store()
+    # migrate() works on a store that was never opened (open() would refuse)
+    assert await PostgresStore(pg_url).migrate() == [SCHEMA_VERSION]
+    store = await make_store()
+    assert await store.list_tasks() == []
+
+
+async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, "CREATE TABLE contend.orders (id int)")
+    with pytest.raises(SchemaError, match="not a contend store"):
+        await make_store()
+
+
+async def test_schemas_keep_stores_apart(make_store: StoreFactory, pg_url: str) -> None:
+    a = await make_store(pg_url + "?schema=team_a")
+    b = await make_store(pg_url + "?schema=team_b")
+    await a.submit([TaskSpec.build("t")])
+    assert len(await a.list_tasks()) == 1
+    assert await b.list_tasks() == []
+    assert a.channel != b.channel
