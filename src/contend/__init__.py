@@ -1,1 +1,61 @@
-"""contend."""
+"""contend: decentralized task scheduling by competition and claim.
+
+Experts watch a shared store, contend for the tasks they can run, claim the winner's task
+atomically under a lease and commit with a fencing token, so a stale owner never commits.
+"""
+
+from contend.domain.retry import RetryPolicy
+from contend.domain.task import Capabilities, Requirements, Task, TaskState
+from contend.errors import (
+    ConfigError,
+    ContendError,
+    DependencyError,
+    ExpertConflict,
+    FencedOut,
+    LeaseLost,
+    MissingExtraError,
+    PayloadError,
+    SchemaError,
+    StoreBusy,
+    StoreError,
+    TaskError,
+    TaskFailed,
+    TaskNotFound,
+    UnknownTaskType,
+)
+from contend.runtime.app import App, TaskHandle, TaskType
+from contend.runtime.context import TaskContext, current
+from contend.runtime.expert import Expert, ExpertConfig
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "Capabilities",
+    "ConfigError",
+    "ContendError",
+    "DependencyError",
+    "Expert",
+    "ExpertConfig",
+    "ExpertConflict",
+    "FencedOut",
+    "LeaseLost",
+    "MissingExtraError",
+    "PayloadError",
+    "Requirements",
+    "RetryPolicy",
+    "SchemaError",
+    "StoreBusy",
+    "StoreError",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskFailed",
+    "TaskHandle",
+    "TaskNotFound",
+    "TaskState",
+    "TaskType",
+    "UnknownTaskType",
+    "__version__",
+    "current",
+]

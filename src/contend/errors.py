@@ -112,7 +112,11 @@ class TaskFailed(ContendError):
     """The awaited task ended in a state other than succeeded."""
 
     def __init__(self, task_id: str, state: str, error: object) -> None:
-        super().__init__(f"task {task_id} ended {state}: {error}")
+        if isinstance(error, dict) and "message" in error:
+            detail = f"{error.get('type', 'Error')}: {error['message']}"
+        else:
+            detail = str(error)
+        super().__init__(f"task {task_id} ended {state}: {detail}")
         self.task_id = task_id
         self.state = state
         self.error = error

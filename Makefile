@@ -1,0 +1,7 @@
+.PHONY: demo test bench lint
+demo:            ## install into .venv and run the demo on the embedded SQLite store
+	scripts/demo.sh
+test:            ## install dev dependencies into .venv and run every check and test
+	scripts/test.sh
+bench:           ## run the benchmarks and rewrite docs/benchmarks.md
+	scripts/venv.sh dev && .venv/bin/contend bench

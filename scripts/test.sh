@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, types, layer contracts, then every test level.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/venv.sh dev,postgres,etcd
+echo "== ruff"; .venv/bin/ruff check src tests benchmarks
+echo "== ruff format"; .venv/bin/ruff format --check src tests benchmarks
+echo "== mypy (strict, src/)"; .venv/bin/mypy
+echo "== import contracts"; .venv/bin/lint-imports
+echo "== pytest"
+exec .venv/bin/pytest "$@"

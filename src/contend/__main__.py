@@ -1,0 +1,3 @@
+from contend.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ``contend`` command line."""

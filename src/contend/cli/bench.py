@@ -1,0 +1,308 @@
+"""``contend bench``: throughput, latency and memory of real expert processes on one store.
+
+Everything runs in one go on this machine, so the figures can be compared side by side:
+
+* submit throughput, one task per call and in batches of 1,000;
+* drain throughput of N no-op tasks with 1 and 2 expert processes (from the moment the batch
+  is committed to the last completion, as the store recorded it);
+* submit-to-start latency on an idle system (p50/p99 of 300 tasks sent one at a time);
+* an expert's peak resident memory after 1,000 and after N tasks (it must not grow with the
+  number of tasks processed).
+
+Results go to ``docs/benchmarks.json`` (keyed by backend) and ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from contend.demo import bench_tasks as bt
+from contend.domain.task import TaskState
+from contend.store.port import Store
+from contend.store.registry import open_store
+
+APP = "contend.demo.bench_tasks:app"
+CONCURRENCY = 32
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = tempfile.mkdtemp(prefix="contend-bench-")
+        self.n = 2_000 if args.quick else args.tasks
+        self.results: dict[str, Any] = {}
+        self._count = 0
+
+    def url(self) -> str:
+        """A fresh store for each measurement."""
+        self._count += 1
+        if self.args.store:
+            return str(self.args.store)
+        return f"sqlite:///{os.path.join(self.tmp, f'bench{self._count}.db')}"
+
+    async def fresh(self) -> tuple[str, Store]:
+        url = self.url()
+        store = await open_store(url)
+        if self.args.store:  # a shared server store: start from an empty table
+            await _purge(store)
+        return url, store
+
+    async def experts(
+        self, url: str, n: int, concurrency: int = CONCURRENCY
+    ) -> list[asyncio.subprocess.Process]:
+        procs = []
+        for i in range(n):
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "contend",
+                    "--log-level",
+                    "WARNING",
+                    "expert",
+                    APP,
+                    "--store",
+                    url,
+                    "--name",
+                    f"bench-{i}",
+                    "--concurrency",
+                    str(concurrency),
+                    stdin=asyncio.subprocess.DEVNULL,
+                )
+            )
+        return procs
+
+    @staticmethod
+    async def stop(procs: list[asyncio.subprocess.Process]) -> None:
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+        await asyncio.gather(*(p.wait() for p in procs))
+
+    @staticmethod
+    async def wait_live(store: Store, n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len([e for e in await store.list_experts() if e.alive]) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError("experts did not start within 30s")
+            await asyncio.sleep(0.05)
+
+    @staticmethod
+    async def wait_done(store: Store, n: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = await store.stats()
+            done = sum(q.get(str(TaskState.SUCCEEDED), 0) for q in stats.counts.values())
+            if done >= n:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {done}/{n} tasks done after {timeout}s")
+            await asyncio.sleep(0.02)
+
+    # -- measurements ----------------------------------------------------------------------
+    async def submit(self) -> None:
+        _, store = await self.fresh()
+        try:
+            single = 500 if self.args.quick else 2_000
+            t = time.perf_counter()
+            for _ in range(single):
+                await store.submit([bt.app.build_spec(bt.noop)])
+            one = single / (time.perf_counter() - t)
+            specs = [bt.app.build_spec(bt.noop) for _ in range(self.n)]
+            t = time.perf_counter()
+            for i in range(0, len(specs), 1_000):
+                await store.submit(specs[i : i + 1_000])
+            batch = self.n / (time.perf_counter() - t)
+        finally:
+            await store.close()
+        self.results["submit_single_per_s"] = round(one)
+        self.results["submit_batch_per_s"] = round(batch)
+        _say(f"  submit: {one:,.0f}/s one at a time, {batch:,.0f}/s in batches of 1,000")
+
+    async def drain(self, processes: int) -> None:
+        url, store = await self.fresh()
+        procs = await self.experts(url, processes)
+        try:
+            await self.wait_live(store, processes)
+            specs = [bt.app.build_spec(bt.noop) for _ in range(self.n)]
+            await store.submit(specs)  # one transaction: every task visible at once
+            t0 = await store.now()
+            await self.wait_done(store, self.n)
+            tasks = await store.list_tasks(state=TaskState.SUCCEEDED, limit=self.n)
+            t1 = max(t.updated_at for t in tasks)
+        finally:
+            await self.stop(procs)
+            await store.close()
+        rate = self.n / (t1 - t0)
+        self.results[f"drain_{processes}p_per_s"] = round(rate)
+        _say(
+            f"  drain: {self.n:,} no-op tasks with {processes} expert process(es) "
+            f"(concurrency {CONCURRENCY}): {rate:,.0f} tasks/s"
+        )
+
+    async def latency(self) -> None:
+        url, store = await self.fresh()
+        procs = await self.experts(url, 1, concurrency=8)
+        samples: list[float] = []
+        try:
+            await self.wait_live(store, 1)
+            count = 100 if self.args.quick else 300
+            for _ in range(count):
+                # a random gap so the submit lands anywhere in the expert's wait cycle
+                await asyncio.sleep(random.uniform(0.0, 0.01))
+                (sub,) = await store.submit([bt.app.build_spec(bt.stamp)])
+                while True:
+                    task = await store.get(sub.id)
+                    if task.state == TaskState.SUCCEEDED:
+                        break
+                    await store.wait_for_change(0.05)
+                samples.append((float(task.result) - task.created_at) * 1000)
+        finally:
+            await self.stop(procs)
+            await store.close()
+        samples.sort()
+        p50 = statistics.median(samples)
+        p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+        self.results["latency_p50_ms"] = round(p50, 2)
+        self.results["latency_p99_ms"] = round(p99, 2)
+        _say(
+            f"  idle submit-to-start latency over {len(samples)} tasks: p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        )
+
+    async def memory(self) -> None:
+        url, store = await self.fresh()
+        (proc,) = await self.experts(url, 1)
+        try:
+            await self.wait_live(store, 1)
+            first = 1_000
+            await store.submit([bt.app.build_spec(bt.noop) for _ in range(first)])
+            await self.wait_done(store, first)
+            after_first = _peak_rss_kib(proc.pid)
+            rest = [bt.app.build_spec(bt.noop) for _ in range(self.n - first)]
+            for i in range(0, len(rest), 5_000):
+                await store.submit(rest[i : i + 5_000])
+            await self.wait_done(store, self.n)
+            after_all = _peak_rss_kib(proc.pid)
+        finally:
+            await self.stop([proc])
+            await store.close()
+        self.results["rss_peak_after_1k_mib"] = round(after_first / 1024, 1)
+        self.results[f"rss_peak_after_{self.n // 1000}k_mib"] = round(after_all / 1024, 1)
+        self.results["rss_growth_ratio"] = round(after_all / after_first, 3)
+        _say(
+            f"  expert peak memory: {after_first / 1024:.1f} MiB after 1,000 tasks, "
+            f"{after_all / 1024:.1f} MiB after {self.n:,} (x{after_all / after_first:.2f})"
+        )
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc (this benchmark needs Linux)")
+
+
+async def _purge(store: Store) -> None:
+    purge = getattr(store, "purge_all", None)
+    if purge is None:
+        raise RuntimeError(f"{store.url}: this backend cannot be emptied for a benchmark")
+    await purge()
+
+
+def _backend(url: str | None) -> str:
+    return urlsplit(url).scheme if url else "sqlite"
+
+
+async def run_bench(args: argparse.Namespace) -> int:
+    bench = Bench(args)
+    backend = _backend(args.store)
+    _say(
+        f"contend bench on {backend} ({os.cpu_count()} cores, Python {platform.python_version()}), "
+        f"{bench.n:,} tasks per run"
+    )
+    try:
+        await bench.submit()
+        await bench.drain(1)
+        await bench.drain(2)
+        await bench.latency()
+        await bench.memory()
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    if not args.quick:
+        _write(Path(args.out), backend, bench.results, bench.n)
+        _say(f"wrote {args.out} and {Path(args.out).with_suffix('.json')}")
+    return 0
+
+
+def _write(md_path: Path, backend: str, results: dict[str, Any], n: int) -> None:
+    json_path = md_path.with_suffix(".json")
+    data: dict[str, Any] = {}
+    if json_path.exists():
+        data = json.loads(json_path.read_text())
+    data[backend] = {
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
+        "tasks": n,
+        "expert_concurrency": CONCURRENCY,
+        **results,
+    }
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    md_path.write_text(render_markdown(data))
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `contend bench` (`make bench`); the same figures are in `benchmarks.json`.",
+        "Every figure comes from real expert processes on this machine, fencing on, measured in",
+        "one run per backend. Drain: N no-op tasks committed in one batch, timed from the commit to",
+        "the last completion. Latency: submit to the task's first line, on an idle system.",
+        "",
+    ]
+    for backend, r in sorted(data.items()):
+        if not isinstance(r, dict) or "drain_1p_per_s" not in r:
+            continue
+        k = r["tasks"] // 1000
+        lines += [
+            f"## {backend}",
+            "",
+            f"Measured {r['measured_at']} on {r['machine']}; {r['tasks']:,} tasks per run, "
+            f"expert concurrency {r['expert_concurrency']}.",
+            "",
+            "| measure | value |",
+            "|---|---|",
+            f"| submit, one task per call | {r['submit_single_per_s']:,} tasks/s |",
+            f"| submit, batches of 1,000 | {r['submit_batch_per_s']:,} tasks/s |",
+            f"| drain, 1 expert process | {r['drain_1p_per_s']:,} tasks/s |",
+            f"| drain, 2 expert processes | {r['drain_2p_per_s']:,} tasks/s |",
+            f"| idle latency p50 | {r['latency_p50_ms']} ms |",
+            f"| idle latency p99 | {r['latency_p99_ms']} ms |",
+            f"| expert peak RSS after 1,000 tasks | {r['rss_peak_after_1k_mib']} MiB |",
+            f"| expert peak RSS after {k},000 tasks | {r.get(f'rss_peak_after_{k}k_mib')} MiB |",
+            f"| memory growth 1k → {k}k | x{r['rss_growth_ratio']} |",
+            "",
+        ]
+    extra = data.get("_notes")
+    if isinstance(extra, list):
+        lines += [*extra, ""]
+    return "\n".join(lines)

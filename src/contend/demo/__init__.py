@@ -1,0 +1,1 @@
+"""The demo workload: parse and aggregate generated web-server logs."""

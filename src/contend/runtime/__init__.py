@@ -1,0 +1,1 @@
+"""The expert runtime and the application object; imports the port, never a backend."""

@@ -1,0 +1,315 @@
+"""The application: a registry of task types bound to a store URL.
+
+Everything is written once, async. The sync helpers (``submit_sync``, ``handle.wait``) run the
+same coroutines on a private event loop in a background thread that ``App.close()`` stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+from contend.domain.retry import RetryPolicy
+from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
+from contend.errors import ConfigError, TaskFailed, UnknownTaskType
+from contend.store.port import Store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+StoreFactory = Callable[[str], Store]
+
+
+@dataclass(frozen=True)
+class TaskType:
+    """A registered task function with its defaults."""
+
+    name: str
+    fn: Callable[..., Any]
+    queue: str = "default"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: float | None = None
+    requirements: Requirements = field(default_factory=Requirements)
+    priority: int = 0
+    pass_context: bool = False
+    mode: str = "race"
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+
+def _wants_context(fn: Callable[..., Any]) -> bool:
+    params = list(inspect.signature(fn).parameters.values())
+    return bool(params) and params[0].name == "ctx"
+
+
+class App:
+    """``App("sqlite:///tasks.db")``: register task types with ``@app.task``, submit work, and
+    run experts with ``contend expert module:app``. Opens nothing until first used."""
+
+    def __init__(
+        self,
+        store_url: str | None = None,
+        *,
+        store_factory: StoreFactory | None = None,
+    ) -> None:
+        self._url = store_url
+        self._factory = store_factory
+        self.tasks: dict[str, TaskType] = {}
+        self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        self._sync_loop: asyncio.AbstractEventLoop | None = None
+        self._sync_thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # -- configuration ---------------------------------------------------------------------
+    @property
+    def store_url(self) -> str:
+        url = self._url or os.environ.get("CONTEND_STORE")
+        if not url:
+            raise ConfigError(
+                "no store URL: pass App('sqlite:///path.db'), --store URL, or set CONTEND_STORE"
+            )
+        return url
+
+    def with_store(self, url: str) -> App:
+        """Point this app at another store (used by the CLI's --store); returns self."""
+        if self._stores:
+            raise ConfigError("cannot change the store of an app that is already connected")
+        self._url = url
+        return self
+
+    @overload
+    def task(self, fn: F, /) -> F: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int | RetryPolicy | None = None,
+        timeout: float | None = None,
+        requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        pass_context: bool | None = None,
+        mode: str = "race",
+    ) -> Callable[[F], F]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        retries: int | RetryPolicy | None = None,
+        timeout: float | None = None,
+        requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        pass_context: bool | None = None,
+        mode: str = "race",
+    ) -> F | Callable[[F], F]:
+        """Register a sync or async function as a task type (named after the function)."""
+
+        def register(f: F) -> F:
+            type_name = name or f.__name__
+            if not callable(f):
+                raise ConfigError(f"@app.task needs a function, got {f!r}")
+            if type_name in self.tasks and self.tasks[type_name].fn is not f:
+                raise ConfigError(f"task type {type_name!r} is registered twice")
+            if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+                raise ConfigError(f"timeout of {type_name!r} must be positive, got {timeout!r}")
+            if mode not in ("race", "auction"):
+                raise ConfigError(f"mode of {type_name!r} must be 'race' or 'auction'")
+            # validate queue and priority the same way a submission will
+            TaskSpec.build(type_name, queue=queue, priority=priority)
+            self.tasks[type_name] = TaskType(
+                name=type_name,
+                fn=f,
+                queue=queue,
+                retry=RetryPolicy.of(retries),
+                timeout=timeout,
+                requirements=Requirements.of(requirements),
+                priority=priority,
+                pass_context=_wants_context(f) if pass_context is None else pass_context,
+                mode=mode,
+            )
+            return f
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    def task_type(self, name: str | Callable[..., Any]) -> TaskType:
+        if callable(name):
+            for tt in self.tasks.values():
+                if tt.fn is name:
+                    return tt
+            name = getattr(name, "__name__", repr(name))
+        if not isinstance(name, str) or name not in self.tasks:
+            raise UnknownTaskType(str(name), list(self.tasks))
+        return self.tasks[name]
+
+    @property
+    def queues(self) -> list[str]:
+        return sorted({t.queue for t in self.tasks.values()}) or ["default"]
+
+    # -- store -----------------------------------------------------------------------------
+    async def store(self) -> Store:
+        """The store for the running event loop, opened on first use."""
+        loop = asyncio.get_running_loop()
+        store = self._stores.get(loop)
+        if store is None:
+            if self._factory is not None:
+                store = self._factory(self.store_url)
+            else:
+                from contend.store.registry import make_store
+
+                store = make_store(self.store_url)
+            await store.open()
+            self._stores[loop] = store
+        return store
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        store = self._stores.pop(loop, None)
+        if store is not None:
+            await store.close()
+
+    def close(self) -> None:
+        """Close the sync helpers' loop and store."""
+        with self._lock:
+            loop, thread = self._sync_loop, self._sync_thread
+            self._sync_loop = self._sync_thread = None
+        if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run *coro* on the app's private loop; for callers that are not async."""
+        with self._lock:
+            if self._sync_loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="contend-sync", daemon=True)
+                thread.start()
+                self._sync_loop, self._sync_thread = loop, thread
+            loop = self._sync_loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    # -- submission ------------------------------------------------------------------------
+    def build_spec(
+        self,
+        task: str | Callable[..., Any],
+        args: Sequence[JSON] = (),
+        kwargs: Mapping[str, JSON] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        delay: float = 0.0,
+        requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        depends_on: Iterable[str | TaskHandle] = (),
+    ) -> TaskSpec:
+        tt = self.task_type(task)
+        return TaskSpec.build(
+            tt.name,
+            args,
+            kwargs,
+            queue=queue or tt.queue,
+            priority=tt.priority if priority is None else priority,
+            key=key,
+            requirements=tt.requirements if requirements is None else requirements,
+            delay=delay,
+            max_attempts=tt.retry.max_attempts,
+            timeout=tt.timeout if timeout is None else timeout,
+            depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
+        )
+
+    async def submit(
+        self,
+        task: str | Callable[..., Any],
+        args: Sequence[JSON] = (),
+        kwargs: Mapping[str, JSON] | None = None,
+        **options: Any,
+    ) -> TaskHandle:
+        """Submit one task; options: queue, priority, key, delay, requirements, timeout,
+        depends_on. Returns a handle whose ``result()`` can be awaited."""
+        spec = self.build_spec(task, args, kwargs, **options)
+        (submitted,) = await (await self.store()).submit([spec])
+        return TaskHandle(self, submitted.id, created=submitted.created)
+
+    async def submit_many(self, specs: Sequence[TaskSpec]) -> list[TaskHandle]:
+        """Submit many prepared specs (see :meth:`build_spec`) in one atomic batch."""
+        for spec in specs:
+            self.task_type(spec.type)
+        done = await (await self.store()).submit(list(specs))
+        return [TaskHandle(self, s.id, created=s.created) for s in done]
+
+    def submit_sync(
+        self,
+        task: str | Callable[..., Any],
+        args: Sequence[JSON] = (),
+        kwargs: Mapping[str, JSON] | None = None,
+        **options: Any,
+    ) -> TaskHandle:
+        return self.run_sync(self.submit(task, args, kwargs, **options))
+
+    def handle(self, task_id: str) -> TaskHandle:
+        return TaskHandle(self, task_id)
+
+
+class TaskHandle:
+    """A submitted task: ``await handle.result()`` or, from sync code, ``handle.wait()``."""
+
+    def __init__(self, app: App, task_id: str, *, created: bool = True) -> None:
+        self.app = app
+        self.id = task_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self.id}>"
+
+    async def get(self) -> Task:
+        return await (await self.app.store()).get(self.id)
+
+    async def result(self, timeout: float | None = None) -> JSON:
+        """Wait until the task ends; return its result or raise TaskFailed."""
+        store = await self.app.store()
+
+        async def wait() -> Task:
+            while True:
+                task = await store.get(self.id)
+                if task.state.terminal:
+                    return task
+                await store.wait_for_change(0.5)
+
+        try:
+            task = await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"task {self.id} did not finish within {timeout}s") from None
+        if task.state != TaskState.SUCCEEDED:
+            raise TaskFailed(self.id, task.state, task.error)
+        return task.result
+
+    def wait(self, timeout: float | None = None) -> JSON:
+        return self.app.run_sync(self.result(timeout))
+
+    def __await__(self) -> Any:
+        return self.result().__await__()

@@ -1,0 +1,658 @@
+"""The expert: a worker that contends for tasks, runs them under a lease and commits with its fence.
+
+Per slot it moves ``IDLE → CLAIMING → EXECUTING → IDLE`` (seed 002). Three loops share one
+event loop:
+
+* the **claim loop** waits for work (a store push or a cheap change check), scores what it
+  could run, waits its race delay and claims a batch atomically;
+* the **heartbeat** renews the session — one call keeps every held task's lease alive — and
+  learns which tasks the store still considers its own; anything else is stopped at once. When
+  renewal fails for longer than the lease, the expert stops every task and commits nothing;
+* the **committer** groups finished tasks into one fenced ``complete``/``fail`` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import os
+import random
+import socket
+import time
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from contend.domain.scoring import (
+    ExpertView,
+    Fitness,
+    TaskView,
+    default_fitness,
+    race_delay,
+)
+from contend.domain.task import Capabilities, TaskState, encode_json
+from contend.errors import (
+    ConfigError,
+    ContendError,
+    ExpertConflict,
+    FencedOut,
+    LeaseLost,
+    PayloadError,
+)
+from contend.runtime.app import App, TaskType
+from contend.runtime.context import TaskContext, _current
+from contend.store.port import (
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    Store,
+)
+
+log = logging.getLogger("contend.expert")
+
+
+class SlotState(StrEnum):
+    IDLE = "idle"
+    CLAIMING = "claiming"
+    EXECUTING = "executing"
+
+
+@dataclass
+class ExpertConfig:
+    """How an expert behaves. Every field has a sensible default."""
+
+    name: str | None = None
+    concurrency: int = 8
+    queues: Sequence[str] | None = None  # None: the queues of the app's task types
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    tier: str = "general"
+    specialties: frozenset[str] = frozenset()
+    lease_ttl: float = 15.0
+    heartbeat: float | None = None  # default lease_ttl / 3
+    window: float = 0.02  # base race window, seconds
+    jitter: float = 0.1
+    grace: float = 30.0  # SIGTERM: how long running tasks may take to finish
+    idle_wait: float = 1.0  # longest sleep between change checks when nothing happens
+    fitness: Fitness = default_fitness
+
+    def validate(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
+            raise ConfigError(f"concurrency must be an integer, got {self.concurrency!r}")
+        if not 1 <= self.concurrency <= 10_000:
+            raise ConfigError(f"concurrency must be between 1 and 10000, got {self.concurrency}")
+        if not 0.5 <= self.lease_ttl <= 86_400:
+            raise ConfigError(f"lease_ttl must be between 0.5 s and one day, got {self.lease_ttl}")
+        hb = self.heartbeat_every
+        if not 0 < hb < self.lease_ttl:
+            raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
+        if not 0 <= self.window <= 60:
+            raise ConfigError(f"window must be between 0 and 60 s, got {self.window}")
+        if not 0 <= self.grace <= 86_400:
+            raise ConfigError(f"grace must be between 0 and one day, got {self.grace}")
+        if self.name is not None and (not self.name or len(self.name) > 200):
+            raise ConfigError("an expert name must be 1 to 200 characters")
+
+    @property
+    def heartbeat_every(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease_ttl / 3
+
+
+@dataclass
+class _Run:
+    claimed: Claimed
+    ctx: TaskContext
+    task: asyncio.Task[None] | None = None
+    outcome_sent: bool = False
+
+
+@dataclass
+class ExpertStats:
+    claim_attempts: int = 0
+    claims_won: int = 0
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    fenced_out: int = 0
+    leases_lost: int = 0
+
+
+class Expert:
+    """Runs task types of *app* from its store until stopped."""
+
+    def __init__(self, app: App, config: ExpertConfig | None = None, **options: Any) -> None:
+        self.app = app
+        self.config = config or ExpertConfig(**options)
+        self.config.validate()
+        self.name = self.config.name or f"{socket.gethostname()}-{os.getpid()}"
+        self.queues = list(self.config.queues or app.queues)
+        self.stats = ExpertStats()
+        self._store: Store | None = None
+        self._session: str | None = None
+        self._runs: dict[str, _Run] = {}
+        self._outbox: list[Completion | Failure] = []
+        self._outbox_ready = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._claiming_stopped = asyncio.Event()
+        self._last_renewal = 0.0  # time.monotonic() of the last successful renewal
+        self._peers: list[ExpertRecord] = []
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.config.concurrency, thread_name_prefix=f"contend-{self.name}"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.state = SlotState.IDLE
+        self.started = asyncio.Event()
+
+    # -- public ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask for a graceful stop (what SIGTERM does): no new claims, running tasks get the
+        grace period, the rest is released for others to claim at once."""
+        self._stopping.set()
+        self._slot_free.set()
+
+    @property
+    def load(self) -> int:
+        return len(self._runs)
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._store = await self.app.store()
+        await self._register()
+        self.started.set()
+        log.info(
+            "expert %s started: queues=%s concurrency=%d lease=%.1fs",
+            self.name,
+            ",".join(self.queues),
+            self.config.concurrency,
+            self.config.lease_ttl,
+        )
+        heart = asyncio.create_task(self._heartbeat_loop(), name="contend-heartbeat")
+        committer = asyncio.create_task(self._commit_loop(), name="contend-committer")
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            heart.cancel()
+            self._outbox_ready.set()
+            await asyncio.gather(heart, return_exceptions=True)
+            await self._stop_committer(committer)
+            await self._deregister()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            log.info(
+                "expert %s stopped: done=%d failed=%d fenced_out=%d",
+                self.name,
+                self.stats.tasks_done,
+                self.stats.tasks_failed,
+                self.stats.fenced_out,
+            )
+
+    # -- session ---------------------------------------------------------------------------
+    def _info(self) -> ExpertInfo:
+        return ExpertInfo(
+            id=self.name,
+            capabilities=self.config.capabilities,
+            queues=tuple(self.queues),
+            capacity=self.config.concurrency,
+            tier=self.config.tier,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+        )
+
+    async def _register(self) -> None:
+        assert self._store is not None
+        try:
+            self._session = await self._store.register_expert(self._info(), self.config.lease_ttl)
+        except ExpertConflict:
+            raise
+        self._last_renewal = time.monotonic()
+
+    async def _deregister(self) -> None:
+        if self._store is not None and self._session is not None:
+            try:
+                await self._store.deregister_expert(self.name, self._session)
+            except ContendError as exc:
+                log.warning("expert %s: could not deregister: %s", self.name, exc)
+
+    def _lease_safe(self) -> bool:
+        """False once more than a lease has passed without a successful renewal (measured on
+        this host's monotonic clock: a duration, never a comparison with the store's clock)."""
+        return time.monotonic() - self._last_renewal < self.config.lease_ttl
+
+    def _beat(self) -> Heartbeat:
+        s = self.stats
+        return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done)
+
+    async def _heartbeat_loop(self) -> None:
+        assert self._store is not None
+        every = self.config.heartbeat_every
+        while True:
+            await asyncio.sleep(every)
+            if not self._lease_safe():
+                await self._lose_lease("no renewal within the lease")
+                continue
+            try:
+                assert self._session is not None
+                sent = time.monotonic()
+                held = await self._store.renew(
+                    self.name, self._session, self.config.lease_ttl, self._beat()
+                )
+                self._last_renewal = sent
+            except LeaseLost as exc:
+                await self._lose_lease(str(exc))
+                continue
+            except ContendError as exc:
+                log.warning("expert %s: renewal failed, will retry: %s", self.name, exc)
+                continue
+            for task_id, run in list(self._runs.items()):
+                if held.get(task_id) != run.claimed.fence and not run.outcome_sent:
+                    log.warning(
+                        "expert %s: task %s (fence %d) is no longer ours; stopping it",
+                        self.name,
+                        task_id,
+                        run.claimed.fence,
+                    )
+                    self._abandon(run)
+            try:
+                await self._store.expire()
+                self._peers = await self._store.list_experts()
+            except ContendError as exc:
+                log.warning("expert %s: housekeeping failed: %s", self.name, exc)
+
+    async def _lose_lease(self, why: str) -> None:
+        """Seed 002: release everything held at once and commit nothing of it."""
+        self.stats.leases_lost += 1
+        runs = list(self._runs.values())
+        unsent = len(self._outbox)
+        log.error(
+            "expert %s lost its lease (%s): stopping %d running task(s) and dropping %d "
+            "finished result(s); committing none",
+            self.name,
+            why,
+            len(runs),
+            unsent,
+        )
+        for run in runs:
+            self._abandon(run)
+        self._outbox.clear()
+        if self._stopping.is_set():
+            return
+        try:
+            await self._register()
+            log.info("expert %s: new session registered", self.name)
+        except ContendError as exc:
+            log.error("expert %s: could not register a new session: %s", self.name, exc)
+
+    def _abandon(self, run: _Run) -> None:
+        run.ctx._cancelled.set()
+        run.outcome_sent = True  # nothing of this run may be committed
+        if run.task is not None:
+            run.task.cancel()
+        self._runs.pop(run.claimed.id, None)
+        self._slot_free.set()
+
+    # -- claiming --------------------------------------------------------------------------
+    async def _claim_loop(self) -> None:
+        assert self._store is not None
+        store = self._store
+        while not self._stopping.is_set():
+            free = self.config.concurrency - len(self._runs)
+            if free <= 0:
+                self._slot_free.clear()
+                if self.config.concurrency - len(self._runs) <= 0:
+                    await self._slot_free.wait()
+                continue
+            if not self._lease_safe():
+                await asyncio.sleep(self.config.heartbeat_every / 10)
+                continue
+            self.state = SlotState.CLAIMING
+            try:
+                claimed = await self._compete(store, free)
+            except LeaseLost as exc:
+                await self._lose_lease(str(exc))
+                continue
+            except ContendError as exc:
+                log.warning("expert %s: claim failed: %s", self.name, exc)
+                await self._pause(0.5)
+                continue
+            if claimed:
+                self.state = SlotState.EXECUTING
+                for c in claimed:
+                    self._launch(c)
+                await asyncio.sleep(0)
+                continue
+            self.state = SlotState.IDLE if not self._runs else SlotState.EXECUTING
+            await self._idle(store)
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _idle(self, store: Store) -> None:
+        wait = self.config.idle_wait
+        due = await store.next_due(self.queues)
+        if due is not None:
+            wait = max(0.0, min(wait, due - await store.now()))
+        if wait > 0:
+            waiter = asyncio.create_task(store.wait_for_change(wait))
+            stopper = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for t in (waiter, stopper):
+                t.cancel()
+            await asyncio.gather(waiter, stopper, return_exceptions=True)
+
+    def _view(self) -> ExpertView:
+        return ExpertView(
+            name=self.name,
+            capabilities=self.config.capabilities,
+            capacity=self.config.concurrency,
+            load=self.load,
+            tier=self.config.tier,
+            specialties=self.config.specialties,
+        )
+
+    def _rivals(self) -> list[ExpertView]:
+        mine = set(self.queues)
+        return [
+            ExpertView(
+                name=p.info.id,
+                capabilities=p.info.capabilities,
+                capacity=p.info.capacity,
+                load=p.load,
+                tier=p.info.tier,
+            )
+            for p in self._peers
+            if p.alive and p.info.id != self.name and mine & set(p.info.queues)
+        ]
+
+    def _race_matters(self, rivals: list[ExpertView]) -> bool:
+        """Competition only changes the outcome when some rival could be fitter: skip the
+        extra read and the wait when this expert is alone or every rival offers the same."""
+        if self.config.window <= 0 or not rivals:
+            return False
+        me = self._view()
+        return any(r.capabilities != me.capabilities or r.tier != me.tier for r in rivals) or bool(
+            self.config.specialties
+        )
+
+    async def _compete(self, store: Store, free: int) -> list[Claimed]:
+        assert self._session is not None
+        rivals = self._rivals()
+        if not self._race_matters(rivals):
+            got = await store.claim(
+                self.name,
+                self._session,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            self.stats.claim_attempts += len(got)
+            self.stats.claims_won += len(got)
+            return got
+        views = await store.peek(self.queues, self.config.capabilities, free * 2)
+        if not views:
+            return []
+        delays = sorted((self._delay(v, rivals), n, v.id) for n, v in enumerate(views))
+        first = delays[0][0]
+        if first > 0:
+            await self._pause(first)
+            if self._stopping.is_set():
+                return []
+        ids = [tid for d, _, tid in delays if d <= first + 1e-9][:free]
+        got = await store.claim(
+            self.name,
+            self._session,
+            self.queues,
+            self.config.capabilities,
+            limit=free,
+            lease_ttl=self.config.lease_ttl,
+            task_ids=ids,
+        )
+        self.stats.claim_attempts += len(ids)
+        self.stats.claims_won += len(got)
+        return got
+
+    def _delay(self, view: TaskView, rivals: list[ExpertView]) -> float:
+        fit = self.config.fitness
+        mine = fit(self._view(), view)
+        best = max([mine, *(fit(r, view) for r in rivals)])
+        if best <= 0:
+            return 0.0
+        return race_delay(self.config.window, mine / best, self.config.jitter)
+
+    # -- executing -------------------------------------------------------------------------
+    def _launch(self, claimed: Claimed) -> None:
+        assert self._loop is not None
+        ctx = TaskContext(
+            task_id=claimed.id,
+            type=claimed.type,
+            queue=claimed.queue,
+            fence=claimed.fence,
+            attempt=claimed.attempt,
+            max_attempts=claimed.max_attempts,
+            expert=self.name,
+            state=claimed.checkpoint,
+            _expert=self,
+            _loop=self._loop,
+        )
+        run = _Run(claimed, ctx)
+        self._runs[claimed.id] = run
+        run.task = asyncio.create_task(self._execute(run), name=f"contend-task-{claimed.id}")
+
+    async def _execute(self, run: _Run) -> None:
+        c = run.claimed
+        try:
+            tt = self.app.tasks.get(c.type)
+            if tt is None:
+                self._fail(
+                    run,
+                    "UnknownTaskType",
+                    f"expert {self.name} has no task type {c.type!r}",
+                    retry=False,
+                )
+                return
+            try:
+                result = await self._call(tt, run)
+                text = encode_json(result, f"result of task {c.id}")
+            except TimeoutError:
+                limit = c.timeout or tt.timeout
+                self._fail(run, "Timeout", f"task exceeded its {limit}s timeout", error=None, tt=tt)
+            except PayloadError as exc:
+                self._fail(run, "PayloadError", str(exc), retry=False)
+            except Exception as exc:
+                self._fail(
+                    run,
+                    type(exc).__name__,
+                    str(exc),
+                    error=exc,
+                    tt=tt,
+                    tb=traceback.format_exc(limit=20),
+                )
+            else:
+                self._send(run, Completion(c.id, c.fence, text))
+        finally:
+            if self._runs.get(c.id) is run:
+                del self._runs[c.id]
+            self._slot_free.set()
+
+    async def _call(self, tt: TaskType, run: _Run) -> Any:
+        c, ctx = run.claimed, run.ctx
+        args = [ctx, *c.args] if tt.pass_context else list(c.args)
+        timeout = c.timeout or tt.timeout
+        token = _current.set(ctx)
+        try:
+            if tt.is_async:
+                return await asyncio.wait_for(tt.fn(*args, **c.kwargs), timeout)
+            assert self._loop is not None
+            cv = contextvars.copy_context()
+            fut = self._loop.run_in_executor(self._pool, lambda: cv.run(tt.fn, *args, **c.kwargs))
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except (TimeoutError, asyncio.CancelledError):
+                ctx._cancelled.set()  # a thread cannot be interrupted: tell it to stop
+                raise
+        finally:
+            _current.reset(token)
+
+    def _fail(
+        self,
+        run: _Run,
+        kind: str,
+        message: str,
+        *,
+        error: BaseException | None = None,
+        retry: bool = True,
+        tt: TaskType | None = None,
+        tb: str | None = None,
+    ) -> None:
+        c = run.claimed
+        body: dict[str, Any] = {"type": kind, "message": message[:4000], "attempt": c.attempt}
+        if tb:
+            body["traceback"] = tb[-8000:]
+        if not retry or tt is None:
+            decision_retry, delay, final = False, None, TaskState.FAILED
+        else:
+            d = tt.retry.decide(c.attempt, error, max_attempts=c.max_attempts)
+            decision_retry, delay, final = (
+                d.retry,
+                (d.delay if d.retry else None),
+                TaskState(d.final_state),
+            )
+        if decision_retry:
+            log.info(
+                "task %s (%s) attempt %d failed: %s: %s; retry in %.2fs",
+                c.id,
+                c.type,
+                c.attempt,
+                kind,
+                message[:200],
+                delay or 0.0,
+            )
+        else:
+            log.warning(
+                "task %s (%s) attempt %d failed: %s: %s; now %s",
+                c.id,
+                c.type,
+                c.attempt,
+                kind,
+                message[:200],
+                final,
+            )
+        self._send(run, Failure(c.id, c.fence, json.dumps(body), delay, final))
+
+    def _send(self, run: _Run, outcome: Completion | Failure) -> None:
+        if run.outcome_sent:
+            return
+        run.outcome_sent = True
+        self._outbox.append(outcome)
+        self._outbox_ready.set()
+
+    async def _checkpoint(self, ctx: TaskContext, text: str) -> None:
+        assert self._store is not None
+        if not self._lease_safe():
+            raise FencedOut(ctx.task_id, ctx.fence, "this expert's lease lapsed")
+        await self._store.checkpoint(self.name, ctx.task_id, ctx.fence, text)
+
+    # -- committing ------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            if self._outbox:
+                await asyncio.sleep(0)  # let tasks finishing in this same tick join the batch
+                await self._flush()
+            if self._claiming_stopped.is_set() and not self._outbox:
+                return
+
+    async def _flush(self) -> None:
+        assert self._store is not None
+        batch, self._outbox = self._outbox, []
+        if not batch:
+            return
+        if not self._lease_safe():
+            self._outbox[:0] = batch
+            await self._lose_lease("no renewal within the lease")
+            return
+        done = [o for o in batch if isinstance(o, Completion)]
+        failed = [o for o in batch if isinstance(o, Failure)]
+        for attempt in range(5):
+            try:
+                results: list[FencedOut | None] = []
+                if done:
+                    results += await self._store.complete(self.name, done)
+                if failed:
+                    results += await self._store.fail(self.name, failed)
+                break
+            except ContendError as exc:
+                log.warning("expert %s: commit failed (try %d): %s", self.name, attempt + 1, exc)
+                await asyncio.sleep(0.05 * 2**attempt * (1 + random.random()))
+        else:
+            log.error(
+                "expert %s: giving up on %d commit(s); their leases will lapse",
+                self.name,
+                len(batch),
+            )
+            return
+        for outcome, res in zip([*done, *failed], results, strict=True):
+            if res is not None:
+                self.stats.fenced_out += 1
+                log.warning("expert %s: commit refused: %s", self.name, res)
+            elif isinstance(outcome, Completion):
+                self.stats.tasks_done += 1
+            else:
+                self.stats.tasks_failed += 1
+
+    async def _stop_committer(self, committer: asyncio.Task[None]) -> None:
+        self._claiming_stopped.set()
+        self._outbox_ready.set()
+        try:
+            await asyncio.wait_for(committer, 10)
+        except (TimeoutError, asyncio.CancelledError):
+            committer.cancel()
+        if self._outbox:
+            await self._flush()
+
+    # -- stopping --------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        """Let running tasks finish within the grace period; release the rest."""
+        if self._runs:
+            log.info(
+                "expert %s stopping: waiting up to %.0fs for %d task(s)",
+                self.name,
+                self.config.grace,
+                len(self._runs),
+            )
+        deadline = time.monotonic() + self.config.grace
+        while self._runs and time.monotonic() < deadline:
+            self._slot_free.clear()
+            try:
+                await asyncio.wait_for(self._slot_free.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                break
+        left = list(self._runs.values())
+        if not left:
+            return
+        for run in left:
+            run.outcome_sent = True
+            run.ctx._cancelled.set()
+            if run.task is not None:
+                run.task.cancel()
+        await asyncio.gather(*(r.task for r in left if r.task is not None), return_exceptions=True)
+        assert self._store is not None
+        try:
+            res = await self._store.release(
+                self.name, [(r.claimed.id, r.claimed.fence) for r in left]
+            )
+            n = sum(1 for r in res if r is None)
+            log.info("expert %s released %d unfinished task(s) for others", self.name, n)
+        except ContendError as exc:
+            log.warning("expert %s: release failed (leases will lapse instead): %s", self.name, exc)

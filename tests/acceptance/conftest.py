@@ -1,0 +1,130 @@
+"""Run the real ``contend`` CLI in subprocesses against a real store file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contend.store.port import Store
+from contend.store.registry import open_store
+
+HERE = Path(__file__).parent
+APP = "tests.acceptance.sample_app:app"
+ROOT = HERE.parent.parent
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.pop("CONTEND_STORE", None)
+    return env
+
+
+def run_cli(
+    *args: str, input: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "contend", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        input=input,
+        timeout=timeout,
+    )
+
+
+class Experts:
+    """Expert subprocesses, each logging to its own file; all killed at teardown."""
+
+    def __init__(self, url: str, logdir: Path) -> None:
+        self.url = url
+        self.logdir = logdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(
+        self, name: str, *extra: str, lease: float = 1.5, concurrency: int = 4, grace: float = 5
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "contend",
+                "expert",
+                APP,
+                "--store",
+                self.url,
+                "--name",
+                name,
+                "--lease",
+                str(lease),
+                "--concurrency",
+                str(concurrency),
+                "--grace",
+                str(grace),
+                *extra,
+            ],
+            stdout=log,
+            stderr=log,
+            env=cli_env(),
+            cwd=ROOT,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'contend.db'}"
+
+
+@pytest.fixture
+def experts(db_url: str, tmp_path: Path) -> Iterator[Experts]:
+    group = Experts(db_url, tmp_path)
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    s = await open_store(db_url)
+    yield s
+    await s.close()
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "condition"
+) -> Any:
+    """Poll *check* until it returns something truthy; fail after *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,160 @@
+"""Bad input through the real CLI: a clear error naming the problem, exit code 2, store unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.conftest import APP, run_cli
+
+
+def task_rows(db: Path) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT id, state, fence FROM tasks ORDER BY id").fetchall()
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[str, Path]:
+    db = tmp_path / "seeded.db"
+    url = f"sqlite:///{db}"
+    done = run_cli("submit", APP, "echo", "--store", url, "--args", '["hello"]')
+    assert done.returncode == 0, done.stderr
+    return url, db
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["submit", APP, "no_such_task"], "unknown task type 'no_such_task'"),
+        (["submit", APP, "echo", "--args", "[1,"], "--args is not valid JSON"),
+        (["submit", APP, "echo", "--args", '{"a": 1}'], "--args must be a JSON array"),
+        (["submit", APP, "echo", "--kwargs", "[1]"], "--kwargs must be a JSON object"),
+        (["submit", APP, "echo", "--priority", "1000000001"], "--priority must be between"),
+        (["submit", APP, "echo", "--priority", "high"], "--priority must be an integer"),
+        (["submit", APP, "echo", "--delay", "-5"], "--delay must be between 0"),
+        (["submit", APP, "echo", "--delay", "nan"], "--delay must be between 0"),
+        (["submit", "no_module_here:app", "echo"], "cannot import module 'no_module_here'"),
+        (["submit", "tests.acceptance.sample_app:echo", "echo"], "is not a contend App"),
+        (["submit", "just-a-name", "echo"], "MODULE:ATTRIBUTE"),
+        (["expert", APP, "--concurrency", "-1"], "--concurrency must be between 1 and 10000"),
+        (["expert", APP, "--concurrency", "100000"], "--concurrency must be between 1 and 10000"),
+        (["expert", APP, "--lease", "0"], "--lease must be between 0.5"),
+        (["expert", APP, "--capability", "mem_gb=lots"], "amount must be a number"),
+        (["tasks", "list", "--limit", "0"], "--limit must be between 1"),
+    ],
+)
+def test_bad_option_is_refused_and_changes_nothing(
+    seeded: tuple[str, Path], argv: list[str], message: str
+) -> None:
+    url, db = seeded
+    before = task_rows(db)
+    done = run_cli(*argv, "--store", url)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert task_rows(db) == before
+
+
+def test_oversized_payload_in_a_batch_refuses_the_whole_batch(
+    seeded: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, db = seeded
+    before = task_rows(db)
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(
+        json.dumps({"args": ["small"]})
+        + "\n"
+        + json.dumps({"args": ["x" * (1024 * 1024 + 10)]})
+        + "\n"
+    )
+    done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
+    assert done.returncode == 2
+    assert "batch.jsonl:2: args is" in done.stderr
+    assert "the limit is 1048576 bytes" in done.stderr
+    assert task_rows(db) == before
+
+
+def test_batch_line_that_is_not_json(seeded: tuple[str, Path], tmp_path: Path) -> None:
+    url, db = seeded
+    before = task_rows(db)
+    batch = tmp_path / "bad.jsonl"
+    batch.write_text('{"args": [1]}\n{"args": [2\n')
+    done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
+    assert done.returncode == 2
+    assert "bad.jsonl:2: not valid JSON" in done.stderr
+    assert task_rows(db) == before
+
+
+def test_batch_submits_every_line(seeded: tuple[str, Path], tmp_path: Path) -> None:
+    url, db = seeded
+    batch = tmp_path / "ok.jsonl"
+    batch.write_text('{"args": [1]}\n{"args": [2], "priority": 3, "key": "k2"}\n\n{}\n')
+    done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 3
+    again = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
+    assert "1 already present" in again.stderr  # the keyed line is not duplicated
+    assert len(task_rows(db)) == 1 + 3 + 2
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://host/x.db", "has a host part"),
+        ("sqlite:///", "names no file"),
+        ("sqlite:///:memory:", "cannot be shared"),
+        ("sqlite:///x.db?journal=off", "unknown option"),
+        ("mysql://localhost/db", "unknown store URL"),
+        ("not a url", "unknown store URL"),
+        ("sqlite:///no/such/dir/x.db", "does not exist"),
+    ],
+)
+def test_malformed_store_url(url: str, message: str) -> None:
+    done = run_cli("status", "--store", url)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_file_that_is_not_a_database_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 50)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    done = run_cli("submit", APP, "echo", "--store", f"sqlite:///{path}")
+    assert done.returncode == 2
+    assert "is not an SQLite database" in done.stderr
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_another_programs_database_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.close()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    done = run_cli("status", "--store", f"sqlite:///{path}")
+    assert done.returncode == 2
+    assert "not a contend store" in done.stderr
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_unknown_task_id(seeded: tuple[str, Path]) -> None:
+    url, _ = seeded
+    done = run_cli("tasks", "show", "nope", "--store", url)
+    assert done.returncode == 2
+    assert "no task with id 'nope'" in done.stderr
+
+
+def test_listing_json_carries_the_promised_fields(seeded: tuple[str, Path]) -> None:
+    url, _ = seeded
+    done = run_cli("tasks", "list", "--json", "--store", url)
+    assert done.returncode == 0, done.stderr
+    (task,) = json.loads(done.stdout)
+    for field in ("id", "type", "state", "attempts", "fence", "owner", "result", "error"):
+        assert field in task
+    assert task["state"] == "pending"
