@@ -736,24 +736,45 @@ class PostgresStore:
         items: Sequence[tuple[str, int]],
         landed: Iterable[str],
         states: tuple[str, ...],
+        earlier: Sequence[str] = (),
     ) -> list[FencedOut | None]:
         """Per item: None when the fenced write landed, else why it was refused (read back in
-        the same transaction). A task named twice in one batch lands once."""
+        the same transaction). A task named twice in one batch lands once.
+
+        *earlier* names the history events this write leaves; it is given when the write is
+        being retried after a lost connection, whose first try may have committed although
+        its reply never came. An item refused now whose event, by this expert at this fence,
+        is already in the history landed then: it is reported as landed, not fenced out (only
+        the owner of a fence can write at that fence, so the event is this write's own)."""
         todo = {tid: 1 for tid in landed}
         out: list[FencedOut | None] = []
         found: dict[str, Sequence[Any]] = {}
+        done_before: set[tuple[str, int]] = set()
         if len(items) > len(todo):
+            ids = [tid for tid, _ in items]
             await cur.execute(
                 self._sql(
                     "SELECT id, fence, owner, state, lease_deadline, lease_deadline >= {now} "
                     "FROM {s}.tasks WHERE id = ANY(%(ids)s)"
                 ),
-                self._p(ids=[tid for tid, _ in items]),
+                self._p(ids=ids),
             )
             found = {r[0]: r for r in await cur.fetchall()}
+            if earlier:
+                await cur.execute(
+                    self._sql(
+                        "SELECT task_id, fence FROM {s}.task_events WHERE task_id = ANY(%s) "
+                        "AND expert = %s AND event = ANY(%s)"
+                    ),
+                    (ids, expert, list(earlier)),
+                )
+                done_before = {(r[0], r[1]) for r in await cur.fetchall()}
         for tid, fence in items:
             if todo.get(tid):
                 todo[tid] = 0
+                out.append(None)
+                continue
+            if (tid, fence) in done_before:
                 out.append(None)
                 continue
             r = found.get(tid)
@@ -791,10 +812,15 @@ class PostgresStore:
             ") SELECT id FROM done"
         )
 
+        tries = 0
+
         async def run(cur: Cursor) -> list[FencedOut | None]:
+            nonlocal tries
+            tries += 1
             await cur.execute(sql, self._batch(expert, items, ("claimed",)))
             landed = [r[0] for r in await cur.fetchall()]
-            return await self._refusals(cur, expert, items, landed, ("claimed",))
+            earlier = ("started",) if tries > 1 else ()
+            return await self._refusals(cur, expert, items, landed, ("claimed",), earlier)
 
         return await self._run(run)
 
@@ -882,14 +908,19 @@ class PostgresStore:
             ") SELECT id FROM done"
         )
 
+        tries = 0
+
         async def run(cur: Cursor) -> list[FencedOut | None]:
+            nonlocal tries
+            tries += 1
             await cur.execute(
                 sql, self._batch(expert, pairs, _OWNED, results=[i.result_json for i in items])
             )
             landed = [r[0] for r in await cur.fetchall()]
             if landed:
                 await self._settle_dependents(cur, [(tid, "succeeded") for tid in landed])
-            return await self._refusals(cur, expert, pairs, landed, _OWNED)
+            earlier = ("succeeded",) if tries > 1 else ()
+            return await self._refusals(cur, expert, pairs, landed, _OWNED, earlier)
 
         return await self._run(run)
 
@@ -917,7 +948,11 @@ class PostgresStore:
             ") SELECT id, state FROM done"
         )
 
+        tries = 0
+
         async def run(cur: Cursor) -> list[FencedOut | None]:
+            nonlocal tries
+            tries += 1
             await cur.execute(
                 sql,
                 self._batch(
@@ -941,7 +976,10 @@ class PostgresStore:
                 await self._settle_dependents(cur, settled)
             if rows:
                 await self._notify(cur)
-            return await self._refusals(cur, expert, pairs, [r[0] for r in rows], _OWNED)
+            # not "cancelled": cancel records the owner it fenced out at the same fence
+            earlier = ("retry", "failed", "dead") if tries > 1 else ()
+            landed = [r[0] for r in rows]
+            return await self._refusals(cur, expert, pairs, landed, _OWNED, earlier)
 
         return await self._run(run)
 
@@ -962,12 +1000,17 @@ class PostgresStore:
             ") SELECT id FROM done"
         )
 
+        tries = 0
+
         async def run(cur: Cursor) -> list[FencedOut | None]:
+            nonlocal tries
+            tries += 1
             await cur.execute(sql, self._batch(expert, items, _OWNED))
             landed = [r[0] for r in await cur.fetchall()]
             if landed:
                 await self._notify(cur)
-            return await self._refusals(cur, expert, items, landed, _OWNED)
+            earlier = ("released",) if tries > 1 else ()
+            return await self._refusals(cur, expert, items, landed, _OWNED, earlier)
 
         return await self._run(run)
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
-from contend.domain.task import Capabilities, TaskSpec
-from contend.errors import StoreError
-from contend.store.port import ExpertInfo
+from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.errors import FencedOut, StoreError
+from contend.store.port import Completion, ExpertInfo, Failure
 from contend.store.postgres import PostgresStore
 
 from .conftest import StoreFactory
@@ -126,3 +128,37 @@ async def test_unreachable_server_fails_open_quickly() -> None:
     assert time.monotonic() - began < 10
     with pytest.raises(StoreError, match="not open"):
         await store.get("x")
+
+
+async def test_a_write_retried_after_a_lost_reply_counts_once(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit whose reply is lost is retried; the retry recognises its own earlier write."""
+    specs = [TaskSpec.build("t") for _ in range(4)]
+    await store.submit(specs)
+    session = await store.register_expert(ExpertInfo("e1"), 60)
+    got = await store.claim("e1", session, ["default"], Capabilities(), limit=4, lease_ttl=60)
+    a, b, c, d = got
+    real_run = PostgresStore._run
+
+    async def commit_then_retry(
+        self: PostgresStore, fn: Callable[[Any], Awaitable[Any]], *, tx: bool = True
+    ) -> Any:
+        await real_run(self, fn, tx=tx)  # committed, but say the reply never came
+        return await real_run(self, fn, tx=tx)
+
+    monkeypatch.setattr(PostgresStore, "_run", commit_then_retry)
+    assert await store.complete("e1", [Completion(a.id, a.fence, "1")]) == [None]
+    assert await store.fail("e1", [Failure(b.id, b.fence, "{}", 1.0)]) == [None]
+    assert await store.fail("e1", [Failure(c.id, c.fence, "{}", None)]) == [None]
+    assert await store.release("e1", [(d.id, d.fence)]) == [None]
+    monkeypatch.undo()
+
+    assert (await store.get(a.id)).state == TaskState.SUCCEEDED
+    assert (await store.get(b.id)).state == TaskState.PENDING
+    assert (await store.get(c.id)).state == TaskState.DEAD
+    released = await store.get(d.id)
+    assert (released.state, released.attempts) == (TaskState.PENDING, 0)  # given back once
+    # a plain repeat (not a retry) is still refused
+    (again,) = await store.complete("e1", [Completion(a.id, a.fence, "1")])
+    assert isinstance(again, FencedOut)
