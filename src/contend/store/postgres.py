@@ -1212,6 +1212,18 @@ class PostgresStore:
 
         await self._run(run, tx=False)
 
+    async def purge_all(self) -> None:
+        """Delete every task, its history and every expert in this schema (benchmarks use it
+        to start from an empty store). Not part of the port; there is no undo."""
+
+        async def run(cur: Cursor) -> None:
+            await cur.execute(
+                self._sql("TRUNCATE {s}.tasks, {s}.task_deps, {s}.task_events, {s}.experts")
+            )
+            await self._notify(cur)
+
+        await self._run(run)
+
     # -- wake-ups --------------------------------------------------------------------------
     @property
     def listening(self) -> bool:

@@ -345,3 +345,11 @@ def test_the_registry_builds_a_postgres_store() -> None:
     store = make_store("postgresql://postgres@127.0.0.1/x?schema=s1", clock=FakeClock())
     assert isinstance(store, PostgresStore)
     assert store.schema == "s1"
+
+
+async def test_purge_all_empties_the_schema(store: PostgresStore) -> None:
+    await store.submit([TaskSpec.build("t")])
+    await expert(store)
+    await store.purge_all()
+    assert await store.list_tasks() == []
+    assert await store.list_experts() == []
