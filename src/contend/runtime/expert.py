@@ -181,7 +181,9 @@ class Expert:
         finally:
             heart.cancel()
             self._outbox_ready.set()
-            await asyncio.gather(heart, return_exceptions=True)
+            for result in await asyncio.gather(heart, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("expert %s: heartbeat crashed: %r", self.name, result)
             await self._stop_committer(committer)
             await self._deregister()
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -244,6 +246,9 @@ class Expert:
                     self.name, self._session, self.config.lease_ttl, self._beat()
                 )
                 self._last_renewal = sent
+                log.debug(
+                    "expert %s renewed its lease; the store says it holds %d", self.name, len(held)
+                )
             except LeaseLost as exc:
                 await self._lose_lease(str(exc))
                 continue
@@ -340,7 +345,11 @@ class Expert:
         wait = self.config.idle_wait
         due = await store.next_due(self.queues)
         if due is not None:
-            wait = max(0.0, min(wait, due - await store.now()))
+            # A task due later: wake up for it. One due already that we did not get is not
+            # ours (another expert's requirements, or a lost race): wait for a change.
+            until = due - await store.now()
+            if until > 0:
+                wait = min(wait, until)
         if wait > 0:
             waiter = asyncio.create_task(store.wait_for_change(wait))
             stopper = asyncio.create_task(self._stopping.wait())

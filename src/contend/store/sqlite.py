@@ -181,6 +181,8 @@ class SQLiteStore:
         self._data_version = -1
         self._caps = Capabilities()
         self._local_change = asyncio.Event()
+        self._local_gen = 0
+        self._seen_gen = 0
 
     # -- connection ------------------------------------------------------------------------
     async def open(self) -> None:
@@ -375,7 +377,7 @@ class SQLiteStore:
             result = await self._tx(run)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"submission refused by the database: {exc}") from exc
-        self._local_change.set()
+        self._touch()
         return result
 
     @staticmethod
@@ -721,6 +723,7 @@ class SQLiteStore:
             self._settle_dependents(db, now, [(items[n].task_id, "succeeded") for n in ok])
 
         out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
+        self._touch()  # dependents may have become pending
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
@@ -769,7 +772,7 @@ class SQLiteStore:
             self._settle_dependents(db, now, settled)
 
         out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
-        self._local_change.set()
+        self._touch()
         return out
 
     async def release(
@@ -789,7 +792,7 @@ class SQLiteStore:
             )
 
         out = await self._tx(self._owner_write(expert, list(items), _OWNED, apply))
-        self._local_change.set()
+        self._touch()
         return out
 
     async def expire(self) -> int:
@@ -836,7 +839,7 @@ class SQLiteStore:
             return 0
         moved = await self._tx(run)
         if moved:
-            self._local_change.set()
+            self._touch()
         return moved
 
     def _settle_dependents(
@@ -925,7 +928,7 @@ class SQLiteStore:
             )
 
         await self._tx(run)
-        self._local_change.set()
+        self._touch()
         return await self.get(task_id)
 
     async def cancel(self, task_id: str) -> Task:
@@ -972,16 +975,23 @@ class SQLiteStore:
         await self._tx(run)
 
     # -- wake-ups --------------------------------------------------------------------------
+    def _touch(self) -> None:
+        """Wake this process's waiters: its own commits do not move ``data_version``."""
+        self._local_gen += 1
+        self._local_change.set()
+        self._local_change = asyncio.Event()
+
     async def wait_for_change(self, timeout: float) -> None:
-        """Check ``PRAGMA data_version`` every few ms; return when another connection committed,
-        this process submitted, or *timeout* passed."""
+        """Return when another connection committed (``PRAGMA data_version`` moved, checked
+        every few ms without taking a lock), this process changed something, or *timeout*
+        passed."""
         deadline = time.monotonic() + timeout
         poll = min(self._idle_poll, timeout)
         while True:
             version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != self._data_version or self._local_change.is_set():
+            if version != self._data_version or self._local_gen != self._seen_gen:
                 self._data_version = version
-                self._local_change.clear()
+                self._seen_gen = self._local_gen
                 return
             left = deadline - time.monotonic()
             if left <= 0:
