@@ -98,6 +98,25 @@ _TERMINAL_BAD = frozenset({"failed", "dead", "cancelled"})
 _OPTIONS = {"schema", "listen", "listen_url", "pgbouncer", "pool_size"}
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 
+# submit's unnest arrays: name -> element type
+_SUBMIT_COLUMNS = {
+    "id": "text",
+    "type": "text",
+    "queue": "text",
+    "state": "text",
+    "priority": "int",
+    "args": "text",
+    "kwargs": "text",
+    "key": "text",
+    "req": "text",
+    "max_attempts": "int",
+    "delay": "float8",
+    "timeout": "float8",
+    "deps": "text",
+    "deps_left": "int",
+    "error": "text",
+}
+
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
@@ -428,7 +447,7 @@ class PostgresStore:
             check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in states})
             if not fresh:
                 return out
-            rows = []
+            cols: dict[str, list[Any]] = {name: [] for name in _SUBMIT_COLUMNS}
             dep_rows: list[tuple[str, str]] = []
             for spec in fresh:
                 left = [d for d in spec.depends_on if states.get(d) not in _TERMINAL]
@@ -440,48 +459,43 @@ class PostgresStore:
                     error = _error_json(
                         "DependencyFailed", f"dependency {failed[0]} did not succeed"
                     )
-                rows.append(
-                    self._p(
-                        id=spec.id,
-                        type=spec.type,
-                        queue=spec.queue,
-                        state=str(state),
-                        priority=spec.priority,
-                        args=spec.args_json,
-                        kwargs=spec.kwargs_json,
-                        key=spec.key,
-                        req=_req_json(spec.requirements),
-                        max_attempts=spec.max_attempts,
-                        delay=spec.delay,
-                        timeout=spec.timeout,
-                        depends_on=list(spec.depends_on) if spec.depends_on else None,
-                        deps_left=len(left),
-                        error=error,
-                    )
+                row = (
+                    spec.id,
+                    spec.type,
+                    spec.queue,
+                    str(state),
+                    spec.priority,
+                    spec.args_json,
+                    spec.kwargs_json,
+                    spec.key,
+                    _req_json(spec.requirements),
+                    spec.max_attempts,
+                    spec.delay,
+                    spec.timeout,
+                    json.dumps(list(spec.depends_on)) if spec.depends_on else None,
+                    len(left),
+                    error,
                 )
+                for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
+                    cols[name].append(value)
                 dep_rows.extend((d, spec.id) for d in left)
-            await cur.executemany(
-                self._sql(
-                    "INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key, "
-                    "requirements, max_attempts, run_at, created_at, updated_at, timeout, "
-                    "depends_on, deps_left, error) VALUES (%(id)s, %(type)s, %(queue)s, "
-                    "%(state)s, %(priority)s, %(args)s, %(kwargs)s, %(key)s, %(req)s::jsonb, "
-                    "%(max_attempts)s, {now} + %(delay)s, {now}, {now}, %(timeout)s, "
-                    "%(depends_on)s::text[], %(deps_left)s, %(error)s)"
+            await cur.execute(
+                self._submit_sql,
+                self._p(
+                    **cols,
+                    dep_ids=[d for d, _ in dep_rows],
+                    dep_tasks=[t for _, t in dep_rows],
+                    channel=self.channel,
                 ),
-                rows,
             )
-            if dep_rows:
-                await cur.executemany(
-                    self._sql("INSERT INTO {s}.task_deps (dep_id, task_id) VALUES (%s, %s)"),
-                    dep_rows,
-                )
-            await self._notify(cur)
             return out
 
+        # A batch with no keys and no dependencies reads nothing first: its one statement is
+        # atomic on its own, without the round trips of an explicit transaction.
+        simple = all(s.key is None and not s.depends_on for s in specs)
         for attempt in range(3):
             try:
-                return await self._run(run)
+                return await self._run(run, tx=not simple)
             except StoreError as exc:
                 cause = exc.__cause__
                 if not isinstance(cause, psycopg.errors.UniqueViolation):
@@ -490,6 +504,27 @@ class PostgresStore:
                     continue  # another submitter inserted the same key: read it this time
                 raise StoreError(f"submission refused by the database: {cause}") from cause
         raise AssertionError("unreachable")
+
+    @property
+    def _submit_sql(self) -> str:
+        # one statement: the tasks, their dependency edges and the notification
+        types = ", ".join(f"%({n})s::{t}[]" for n, t in _SUBMIT_COLUMNS.items())
+        return self._sql(
+            "WITH ins AS ("
+            "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
+            "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
+            "   deps_left, error)"
+            "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
+            "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
+            "   CASE WHEN r.deps IS NULL THEN NULL"
+            "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
+            "   r.deps_left, r.error"
+            f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
+            "), deps AS ("
+            "  INSERT INTO {s}.task_deps (dep_id, task_id)"
+            "  SELECT * FROM unnest(%(dep_ids)s::text[], %(dep_tasks)s::text[])"
+            ") SELECT pg_notify(%(channel)s, '')"
+        )
 
     async def _notify(self, cur: Cursor) -> None:
         await cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
@@ -919,6 +954,7 @@ class PostgresStore:
             landed = [r[0] for r in await cur.fetchall()]
             if landed:
                 await self._settle_dependents(cur, [(tid, "succeeded") for tid in landed])
+                await self._notify(cur)  # wakes result() waiters, and experts if dependents woke
             earlier = ("succeeded",) if tries > 1 else ()
             return await self._refusals(cur, expert, pairs, landed, _OWNED, earlier)
 
