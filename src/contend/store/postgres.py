@@ -698,9 +698,13 @@ class PostgresStore:
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         only = "" if ids is None else "AND id = ANY(%(ids)s) "
         sql = self._sql(
-            "WITH picked AS ("
+            "WITH live AS ("
+            "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
+            "   AND lease_deadline >= {now} FOR SHARE"
+            "), picked AS ("
             "  SELECT id FROM {s}.tasks"
-            "  WHERE state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
+            "  WHERE EXISTS (SELECT 1 FROM live)"
+            "   AND state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
             f"  {only}AND {FITS}"
             "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
             "), claimed AS ("
@@ -716,9 +720,11 @@ class PostgresStore:
         )
 
         async def run(cur: Cursor) -> list[Claimed]:
-            await self._check_session(cur, expert, session)
             if not queues or not limit or (ids is not None and not ids):
+                await self._check_session(cur, expert, session)
                 return []
+            # One statement, atomic on its own: the session check (holding the expert row
+            # shared, so that it cannot be replaced meanwhile), the pick and the update.
             await cur.execute(
                 sql,
                 self._p(
@@ -727,10 +733,14 @@ class PostgresStore:
                     limit=limit,
                     state="running" if start else "claimed",
                     expert=expert,
+                    session=session,
                     ttl=ttl,
                     **self._caps(capabilities),
                 ),
             )
+            rows = await cur.fetchall()
+            if not rows:  # nothing claimable, or a session that is not live: which?
+                await self._check_session(cur, expert, session)
             return [
                 Claimed(
                     id=r[0],
@@ -746,18 +756,17 @@ class PostgresStore:
                     lease_deadline=r[10],
                     priority=r[11],
                 )
-                for r in await cur.fetchall()
+                for r in rows
             ]
 
-        return await self._run(run)
+        return await self._run(run, tx=False)
 
     async def _check_session(self, cur: Cursor, expert: str, session: str) -> None:
-        """Raise LeaseLost unless *session* is *expert*'s live session; holds the expert row
-        (shared) until the transaction ends so that it cannot be replaced meanwhile."""
+        """Raise LeaseLost unless *session* is *expert*'s live session."""
         await cur.execute(
             self._sql(
                 "SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s "
-                "AND lease_deadline >= {now} FOR SHARE"
+                "AND lease_deadline >= {now}"
             ),
             self._p(expert=expert, session=session),
         )
