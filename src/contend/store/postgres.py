@@ -866,7 +866,7 @@ class PostgresStore:
             earlier = ("started",) if tries > 1 else ()
             return await self._refusals(cur, expert, items, landed, ("claimed",), earlier)
 
-        return await self._run(run)
+        return await self._run(run, tx=False)
 
     def _batch(
         self, expert: str, items: Sequence[tuple[str, int]], states: tuple[str, ...], **more: Any
@@ -931,7 +931,7 @@ class PostgresStore:
             (res,) = await self._refusals(cur, expert, items, landed, _OWNED)
             return res
 
-        res = await self._run(run)
+        res = await self._run(run, tx=False)
         if res is not None:
             raise res
 
@@ -962,6 +962,8 @@ class PostgresStore:
             )
             landed = [r[0] for r in await cur.fetchall()]
             if landed:
+                # A statement of its own, so that it sees a dependent whose submission
+                # committed while the UPDATE above waited for the dependency's row lock.
                 await self._settle_dependents(cur, [(tid, "succeeded") for tid in landed])
                 await self._notify(cur)  # wakes result() waiters, and experts if dependents woke
             earlier = ("succeeded",) if tries > 1 else ()
@@ -1042,7 +1044,7 @@ class PostgresStore:
             "), events AS ("
             "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert)"
             "  SELECT id, {now}, 'released', fence, %(expert)s FROM done"
-            ") SELECT id FROM done"
+            ") SELECT id, pg_notify(%(channel)s, '') FROM done"
         )
 
         tries = 0
@@ -1050,14 +1052,12 @@ class PostgresStore:
         async def run(cur: Cursor) -> list[FencedOut | None]:
             nonlocal tries
             tries += 1
-            await cur.execute(sql, self._batch(expert, items, _OWNED))
+            await cur.execute(sql, self._batch(expert, items, _OWNED, channel=self.channel))
             landed = [r[0] for r in await cur.fetchall()]
-            if landed:
-                await self._notify(cur)
             earlier = ("released",) if tries > 1 else ()
             return await self._refusals(cur, expert, items, landed, _OWNED, earlier)
 
-        return await self._run(run)
+        return await self._run(run, tx=False)
 
     async def expire(self) -> int:
         lost = (

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import collections
 
+import psycopg
+
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import FencedOut
 from contend.store.port import Completion, ExpertInfo
@@ -12,6 +14,7 @@ from contend.store.postgres import PostgresStore
 from contend.testing import FakeClock
 
 from .conftest import StoreFactory
+from .helpers import eventually
 
 TASKS = 300
 STORES = 4
@@ -76,3 +79,38 @@ async def test_racing_completions_of_a_reclaimed_task_land_once(make_store: Stor
     assert new_res == [None] * 20
     for task in await a.list_tasks(limit=100):
         assert (task.result, task.fence) == ("new", 2)
+
+
+async def test_a_dependent_submitted_while_its_dependency_completes_is_released(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    """complete(A) waits on A's row lock while submit(C after A) commits: C must not be left
+    waiting for ever (the settle step has to see C's dependency row)."""
+    store = await make_store()
+    (a,) = await store.submit([TaskSpec.build("t")])
+    session = await store.register_expert(ExpertInfo("e1"), 60)
+    (claimed,) = await store.claim(
+        "e1", session, ["default"], Capabilities(), limit=1, lease_ttl=60
+    )
+    async with await psycopg.AsyncConnection.connect(pg_url) as blocker:
+        # hold A's row the way a concurrent submission does (FOR SHARE)
+        await blocker.execute("SELECT 1 FROM contend.tasks WHERE id = %s FOR SHARE", (a.id,))
+        completing = asyncio.create_task(
+            store.complete("e1", [Completion(a.id, claimed.fence, "1")])
+        )
+
+        async def complete_is_waiting() -> bool:
+            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%succeeded%%'"
+                )
+                row = await cur.fetchone()
+                return row is not None and row[0] > 0
+
+        await eventually(complete_is_waiting, what="complete() waiting on the row lock")
+        (c,) = await store.submit([TaskSpec.build("t", depends_on=[a.id])])
+        assert (await store.get(c.id)).state == TaskState.WAITING
+        await blocker.commit()
+    assert await asyncio.wait_for(completing, 10) == [None]
+    assert (await store.get(c.id)).state == TaskState.PENDING
