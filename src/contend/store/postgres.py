@@ -449,7 +449,10 @@ class PostgresStore:
                 return out
             cols: dict[str, list[Any]] = {name: [] for name in _SUBMIT_COLUMNS}
             dep_rows: list[tuple[str, str]] = []
-            for spec in fresh:
+            # Dependencies before their dependents, so that a task depending on one made dead
+            # in this same batch (its own dependency had failed) is dead too, not left waiting
+            # for a task that will never finish.
+            for spec in _dependencies_first(fresh):
                 left = [d for d in spec.depends_on if states.get(d) not in _TERMINAL]
                 failed = [d for d in spec.depends_on if states.get(d) in _TERMINAL_BAD]
                 state = initial_state(spec, len(left))
@@ -478,6 +481,7 @@ class PostgresStore:
                 )
                 for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
                     cols[name].append(value)
+                states[spec.id] = str(state)
                 dep_rows.extend((d, spec.id) for d in left)
             await cur.execute(
                 self._submit_sql,
@@ -697,6 +701,10 @@ class PostgresStore:
         ttl = check_ttl(lease_ttl)
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         only = "" if ids is None else "AND id = ANY(%(ids)s) "
+        # named tasks are taken in the order given, like the reference store; others best first
+        order = (
+            "priority DESC, run_at, id" if ids is None else "array_position(%(ids)s::text[], id)"
+        )
         sql = self._sql(
             "WITH live AS ("
             "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
@@ -706,7 +714,7 @@ class PostgresStore:
             "  WHERE EXISTS (SELECT 1 FROM live)"
             "   AND state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
             f"  {only}AND {FITS}"
-            "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+            f"  ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
             "), claimed AS ("
             "  UPDATE {s}.tasks t SET state = %(state)s, owner = %(expert)s, fence = t.fence + 1,"
             "   attempts = t.attempts + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
@@ -716,7 +724,7 @@ class PostgresStore:
             "), events AS ("
             "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert)"
             "  SELECT id, {now}, 'claimed', fence, %(expert)s FROM claimed"
-            ") SELECT * FROM claimed ORDER BY priority DESC, run_at, id"
+            f") SELECT * FROM claimed ORDER BY {order}"
         )
 
         async def run(cur: Cursor) -> list[Claimed]:
@@ -1115,7 +1123,9 @@ class PostgresStore:
                         " UPDATE {s}.tasks t SET deps_left = t.deps_left - n.n,"
                         "  state = CASE WHEN t.deps_left <= n.n THEN 'pending' ELSE t.state END,"
                         "  run_at = CASE WHEN t.deps_left <= n.n THEN greatest(t.run_at, {now})"
-                        "   ELSE t.run_at END, updated_at = {now}"
+                        "   ELSE t.run_at END,"
+                        "  updated_at = CASE WHEN t.deps_left <= n.n THEN {now}"
+                        "   ELSE t.updated_at END"
                         " FROM n WHERE t.id = n.task_id AND t.state = 'waiting'"
                         " RETURNING t.state"
                     ),
@@ -1376,6 +1386,32 @@ class PostgresStore:
             return None if row is None else row[0]
 
         return await self._run(run, tx=False)
+
+
+def _dependencies_first(specs: Sequence[TaskSpec]) -> list[TaskSpec]:
+    """*specs* reordered so that each comes after those of the batch it depends on (the batch
+    has been checked for cycles); otherwise in their given order."""
+    by_id = {s.id: s for s in specs}
+    done: set[str] = set()
+    out: list[TaskSpec] = []
+
+    def visit(spec: TaskSpec) -> None:
+        stack = [(spec, iter(spec.depends_on))]
+        done.add(spec.id)
+        while stack:
+            node, deps = stack[-1]
+            dep = next((d for d in deps if d in by_id and d not in done), None)
+            if dep is None:
+                out.append(node)
+                stack.pop()
+            else:
+                done.add(dep)
+                stack.append((by_id[dep], iter(by_id[dep].depends_on)))
+
+    for spec in specs:
+        if spec.id not in done:
+            visit(spec)
+    return out
 
 
 def _one(row: T | None) -> T:

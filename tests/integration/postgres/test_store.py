@@ -353,3 +353,32 @@ async def test_purge_all_empties_the_schema(store: PostgresStore) -> None:
     await store.purge_all()
     assert await store.list_tasks() == []
     assert await store.list_experts() == []
+
+
+async def test_a_dependent_of_a_task_born_dead_in_the_same_batch_is_dead(
+    store: PostgresStore,
+) -> None:
+    a = TaskSpec.build("t")
+    await store.submit([a])
+    await store.cancel(a.id)
+    # b is dead at once (a was cancelled); c depends on b, in the same batch, either order
+    b = TaskSpec.build("t", depends_on=[a.id])
+    c = TaskSpec.build("t", depends_on=[b.id])
+    await store.submit([b, c])
+    b2 = TaskSpec.build("t", depends_on=[a.id])
+    c2 = TaskSpec.build("t", depends_on=[b2.id])
+    await store.submit([c2, b2])
+    for spec in (b, c, b2, c2):
+        task = await store.get(spec.id)
+        assert task.state == TaskState.DEAD, spec
+        assert task.error["type"] == "DependencyFailed"
+
+
+async def test_depending_on_a_spec_whose_key_matched_is_refused(store: PostgresStore) -> None:
+    first = TaskSpec.build("t", key="once")
+    await store.submit([first])
+    again = TaskSpec.build("t", key="once")
+    child = TaskSpec.build("t", depends_on=[again.id])
+    with pytest.raises(DependencyError, match="unknown dependencies"):
+        await store.submit([again, child])
+    assert [t.id for t in await store.list_tasks()] == [first.id]
