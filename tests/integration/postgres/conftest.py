@@ -8,44 +8,27 @@ tests; elsewhere it skips them with a message saying how to provide one.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import psycopg
 import pytest
 
 from contend.store.postgres import PostgresStore
 from contend.testing import FakeClock
-
-SERVER = os.environ.get("CONTEND_TEST_PG", "postgresql://postgres@127.0.0.1:5432").rstrip("/")
-
-pytestmark = pytest.mark.postgres
+from contend.testing.postgres import NoServer, fresh_database
 
 StoreFactory = Callable[..., Awaitable[PostgresStore]]
-
-
-async def _admin() -> psycopg.AsyncConnection[tuple[object, ...]]:
-    try:
-        return await psycopg.AsyncConnection.connect(
-            f"{SERVER}/postgres", autocommit=True, connect_timeout=5
-        )
-    except psycopg.OperationalError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL is required under CI=true but unreachable at {SERVER}: {exc}")
-        pytest.skip(f"no PostgreSQL at {SERVER} (set CONTEND_TEST_PG): {exc}")
 
 
 @pytest.fixture
 async def pg_url() -> AsyncIterator[str]:
     """The URL of a fresh, empty database."""
-    name = f"contend_test_{uuid.uuid4().hex[:12]}"
-    admin = await _admin()
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield f"{SERVER}/{name}"
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        async with fresh_database() as url:
+            yield url
+    except NoServer as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"PostgreSQL is required under CI=true: {exc}")
+        pytest.skip(str(exc))
 
 
 @pytest.fixture
