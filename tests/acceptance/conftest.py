@@ -50,6 +50,7 @@ class Experts:
         self.url = url
         self.logdir = logdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.killed: set[str] = set()
 
     def start(
         self, name: str, *extra: str, lease: float = 1.5, concurrency: int = 4, grace: float = 5
@@ -82,6 +83,17 @@ class Experts:
         log.close()
         self.procs[name] = proc
         return proc
+
+    def check_alive(self) -> None:
+        """Fail at once, with its log, if an expert died that was not killed on purpose."""
+        for name, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None and code not in (0, -9, -15) and name not in self.killed:
+                raise AssertionError(f"expert {name} exited with {code}:\n{self.log(name)[-3000:]}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.killed.add(name)
+        self.procs[name].send_signal(sig)
 
     def log(self, name: str) -> str:
         return (self.logdir / f"{name}.log").read_text(errors="replace")
@@ -117,11 +129,17 @@ async def store(db_url: str) -> AsyncIterator[Store]:
 
 
 async def wait_until(
-    check: Callable[[], Awaitable[Any]], timeout: float = 30.0, what: str = "condition"
+    check: Callable[[], Awaitable[Any]],
+    timeout: float = 30.0,
+    what: str = "condition",
+    watch: Experts | None = None,
 ) -> Any:
-    """Poll *check* until it returns something truthy; fail after *timeout* seconds."""
+    """Poll *check* until it returns something truthy; fail after *timeout* seconds, or at
+    once when an expert of *watch* died on its own."""
     deadline = time.monotonic() + timeout
     while True:
+        if watch is not None:
+            watch.check_alive()
         value = await check()
         if value:
             return value

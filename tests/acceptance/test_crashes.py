@@ -37,8 +37,8 @@ async def test_kill_9_loses_nothing_commits_once_and_resumes(
             if t.owner == "victim" and (t.checkpoint or {}).get("done", 0) >= 3
         ]
 
-    held = await wait_until(victim_has_progress, what="the victim to checkpoint")
-    victim.send_signal(signal.SIGKILL)
+    held = await wait_until(victim_has_progress, what="the victim to checkpoint", watch=experts)
+    experts.kill("victim")
     victim.wait(timeout=10)
     killed_at = time.monotonic()
     experts.start("survivor", lease=1.0, concurrency=6)
@@ -47,7 +47,7 @@ async def test_kill_9_loses_nothing_commits_once_and_resumes(
         tasks = await store.list_tasks(limit=1000)
         return all(t.state == TaskState.SUCCEEDED for t in tasks)
 
-    await wait_until(all_done, timeout=60, what="every task to succeed")
+    await wait_until(all_done, timeout=60, what="every task to succeed", watch=experts)
     assert time.monotonic() - killed_at < 30
     for spec in specs:
         assert await succeeded_once(store, spec.id), spec.id
@@ -68,7 +68,7 @@ async def test_paused_expert_is_fenced_out_and_stops(store: Store, experts: Expe
         task = await store.get(spec.id)
         return task.state == TaskState.RUNNING and task.owner == "paused"
 
-    await wait_until(running_on_paused, what="the task to run on the paused expert")
+    await wait_until(running_on_paused, what="the task to run on the paused expert", watch=experts)
     paused.send_signal(signal.SIGSTOP)
     try:
         experts.start("rescuer", lease=1.0, concurrency=1)
@@ -110,7 +110,7 @@ async def test_sigterm_releases_unfinished_work_at_once(store: Store, experts: E
     async def both_running() -> bool:
         return len(await store.list_tasks(state=TaskState.RUNNING)) == 2
 
-    await wait_until(both_running, what="both tasks to start")
+    await wait_until(both_running, what="both tasks to start", watch=experts)
     # a short grace: the tasks cannot finish, so they must be released (not left to lapse)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0

@@ -269,18 +269,21 @@ async def test_the_fitter_expert_wins_the_race(app: App) -> None:
         return ctx.expert
 
     # both can run it; 'exact' offers just what is asked, 'big' also has gpu to keep free
+    big_caps = Capabilities(frozenset({"ssd", "gpu"}))
+    exact_caps = Capabilities(frozenset({"ssd"}))
     async with (
-        expert(app, name="big", window=0.2, capabilities=Capabilities(frozenset({"ssd", "gpu"}))),
-        expert(app, name="exact", window=0.2, capabilities=Capabilities(frozenset({"ssd"}))) as e,
+        expert(app, name="big", window=0.2, capabilities=big_caps, lease_ttl=1.5) as b,
+        expert(app, name="exact", window=0.2, capabilities=exact_caps, lease_ttl=1.5) as e,
     ):
         await eventually(lambda: _sees_rival(e))
+        await eventually(lambda: _sees_rival(b))
         handles = [await app.submit(index) for _ in range(20)]
         winners = [await h.result(timeout=10) for h in handles]
     assert winners.count("exact") >= 18, winners
 
 
 async def _sees_rival(e: Expert) -> bool:
-    return len(e._rivals()) == 1
+    return len(e.competition.rivals()) == 1
 
 
 def test_sync_facade_submits_and_waits(tmp_path: Path) -> None:
@@ -308,3 +311,51 @@ def test_sync_facade_submits_and_waits(tmp_path: Path) -> None:
         loop.call_soon_threadsafe(stop.set)
         t.join(30)
         loop.close()
+
+
+async def test_an_emergency_expert_joins_only_under_pressure(app: App) -> None:
+    from contend.runtime.competition import PressurePolicy
+
+    release = asyncio.Event()
+
+    @app.task
+    async def job(ctx: TaskContext) -> str:
+        await release.wait()
+        return ctx.expert
+
+    calm = PressurePolicy(backlog_per_expert=3, max_wait=3600, utilisation=2.0)
+    async with (
+        expert(app, name="worker", concurrency=1, lease_ttl=0.9),
+        expert(
+            app, name="reserve", tier="emergency", concurrency=4, lease_ttl=0.9, pressure=calm
+        ) as reserve,
+    ):
+        store = await app.store()
+        first = [await app.submit(job) for _ in range(3)]  # 1 running + 2 waiting: calm
+
+        async def worker_busy() -> bool:
+            return len(await store.list_tasks(state=TaskState.RUNNING)) == 1
+
+        await eventually(worker_busy)
+        beats = reserve.stats.heartbeats
+        await eventually(lambda: _beats(reserve, beats + 2))  # it weighed the calm backlog
+        assert not reserve.competition.active
+        assert reserve.load == 0
+        flood = [await app.submit(job) for _ in range(6)]  # 8 waiting for 1 worker: pressure
+
+        async def reserve_joined() -> bool:
+            return reserve.load > 0
+
+        await eventually(reserve_joined)
+        release.set()
+        owners = [await h.result(timeout=10) for h in first + flood]
+        assert "reserve" in owners
+        await eventually(lambda: _standing_down(reserve))
+
+
+async def _beats(e: Expert, n: int) -> bool:
+    return e.stats.heartbeats >= n
+
+
+async def _standing_down(e: Expert) -> bool:
+    return not e.competition.active

@@ -163,6 +163,7 @@ async def cmd_expert(args: argparse.Namespace) -> int:
         tier=args.tier,
         specialties=frozenset(args.specialty or ()),
         window=args.window,
+        zone_margin=args.zone_margin,
     )
     expert = Expert(app, config)
     loop = asyncio.get_running_loop()
@@ -396,20 +397,27 @@ async def cmd_status(args: argparse.Namespace) -> int:
         print()
         live = [e for e in stats.experts if e.alive]
         print(f"experts ({len(live)} live, {len(stats.experts) - len(live)} gone)")
-        erows = [
-            (
-                e.info.id,
-                "live" if e.alive else "gone",
-                f"{e.load}/{e.info.capacity}",
-                _age(stats.now - e.heartbeat_at),
-                ",".join(sorted(e.info.capabilities.tags)) or "-",
-                e.tasks_done,
-                e.claims_won,
-                e.claim_attempts,
-                f"{e.claims_won / e.claim_attempts:.0%}" if e.claim_attempts else "-",
+        erows = []
+        for e in stats.experts:
+            m = e.metrics
+            tier = e.info.tier
+            if tier == "emergency":
+                tier += " (on)" if m.get("active") else " (standby)"
+            erows.append(
+                (
+                    e.info.id,
+                    "live" if e.alive else "gone",
+                    tier,
+                    f"{e.load}/{e.info.capacity}",
+                    _age(stats.now - e.heartbeat_at),
+                    ",".join(sorted(e.info.capabilities.tags)) or "-",
+                    e.tasks_done,
+                    e.claims_won,
+                    m.get("lost_races", e.claim_attempts - e.claims_won),
+                    f"{e.claims_won / e.claim_attempts:.0%}" if e.claim_attempts else "-",
+                    f"{float(m.get('window', 0)) * 1000:.0f}ms" if "window" in m else "-",
+                )
             )
-            for e in stats.experts
-        ]
         if erows:
             print(
                 _table(
@@ -417,13 +425,15 @@ async def cmd_status(args: argparse.Namespace) -> int:
                     [
                         "expert",
                         "state",
+                        "tier",
                         "load",
                         "heartbeat",
                         "tags",
                         "done",
                         "won",
-                        "attempts",
+                        "lost",
                         "success",
+                        "window",
                     ],
                 )
             )
@@ -495,7 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--window",
         type=_seconds("--window", 0, 60),
         default=0.02,
-        help="base race window in seconds (default 0.02)",
+        help="base race window in seconds (default 0.02; 0 turns competition off)",
+    )
+    e.add_argument(
+        "--zone-margin",
+        type=_seconds("--zone-margin", 0, 60),
+        default=0.0,
+        help="extra race delay for tasks that prefer tags (a zone) this expert lacks",
     )
     e.set_defaults(func=cmd_expert)
 

@@ -64,7 +64,13 @@ class RetryPolicy:
         return cls(max_attempts=retries + 1)
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        base = min(self.max_backoff, self.backoff * self.factor ** max(0, attempt - 1))
+        base = 0.0
+        if self.backoff > 0:
+            try:
+                grown = self.backoff * float(self.factor) ** max(0, attempt - 1)
+            except OverflowError:  # late attempts of a long policy: the cap applies
+                grown = math.inf
+            base = min(self.max_backoff, grown)
         return max(0.0, base * (1 + self.jitter * (2 * rand() - 1)))
 
     def decide(

@@ -8,15 +8,36 @@ tries the atomic claim, so the fittest usually tries first and the store picks o
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from contend.domain.task import Capabilities, Requirements
 
 
 @dataclass(frozen=True, slots=True)
+class TypeRecord:
+    """An expert's past on one task type: results and mean run time."""
+
+    done: int = 0
+    failed: int = 0
+    mean_seconds: float | None = None
+
+    @property
+    def runs(self) -> int:
+        return self.done + self.failed
+
+    @property
+    def success_rate(self) -> float:
+        return self.done / self.runs if self.runs else 1.0
+
+
+#: Below this many runs an expert's record on a type is not trusted (it scores as neutral).
+MIN_RUNS = 3
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertView:
-    """What an expert knows of itself when it scores a task."""
+    """What an expert knows of itself (or of a rival, from its heartbeats) when it scores."""
 
     name: str
     capabilities: Capabilities = field(default_factory=Capabilities)
@@ -24,6 +45,9 @@ class ExpertView:
     load: int = 0  # tasks it holds now
     tier: str = "general"
     specialties: frozenset[str] = frozenset()  # task types it is specialised in
+    history: Mapping[str, TypeRecord] = field(default_factory=dict)
+    #: the fastest known mean run time of each task type across the cluster
+    typical_seconds: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def headroom(self) -> float:
@@ -46,14 +70,32 @@ Fitness = Callable[[ExpertView, TaskView], float]
 
 
 def default_fitness(expert: ExpertView, task: TaskView) -> float:
-    """Capability match (0 when the expert cannot run the task), weighted by load headroom,
-    with a bonus for specialists on their own task types."""
+    """The product of:
+
+    * capability match — 0 when the expert cannot run the task at all, lower when it offers
+      much more than asked (keep big machines for big tasks);
+    * load headroom — an idle expert scores up to twice a full one;
+    * past success on this task type — ``0.3 + 0.7 × success rate``;
+    * speed on this task type — the cluster's fastest mean run time over this expert's;
+    * locality — 0.6 when the task prefers tags (a zone, a host) the expert lacks;
+
+    plus 0.25 for a specialist on its own task types, capped at 1. An expert with fewer than
+    ``MIN_RUNS`` runs of a type scores neutral on success and speed, so newcomers get tried.
+    """
     match = expert.capabilities.match_score(task.requirements)
     if match == 0.0:
         return 0.0
     score = match * (0.5 + 0.5 * expert.headroom)
+    record = expert.history.get(task.type)
+    if record is not None and record.runs >= MIN_RUNS:
+        score *= 0.3 + 0.7 * record.success_rate
+        typical = expert.typical_seconds.get(task.type)
+        if typical and record.mean_seconds:
+            score *= max(0.05, min(1.0, typical / record.mean_seconds))
+    if task.requirements.prefer and not task.requirements.prefer <= expert.capabilities.tags:
+        score *= 0.6
     if task.type in expert.specialties:
-        score = min(1.0, score + 0.25)
+        score += 0.25
     return max(0.0, min(1.0, score))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,16 +93,25 @@ def can_move(src: TaskState, dst: TaskState) -> bool:
     return dst in TRANSITIONS[src]
 
 
+_last_id = 0
+_last_id_lock = threading.Lock()
+
+
 def new_task_id(now: float | None = None) -> str:
-    """A 26-character id that sorts by creation time (48-bit ms timestamp + 80 random bits)."""
+    """A 28-character hex id that sorts by creation time: 48-bit milliseconds, 64 random bits.
+
+    Ids made by one process are strictly increasing, also within one millisecond (the random
+    part then counts up, as monotonic ULIDs do): stores break ties between tasks due at the same
+    moment by id, so this is what keeps a batch first-in-first-out.
+    """
+    global _last_id
     ms = int((time.time() if now is None else now) * 1000)
-    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
-    alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
-    chars = []
-    for _ in range(26):
-        value, rem = divmod(value, 32)
-        chars.append(alphabet[rem])
-    return "".join(reversed(chars))
+    value = (ms << 64) | int.from_bytes(os.urandom(8), "big")
+    with _last_id_lock:
+        if value >> 64 <= _last_id >> 64:
+            value = _last_id + 1
+        _last_id = value
+    return f"{value:028x}"
 
 
 def encode_json(value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
@@ -122,10 +132,13 @@ def decode_json(text: str | None) -> JSON:
 
 @dataclass(frozen=True, slots=True)
 class Requirements:
-    """What a task needs from an expert: capability tags, and amounts of named resources."""
+    """What a task needs from an expert: capability tags and amounts of named resources (hard:
+    an expert without them never claims the task), and preferred tags such as ``zone:eu``
+    (soft: experts without them may run it, but score lower and wait longer in the race)."""
 
     tags: frozenset[str] = frozenset()
     resources: Mapping[str, float] = field(default_factory=dict)
+    prefer: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, value: Requirements | Iterable[str] | Mapping[str, Any] | None) -> Requirements:
@@ -136,20 +149,26 @@ class Requirements:
         if isinstance(value, Mapping):
             tags = value.get("tags", ())
             res = value.get("resources", {})
-            unknown = set(value) - {"tags", "resources"}
+            unknown = set(value) - {"tags", "resources", "prefer"}
             if unknown:
                 raise TaskError(f"requirements have unknown keys: {sorted(unknown)}")
-            return cls(_tags(tags), _resources(res))
+            return cls(_tags(tags), _resources(res), _tags(value.get("prefer", ())))
         return cls(_tags(value), {})
 
     @property
     def empty(self) -> bool:
-        return not self.tags and not self.resources
+        return not self.tags and not self.resources and not self.prefer
 
     def to_json(self) -> JSON:
         if self.empty:
             return None
-        return {"tags": sorted(self.tags), "resources": dict(sorted(self.resources.items()))}
+        data: dict[str, JSON] = {
+            "tags": sorted(self.tags),
+            "resources": dict(sorted(self.resources.items())),
+        }
+        if self.prefer:
+            data["prefer"] = sorted(self.prefer)
+        return data
 
     @classmethod
     def from_json(cls, data: JSON) -> Requirements:
@@ -193,9 +212,10 @@ class Capabilities:
             if "=" in item:
                 name, _, amount = item.partition("=")
                 try:
-                    res[_name(name)] = _amount(name, float(amount))
+                    value = float(amount)
                 except ValueError as exc:
                     raise TaskError(f"capability {item!r}: amount must be a number") from exc
+                res[_name(name)] = _amount(name, value)
             else:
                 tags.add(_name(item))
         return cls(frozenset(tags), res)

@@ -127,8 +127,8 @@ class App:
                 raise ConfigError(f"task type {type_name!r} is registered twice")
             if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
                 raise ConfigError(f"timeout of {type_name!r} must be positive, got {timeout!r}")
-            if mode not in ("race", "auction"):
-                raise ConfigError(f"mode of {type_name!r} must be 'race' or 'auction'")
+            if mode not in ("race", "auction", "auto"):
+                raise ConfigError(f"mode of {type_name!r} must be 'race', 'auction' or 'auto'")
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(

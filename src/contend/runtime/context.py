@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,13 +42,13 @@ class TaskContext:
     state: JSON = None  # the last checkpoint, as the previous owner saved it
     _expert: Expert | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancelled: bool = field(default=False, repr=False)
 
     @property
     def cancelled(self) -> bool:
         """True once this run must stop: the task was cancelled, timed out or its lease was
         lost. Sync tasks, which cannot be interrupted, should check it between steps."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     async def checkpoint(self, state: JSON) -> None:
         """Save *state* (JSON) under this run's fence; the next owner starts from it.

@@ -22,19 +22,14 @@ import random
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.domain.scoring import (
-    ExpertView,
-    Fitness,
-    TaskView,
-    default_fitness,
-    race_delay,
-)
+from contend.domain.scoring import Fitness, TaskView, default_fitness
 from contend.domain.task import Capabilities, TaskState, encode_json
 from contend.errors import (
     ConfigError,
@@ -45,12 +40,13 @@ from contend.errors import (
     PayloadError,
 )
 from contend.runtime.app import App, TaskType
+from contend.runtime.competition import Competition, PressurePolicy
 from contend.runtime.context import TaskContext, _current
 from contend.store.port import (
+    Auction,
     Claimed,
     Completion,
     ExpertInfo,
-    ExpertRecord,
     Failure,
     Heartbeat,
     Store,
@@ -82,6 +78,13 @@ class ExpertConfig:
     grace: float = 30.0  # SIGTERM: how long running tasks may take to finish
     idle_wait: float = 1.0  # longest sleep between change checks when nothing happens
     fitness: Fitness = default_fitness
+    zone_margin: float = 0.0  # extra race delay for a task that prefers tags this expert lacks
+    auction_window: float = 0.2  # how long an auction takes bids, seconds
+    auction_grace: float = 0.5  # how long each bidder has to claim before the next may
+    auction_threshold: float = 2.0  # mode="auto": auction types whose runs take this long
+    prefetch: int = 0  # tasks claimed ahead, unstarted, beyond the running ones
+    steal_ratio: float | None = 1.0  # steal from experts this loaded (None: never steal)
+    pressure: PressurePolicy = field(default_factory=PressurePolicy)
 
     def validate(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
@@ -95,6 +98,20 @@ class ExpertConfig:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
         if not 0 <= self.window <= 60:
             raise ConfigError(f"window must be between 0 and 60 s, got {self.window}")
+        if self.tier not in ("general", "specialized", "emergency"):
+            raise ConfigError(f"tier must be general, specialized or emergency, got {self.tier!r}")
+        if not 0 <= self.auction_window <= 60 or not 0 < self.auction_grace <= 600:
+            raise ConfigError("auction_window must be in [0, 60] s and auction_grace in (0, 600] s")
+        if not 0 < self.auction_threshold <= 86_400:
+            raise ConfigError(f"auction_threshold must be positive, got {self.auction_threshold}")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
+            raise ConfigError(f"prefetch must be an integer, got {self.prefetch!r}")
+        if not 0 <= self.prefetch <= 10_000:
+            raise ConfigError(f"prefetch must be between 0 and 10000, got {self.prefetch}")
+        if self.steal_ratio is not None and not 0 < self.steal_ratio <= 1:
+            raise ConfigError(f"steal_ratio must be in (0, 1], got {self.steal_ratio}")
+        if not 0 <= self.zone_margin <= 60:
+            raise ConfigError(f"zone_margin must be between 0 and 60 s, got {self.zone_margin}")
         if not 0 <= self.grace <= 86_400:
             raise ConfigError(f"grace must be between 0 and one day, got {self.grace}")
         if self.name is not None and (not self.name or len(self.name) > 200):
@@ -121,6 +138,9 @@ class ExpertStats:
     tasks_failed: int = 0
     fenced_out: int = 0
     leases_lost: int = 0
+    heartbeats: int = 0
+    stolen: int = 0  # tasks this expert took from others
+    stolen_from_me: int = 0  # prefetched tasks others took before this expert started them
 
 
 class Expert:
@@ -142,11 +162,26 @@ class Expert:
         self._stopping = asyncio.Event()
         self._claiming_stopped = asyncio.Event()
         self._last_renewal = 0.0  # time.monotonic() of the last successful renewal
-        self._peers: list[ExpertRecord] = []
+        self.competition = Competition(
+            self.name,
+            self.config.capabilities,
+            self.config.concurrency,
+            self.queues,
+            tier=self.config.tier,
+            specialties=self.config.specialties,
+            fitness=self.config.fitness,
+            window=self.config.window,
+            jitter=self.config.jitter,
+            zone_margin=self.config.zone_margin,
+            pressure=self.config.pressure,
+        )
         self._pool = ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix=f"contend-{self.name}"
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._prefetched: deque[Claimed] = deque()
+        self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
+        self._auction_wake: float | None = None  # store time of the next auction moment
         self.state = SlotState.IDLE
         self.started = asyncio.Event()
 
@@ -165,6 +200,7 @@ class Expert:
         self._loop = asyncio.get_running_loop()
         self._store = await self.app.store()
         await self._register()
+        await self._refresh_cluster()
         self.started.set()
         log.info(
             "expert %s started: queues=%s concurrency=%d lease=%.1fs",
@@ -229,7 +265,27 @@ class Expert:
 
     def _beat(self) -> Heartbeat:
         s = self.stats
-        return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done)
+        metrics = self.competition.metrics(s.claim_attempts, s.claims_won)
+        metrics["prefetched"] = len(self._prefetched)
+        metrics["stolen"] = s.stolen
+        return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
+
+    async def _refresh_cluster(self) -> None:
+        """Rivals, cluster load and, for an emergency expert, whether to join in."""
+        assert self._store is not None
+        self.competition.update_peers(await self._store.list_experts(), self.load)
+        if self.config.tier == "emergency":
+            was = self.competition.active
+            now = self.competition.update_pressure(
+                await self._store.backlog(self.queues), self.load
+            )
+            if now != was:
+                log.info(
+                    "expert %s (emergency) %s",
+                    self.name,
+                    "joins: the cluster is under pressure" if now else "stands down",
+                )
+                self._slot_free.set()
 
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
@@ -264,9 +320,13 @@ class Expert:
                         run.claimed.fence,
                     )
                     self._abandon(run)
+            kept = [c for c in self._prefetched if held.get(c.id) == c.fence]
+            self.stats.stolen_from_me += len(self._prefetched) - len(kept)
+            self._prefetched = deque(kept)
             try:
                 await self._store.expire()
-                self._peers = await self._store.list_experts()
+                await self._refresh_cluster()
+                self.stats.heartbeats += 1
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
 
@@ -286,6 +346,7 @@ class Expert:
         for run in runs:
             self._abandon(run)
         self._outbox.clear()
+        self._prefetched.clear()
         if self._stopping.is_set():
             return
         try:
@@ -295,7 +356,7 @@ class Expert:
             log.error("expert %s: could not register a new session: %s", self.name, exc)
 
     def _abandon(self, run: _Run) -> None:
-        run.ctx._cancelled.set()
+        run.ctx._cancelled = True
         run.outcome_sent = True  # nothing of this run may be committed
         if run.task is not None:
             run.task.cancel()
@@ -308,7 +369,8 @@ class Expert:
         store = self._store
         while not self._stopping.is_set():
             free = self.config.concurrency - len(self._runs)
-            if free <= 0:
+            room = self.config.prefetch - len(self._prefetched)
+            if free <= 0 and room <= 0:
                 self._slot_free.clear()
                 if self.config.concurrency - len(self._runs) <= 0:
                     await self._slot_free.wait()
@@ -316,9 +378,23 @@ class Expert:
             if not self._lease_safe():
                 await asyncio.sleep(self.config.heartbeat_every / 10)
                 continue
+            if not self.competition.active:  # an emergency expert while all is calm
+                self.state = SlotState.IDLE
+                self._slot_free.clear()
+                await self._wait_slot_or_stop(self.config.heartbeat_every)
+                continue
             self.state = SlotState.CLAIMING
             try:
-                claimed = await self._compete(store, free)
+                if free > 0 and self._prefetched:
+                    claimed = await self._start_prefetched(store, free)
+                elif free > 0:
+                    claimed = await self._compete(store, free)
+                    if not claimed:
+                        claimed = await self._steal(store, free)
+                else:
+                    claimed = []
+                if room > 0 and not (free > 0 and not claimed):
+                    await self._prefetch(store, room)
             except LeaseLost as exc:
                 await self._lose_lease(str(exc))
                 continue
@@ -332,8 +408,82 @@ class Expert:
                     self._launch(c)
                 await asyncio.sleep(0)
                 continue
+            if free <= 0:  # full, prefetch topped up: wait for a slot
+                self._slot_free.clear()
+                await self._wait_slot_or_stop(self.config.idle_wait)
+                continue
             self.state = SlotState.IDLE if not self._runs else SlotState.EXECUTING
             await self._idle(store)
+
+    # -- prefetch and work stealing (seed 003) ---------------------------------------------
+    async def _prefetch(self, store: Store, room: int) -> None:
+        """Claim a few tasks ahead, unstarted (``claimed``): they start the moment a slot frees,
+        unless an idle expert steals them first."""
+        assert self._session is not None
+        got = await store.claim(
+            self.name,
+            self._session,
+            self.queues,
+            self.config.capabilities,
+            limit=room,
+            lease_ttl=self.config.lease_ttl,
+            start=False,
+        )
+        self.stats.claim_attempts += len(got)
+        self.stats.claims_won += len(got)
+        self._prefetched.extend(got)
+
+    async def _start_prefetched(self, store: Store, free: int) -> list[Claimed]:
+        batch = [self._prefetched.popleft() for _ in range(min(free, len(self._prefetched)))]
+        results = await store.start(self.name, [(c.id, c.fence) for c in batch])
+        started = []
+        for c, res in zip(batch, results, strict=True):
+            if res is None:
+                started.append(c)
+            else:
+                self.stats.stolen_from_me += 1
+                log.info("expert %s: prefetched task %s was taken over (%s)", self.name, c.id, res)
+        return started
+
+    async def _steal(self, store: Store, free: int) -> list[Claimed]:
+        """An idle expert takes unstarted tasks from an expert loaded above the steal ratio."""
+        assert self._session is not None
+        ratio = self.config.steal_ratio
+        if ratio is None:
+            return []
+        victims = sorted(
+            (
+                p
+                for p in self.competition.peers
+                if p.alive
+                and p.info.id != self.name
+                and int(p.metrics.get("prefetched", 0) or 0) > 0
+                and p.load / max(1, p.info.capacity) >= ratio
+                and set(self.queues) & set(p.info.queues)
+            ),
+            key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
+        )
+        for victim in victims:
+            got = await store.steal(
+                self.name,
+                self._session,
+                victim.info.id,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            if got:
+                self.stats.stolen += len(got)
+                log.info("expert %s stole %d task(s) from %s", self.name, len(got), victim.info.id)
+                return got
+        return []
+
+    async def _wait_slot_or_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._slot_free.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def _pause(self, seconds: float) -> None:
         try:
@@ -344,12 +494,15 @@ class Expert:
     async def _idle(self, store: Store) -> None:
         wait = self.config.idle_wait
         due = await store.next_due(self.queues)
+        now = await store.now()
         if due is not None:
             # A task due later: wake up for it. One due already that we did not get is not
             # ours (another expert's requirements, or a lost race): wait for a change.
-            until = due - await store.now()
+            until = due - now
             if until > 0:
                 wait = min(wait, until)
+        if self._auction_wake is not None:
+            wait = max(0.001, min(wait, self._auction_wake - now))
         if wait > 0:
             waiter = asyncio.create_task(store.wait_for_change(wait))
             stopper = asyncio.create_task(self._stopping.wait())
@@ -358,65 +511,27 @@ class Expert:
                 t.cancel()
             await asyncio.gather(waiter, stopper, return_exceptions=True)
 
-    def _view(self) -> ExpertView:
-        return ExpertView(
-            name=self.name,
-            capabilities=self.config.capabilities,
-            capacity=self.config.concurrency,
-            load=self.load,
-            tier=self.config.tier,
-            specialties=self.config.specialties,
-        )
+    def _auction_types(self) -> set[str]:
+        """Task types this expert auctions now: mode "auction", and mode "auto" once their runs
+        take long enough to pay for an auction (seed 000 §6.1)."""
+        out = set()
+        typical = self.competition.typical
+        mine = self.competition.tracker.snapshot()
+        for tt in self.app.tasks.values():
+            if tt.mode == "auction":
+                out.add(tt.name)
+            elif tt.mode == "auto":
+                mean = typical.get(tt.name) or (
+                    mine[tt.name].mean_seconds if tt.name in mine else None
+                )
+                if mean is not None and mean >= self.config.auction_threshold:
+                    out.add(tt.name)
+        return out
 
-    def _rivals(self) -> list[ExpertView]:
-        mine = set(self.queues)
-        return [
-            ExpertView(
-                name=p.info.id,
-                capabilities=p.info.capabilities,
-                capacity=p.info.capacity,
-                load=p.load,
-                tier=p.info.tier,
-            )
-            for p in self._peers
-            if p.alive and p.info.id != self.name and mine & set(p.info.queues)
-        ]
-
-    def _race_matters(self, rivals: list[ExpertView]) -> bool:
-        """Competition only changes the outcome when some rival could be fitter: skip the
-        extra read and the wait when this expert is alone or every rival offers the same."""
-        if self.config.window <= 0 or not rivals:
-            return False
-        me = self._view()
-        return any(r.capabilities != me.capabilities or r.tier != me.tier for r in rivals) or bool(
-            self.config.specialties
-        )
-
-    async def _compete(self, store: Store, free: int) -> list[Claimed]:
+    async def _claim_ids(self, store: Store, ids: list[str], free: int) -> list[Claimed]:
         assert self._session is not None
-        rivals = self._rivals()
-        if not self._race_matters(rivals):
-            got = await store.claim(
-                self.name,
-                self._session,
-                self.queues,
-                self.config.capabilities,
-                limit=free,
-                lease_ttl=self.config.lease_ttl,
-            )
-            self.stats.claim_attempts += len(got)
-            self.stats.claims_won += len(got)
-            return got
-        views = await store.peek(self.queues, self.config.capabilities, free * 2)
-        if not views:
+        if not ids:
             return []
-        delays = sorted((self._delay(v, rivals), n, v.id) for n, v in enumerate(views))
-        first = delays[0][0]
-        if first > 0:
-            await self._pause(first)
-            if self._stopping.is_set():
-                return []
-        ids = [tid for d, _, tid in delays if d <= first + 1e-9][:free]
         got = await store.claim(
             self.name,
             self._session,
@@ -430,13 +545,75 @@ class Expert:
         self.stats.claims_won += len(got)
         return got
 
-    def _delay(self, view: TaskView, rivals: list[ExpertView]) -> float:
-        fit = self.config.fitness
-        mine = fit(self._view(), view)
-        best = max([mine, *(fit(r, view) for r in rivals)])
-        if best <= 0:
-            return 0.0
-        return race_delay(self.config.window, mine / best, self.config.jitter)
+    async def _compete(self, store: Store, free: int) -> list[Claimed]:
+        assert self._session is not None
+        comp = self.competition
+        auctioned = self._auction_types()
+        if not auctioned and not comp.race_matters(self.load):
+            got = await store.claim(
+                self.name,
+                self._session,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            self.stats.claim_attempts += len(got)
+            self.stats.claims_won += len(got)
+            return got
+        views = await store.peek(self.queues, self.config.capabilities, free * 2)
+        self._auction_wake = None
+        if not views:
+            return []
+        claimed: list[Claimed] = []
+        lots = [v for v in views if v.type in auctioned]
+        if lots:
+            claimed = await self._bid_and_claim(store, lots, free)
+            free -= len(claimed)
+        races = [v for v in views if v.type not in auctioned]
+        if not races or free <= 0:
+            return claimed
+        plan = comp.plan(races, self.load)
+        first = plan[0][0]
+        if first > 0:
+            await self._pause(first)
+            if self._stopping.is_set():
+                return claimed
+        # claim every task this expert is about as fit for as for the first one
+        slack = first + comp.window * 0.1
+        ids = [tid for d, _, tid in plan if d <= slack][:free]
+        return claimed + await self._claim_ids(store, ids, free)
+
+    async def _bid_and_claim(self, store: Store, lots: list[TaskView], free: int) -> list[Claimed]:
+        """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
+        and each next bidder may after its grace period."""
+        assert self._session is not None
+        me = self.competition.me(self.load)
+        grace = self.config.auction_grace
+        entitled: list[str] = []
+        now = await store.now()
+        seen = {v.id for v in lots}
+        for tid in [t for t in self._auctions if t not in seen]:
+            del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
+        for view in lots[: max(1, free)]:
+            state = self._auctions.get(view.id)
+            if state is None or (not state[1] and now >= state[0].closes_at):
+                score = self.config.fitness(me, view)
+                auction = await store.bid(
+                    self.name, self._session, view.id, score, self.config.auction_window
+                )
+                state = (auction, auction.now >= auction.closes_at)
+                self._auctions[view.id] = state
+            auction, _ = state
+            if not auction.open:
+                continue
+            at = auction.may_claim_at(self.name, grace)
+            if now >= at:
+                entitled.append(view.id)
+            else:
+                wake = at if now >= auction.closes_at else auction.closes_at
+                self._auction_wake = min(self._auction_wake or wake, wake)
+        return await self._claim_ids(store, entitled, free)
 
     # -- executing -------------------------------------------------------------------------
     def _launch(self, claimed: Claimed) -> None:
@@ -469,15 +646,21 @@ class Expert:
                     retry=False,
                 )
                 return
+            started = time.monotonic()
+            ok: bool | None = None  # stays None when the run is abandoned (not its fault)
             try:
                 result = await self._call(tt, run)
                 text = encode_json(result, f"result of task {c.id}")
+                ok = True
             except TimeoutError:
+                ok = False
                 limit = c.timeout or tt.timeout
                 self._fail(run, "Timeout", f"task exceeded its {limit}s timeout", error=None, tt=tt)
             except PayloadError as exc:
+                ok = False
                 self._fail(run, "PayloadError", str(exc), retry=False)
             except Exception as exc:
+                ok = False
                 self._fail(
                     run,
                     type(exc).__name__,
@@ -488,6 +671,9 @@ class Expert:
                 )
             else:
                 self._send(run, Completion(c.id, c.fence, text))
+            finally:
+                if ok is not None:
+                    self.competition.tracker.record(c.type, ok, time.monotonic() - started)
         finally:
             if self._runs.get(c.id) is run:
                 del self._runs[c.id]
@@ -507,7 +693,7 @@ class Expert:
             try:
                 return await asyncio.wait_for(fut, timeout)
             except (TimeoutError, asyncio.CancelledError):
-                ctx._cancelled.set()  # a thread cannot be interrupted: tell it to stop
+                ctx._cancelled = True  # a thread cannot be interrupted: tell it to stop
                 raise
         finally:
             _current.reset(token)
@@ -648,19 +834,21 @@ class Expert:
             except TimeoutError:
                 break
         left = list(self._runs.values())
-        if not left:
+        unstarted = list(self._prefetched)
+        self._prefetched.clear()
+        if not left and not unstarted:
             return
         for run in left:
             run.outcome_sent = True
-            run.ctx._cancelled.set()
+            run.ctx._cancelled = True
             if run.task is not None:
                 run.task.cancel()
         await asyncio.gather(*(r.task for r in left if r.task is not None), return_exceptions=True)
         assert self._store is not None
+        items = [(r.claimed.id, r.claimed.fence) for r in left]
+        items += [(c.id, c.fence) for c in unstarted]
         try:
-            res = await self._store.release(
-                self.name, [(r.claimed.id, r.claimed.fence) for r in left]
-            )
+            res = await self._store.release(self.name, items)
             n = sum(1 for r in res if r is None)
             log.info("expert %s released %d unfinished task(s) for others", self.name, n)
         except ContendError as exc:

@@ -38,6 +38,21 @@ def check_ttl(lease_ttl: float) -> float:
     return float(lease_ttl)
 
 
+def check_retry_delay(delay: float | None) -> None:
+    """A failure's retry delay is None (final) or a finite, non-negative number of seconds."""
+    if delay is None:
+        return
+    if (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not math.isfinite(delay)
+        or delay < 0
+    ):
+        raise ConfigError(
+            f"retry_delay must be None or a non-negative number of seconds, got {delay!r}"
+        )
+
+
 def check_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ConfigError(f"limit must be a non-negative integer, got {limit!r}")
@@ -47,3 +62,17 @@ def check_limit(limit: int) -> int:
 def after_failure(attempts: int, max_attempts: int) -> TaskState:
     """Where a task goes when its owner vanished (lease lapsed)."""
     return TaskState.PENDING if attempts < max_attempts else TaskState.DEAD
+
+
+def check_bid(score: float, window: float) -> tuple[float, float]:
+    if not isinstance(score, int | float) or not math.isfinite(score) or not 0 <= score <= 1:
+        raise ConfigError(f"a bid must be a score in [0, 1], got {score!r}")
+    if not isinstance(window, int | float) or not math.isfinite(window) or not 0 <= window <= 3600:
+        raise ConfigError(f"an auction window must be between 0 and 3600 s, got {window!r}")
+    return float(score), float(window)
+
+
+def rank_bids(bids: dict[str, tuple[float, float]]) -> tuple[tuple[str, float], ...]:
+    """{expert: (score, placed_at)} -> ((expert, score), ...), best first, then earliest."""
+    order = sorted(bids.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
+    return tuple((name, score) for name, (score, _) in order)

@@ -32,11 +32,16 @@ from contend.errors import (
 from contend.store._common import (
     after_failure,
     check_batch_dependencies,
+    check_bid,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -95,6 +100,8 @@ class MemoryStore:
         self._version = 0
         self._seen = 0
         self._done_times: list[float] = []
+        self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
+        self._auction_close: dict[str, float] = {}
 
     async def open(self) -> None:
         return None
@@ -120,11 +127,19 @@ class MemoryStore:
     # -- submission and inspection ---------------------------------------------------------
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         now = self._clock()
-        fresh = [s for s in specs if s.key is None or s.key not in self._keys]
+        fresh = [
+            s
+            for s in specs
+            if s.id not in self._tasks and (s.key is None or s.key not in self._keys)
+        ]
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
         out: list[Submitted] = []
         batch_keys: dict[str, str] = {}
+        born_dead: list[str] = []
         for spec in specs:
+            if spec.id in self._tasks:  # the same spec sent again (a lost reply): keep the task
+                out.append(Submitted(spec.id, False))
+                continue
             if spec.key is not None and spec.key in self._keys:
                 out.append(Submitted(self._keys[spec.key], False))
                 continue
@@ -149,6 +164,10 @@ class MemoryStore:
                 self._keys[spec.key] = spec.id
                 batch_keys[spec.key] = spec.id
             out.append(Submitted(spec.id, True))
+            if row.state == TaskState.DEAD:
+                born_dead.append(spec.id)
+        for tid in born_dead:  # batch members that wait on it were inserted before it
+            self._settle_dependents(tid, now)
         self._touch()
         return out
 
@@ -198,13 +217,13 @@ class MemoryStore:
         self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Task]:
         check_limit(limit)
-        out = []
+        out: list[Task] = []
         for tid in sorted(self._tasks):
+            if len(out) >= limit:
+                break
             row = self._tasks[tid]
             if (state is None or row.state == state) and (queue is None or row.spec.queue == queue):
                 out.append(self._view(tid, row))
-                if len(out) >= limit:
-                    break
         return out
 
     async def stats(self) -> StoreStats:
@@ -234,6 +253,7 @@ class MemoryStore:
                 claim_attempts=e.beat.claim_attempts,
                 claims_won=e.beat.claims_won,
                 tasks_done=e.beat.tasks_done,
+                metrics=dict(e.beat.metrics),
             )
             for e in sorted(self._experts.values(), key=lambda e: e.info.id)
         ]
@@ -292,48 +312,80 @@ class MemoryStore:
         if task_ids is None:
             chosen = self._claimable(queues, capabilities, now)[:limit]
         else:
-            qs = set(queues)
-            chosen = []
-            for tid in dict.fromkeys(task_ids):
-                row = self._tasks.get(tid)
-                if (
-                    row is not None
-                    and row.state == P
-                    and row.run_at <= now
-                    and row.spec.queue in qs
-                    and capabilities.satisfies(row.spec.requirements)
-                ):
-                    chosen.append(tid)
-                if len(chosen) >= limit:
-                    break
+            wanted = set(task_ids)
+            claimable = self._claimable(queues, capabilities, now)
+            chosen = [tid for tid in claimable if tid in wanted][:limit]
         out = []
         for tid in chosen:
             row = self._tasks[tid]
-            row.state = R if start else C
-            row.owner = expert
-            row.fence += 1
             row.attempts += 1
-            row.lease_deadline = now + ttl
-            row.updated_at = now
-            self._event(row, now, "claimed", expert)
-            s = row.spec
-            out.append(
-                Claimed(
-                    id=tid,
-                    type=s.type,
-                    queue=s.queue,
-                    args=json.loads(s.args_json),
-                    kwargs=json.loads(s.kwargs_json),
-                    fence=row.fence,
-                    attempt=row.attempts,
-                    max_attempts=s.max_attempts,
-                    checkpoint=_load(row.checkpoint),
-                    timeout=s.timeout,
-                    lease_deadline=now + ttl,
-                    priority=s.priority,
-                )
-            )
+            out.append(self._hand_over(tid, row, expert, R if start else C, now + ttl, "claimed"))
         return out
+
+    def _hand_over(
+        self,
+        tid: str,
+        row: _Row,
+        expert: str,
+        state: TaskState,
+        deadline: float,
+        event: str,
+        detail: str | None = None,
+    ) -> Claimed:
+        row.state = state
+        row.owner = expert
+        row.fence += 1
+        row.lease_deadline = deadline
+        row.updated_at = self._clock()
+        self._event(row, self._clock(), event, expert, detail)
+        s = row.spec
+        return Claimed(
+            id=tid,
+            type=s.type,
+            queue=s.queue,
+            args=json.loads(s.args_json),
+            kwargs=json.loads(s.kwargs_json),
+            fence=row.fence,
+            attempt=row.attempts,
+            max_attempts=s.max_attempts,
+            checkpoint=_load(row.checkpoint),
+            timeout=s.timeout,
+            lease_deadline=deadline,
+            priority=s.priority,
+        )
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        self._live_session(thief, session, now)
+        qs = set(queues)
+        loot = sorted(
+            (
+                (-row.spec.priority, row.run_at, tid)
+                for tid, row in self._tasks.items()
+                if row.owner == victim
+                and row.state == C
+                and row.lease_deadline is not None
+                and row.lease_deadline >= now
+                and row.spec.queue in qs
+                and capabilities.satisfies(row.spec.requirements)
+            )
+        )[:limit]
+        return [
+            self._hand_over(tid, self._tasks[tid], thief, R, now + ttl, "stolen", f"from {victim}")
+            for _, _, tid in loot
+        ]
 
     def _owned(
         self,
@@ -354,6 +406,9 @@ class MemoryStore:
             return FencedOut(task_id, fence, f"the task is {row.state}")
         if row.lease_deadline is None or row.lease_deadline < now:
             return FencedOut(task_id, fence, "the lease lapsed")
+        e = self._experts.get(expert)
+        if e is None or e.lease_deadline < now:
+            return FencedOut(task_id, fence, f"the lease of expert {expert} lapsed")
         return row
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
@@ -421,6 +476,8 @@ class MemoryStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         now = self._clock()
         out: list[FencedOut | None] = []
         for item in items:
@@ -481,6 +538,9 @@ class MemoryStore:
                     self._settle_dependents(tid, now)
                 self._event(row, now, "expired", prev)
                 moved += 1
+        for tid in [t for t in self._bids if self._tasks[t].state != P]:
+            del self._bids[tid]
+            self._auction_close.pop(tid, None)
         for eid in [k for k, e in self._experts.items() if e.lease_deadline < now - 3600]:
             del self._experts[eid]
         if moved:
@@ -550,6 +610,11 @@ class MemoryStore:
                 f"expert id {info.id!r} is live elsewhere (host {old.info.host or '?'}, "
                 f"pid {old.info.pid}); pick another --name or stop that expert"
             )
+        if old is not None:
+            # The old session's claims end with it: a new session never inherits them.
+            for row in self._tasks.values():
+                if row.owner == info.id and row.state in (C, R) and row.lease_deadline is not None:
+                    row.lease_deadline = min(row.lease_deadline, old.lease_deadline)
         session = uuid.uuid4().hex
         self._experts[info.id] = _Expert(info, session, now + ttl, now, now)
         return session
@@ -568,6 +633,33 @@ class MemoryStore:
             except TimeoutError:
                 pass
         self._seen = self._version
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+        now = self._clock()
+        self._live_session(expert, session, now)
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        if row.state != P:
+            return Auction(task_id, now, self._auction_close.get(task_id, now), (), open=False)
+        bids = self._bids.setdefault(task_id, {})
+        closes = self._auction_close.setdefault(task_id, now + window)
+        if expert not in bids or bids[expert][0] != score:
+            bids[expert] = (score, bids.get(expert, (score, now))[1])
+        return Auction(task_id, now, closes, rank_bids(bids))
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        qs = set(queues)
+        due = [
+            r.run_at
+            for r in self._tasks.values()
+            if r.state == P and r.spec.queue in qs and r.run_at <= now
+        ]
+        return Backlog(len(due), (now - min(due)) if due else None)
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         qs = set(queues)

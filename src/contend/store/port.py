@@ -1,6 +1,6 @@
 """The store port: every backend implements :class:`Store`, in domain words.
 
-Rules every backend keeps (the contract suite in ``contend.testing.contract`` checks them):
+Rules every backend keeps (the contract suite in ``tests/contract`` checks them):
 
 * Times are the **store's** clock (``await store.now()``); an expert never compares its own
   clock with another host's.
@@ -20,7 +20,7 @@ Rules every backend keeps (the contract suite in ``contend.testing.contract`` ch
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -126,6 +126,7 @@ class ExpertRecord:
     claim_attempts: int = 0
     claims_won: int = 0
     tasks_done: int = 0
+    metrics: Mapping[str, JSON] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -145,6 +146,7 @@ class ExpertRecord:
             "claim_attempts": self.claim_attempts,
             "claims_won": self.claims_won,
             "tasks_done": self.tasks_done,
+            "metrics": dict(self.metrics),
         }
 
 
@@ -156,6 +158,41 @@ class Heartbeat:
     claim_attempts: int = 0
     claims_won: int = 0
     tasks_done: int = 0
+    #: Free-form JSON the store keeps as is and hands back in ExpertRecord.metrics: per task
+    #: type results and speed, lost races, window length, tier state (see runtime.expert).
+    metrics: Mapping[str, JSON] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Auction:
+    """The state of the auction for one pending task (seed 000 §2.1).
+
+    The first bid opens it; it closes ``window`` seconds later by the store's clock. Bids are
+    ranked best first (higher score, then earlier bid). After the close the top bidder may claim;
+    the bidder ranked *r* (0-based) may claim from ``closes_at + r × grace``, and anyone from
+    ``closes_at + len(bids) × grace``, so a vanished winner never strands the task.
+    """
+
+    task_id: str
+    now: float
+    closes_at: float
+    bids: tuple[tuple[str, float], ...]  # (expert, score), best first
+    open: bool = True  # False when the task is no longer pending
+
+    def rank(self, expert: str) -> int:
+        for n, (name, _) in enumerate(self.bids):
+            if name == expert:
+                return n
+        return len(self.bids)
+
+    def may_claim_at(self, expert: str, grace: float) -> float:
+        return self.closes_at + self.rank(expert) * grace
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    pending: int
+    oldest_age: float | None  # seconds since the oldest due pending task became due
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +275,22 @@ class Store(Protocol):
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
         session is not live."""
 
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        """Work stealing (seed 003): take up to *limit* of *victim*'s claimed-but-unstarted
+        tasks in one atomic step, as a claim does (fence + 1, new owner, running, new lease),
+        without counting an attempt. The victim's ``start`` of a stolen task is fenced out, so
+        it never runs it. Raises LeaseLost when the thief's session is not live."""
+
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
         """Move claimed tasks (id, fence) to running."""
 
@@ -281,3 +334,15 @@ class Store(Protocol):
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
         """The earliest ``run_at`` of a pending task in *queues*, or None."""
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        """How many tasks in *queues* are pending and due now, and the oldest one's age."""
+
+    # -- auctions --------------------------------------------------------------------------
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        """Place (or repeat) this expert's bid on a pending task; the first bid opens the auction
+        for *window* seconds. Returns the auction as it stands. Raises LeaseLost for a session
+        that is not live; a task that is not pending gives ``open=False``. Bids on tasks that
+        are no longer pending are cleared by ``expire``."""

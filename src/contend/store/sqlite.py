@@ -53,11 +53,16 @@ from contend.errors import (
 )
 from contend.store._common import (
     check_batch_dependencies,
+    check_bid,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -112,6 +117,11 @@ CREATE TABLE task_events (
     expert TEXT, detail TEXT
 );
 CREATE INDEX task_events_task ON task_events (task_id);
+CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE bids (
+    task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, expert)
+) WITHOUT ROWID;
 CREATE TABLE experts (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
@@ -122,7 +132,8 @@ CREATE TABLE experts (
     load INTEGER NOT NULL DEFAULT 0,
     claim_attempts INTEGER NOT NULL DEFAULT 0,
     claims_won INTEGER NOT NULL DEFAULT 0,
-    tasks_done INTEGER NOT NULL DEFAULT 0
+    tasks_done INTEGER NOT NULL DEFAULT 0,
+    metrics TEXT NOT NULL DEFAULT '{}'
 );
 """
 
@@ -268,7 +279,7 @@ class SQLiteStore:
     async def _retry(self, fn: Callable[[], T]) -> T:
         """Run *fn*, retrying after a short random pause while the database is busy."""
         deadline = time.monotonic() + self._busy_deadline
-        pause = 0.0005
+        pause = 0.0002
         while True:
             try:
                 return fn()
@@ -280,7 +291,7 @@ class SQLiteStore:
                         f"{self.path!r} stayed locked for {self._busy_deadline:.0f}s"
                     ) from exc
             await asyncio.sleep(random.uniform(0, pause))
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 2, 0.004)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -317,9 +328,13 @@ class SQLiteStore:
                         f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk
                     ).fetchall()
                 )
+            known = self._existing(db, [s.id for s in specs])
             fresh: list[TaskSpec] = []
             out: list[Submitted] = []
             for spec in specs:
+                if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+                    out.append(Submitted(spec.id, False))
+                    continue
                 if spec.key is not None and spec.key in existing:
                     out.append(Submitted(existing[spec.key], False))
                     continue
@@ -371,6 +386,8 @@ class SQLiteStore:
             )
             if dep_rows:
                 db.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
+            # A task dead at birth (a dependency had failed) fails batch members that wait on it.
+            self._settle_dependents(db, now, [(r[0], r[3]) for r in rows if r[3] == "dead"])
             return out
 
         try:
@@ -492,7 +509,7 @@ class SQLiteStore:
         rows = await self._retry(
             lambda: self._conn.execute(
                 "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
-                "claim_attempts, claims_won, tasks_done FROM experts ORDER BY id"
+                "claim_attempts, claims_won, tasks_done, metrics FROM experts ORDER BY id"
             ).fetchall()
         )
         now = self._clock()
@@ -508,6 +525,7 @@ class SQLiteStore:
                 claim_attempts=r[7],
                 claims_won=r[8],
                 tasks_done=r[9],
+                metrics=json.loads(r[10]),
             )
             for r in rows
         ]
@@ -562,14 +580,14 @@ class SQLiteStore:
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
-        if not queues or not limit or (task_ids is not None and not task_ids):
-            return []
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         new_state = "running" if start else "claimed"
 
         def run(db: sqlite3.Connection) -> list[Claimed]:
             now = self._clock()
             self._check_session(db, expert, session, now)
+            if not queues or not limit or (ids is not None and not ids):
+                return []
             self._caps = capabilities
             inner = self._claimable_sql(queues, None if ids is None else len(ids))
             rows = db.execute(
@@ -585,23 +603,45 @@ class SQLiteStore:
                     "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
                     [(r[0], now, "claimed", r[5], expert) for r in rows],
                 )
-            return [
-                Claimed(
-                    id=r[0],
-                    type=r[1],
-                    queue=r[2],
-                    args=json.loads(r[3]),
-                    kwargs=json.loads(r[4]),
-                    fence=r[5],
-                    attempt=r[6],
-                    max_attempts=r[7],
-                    checkpoint=_load(r[8]),
-                    timeout=r[9],
-                    lease_deadline=now + ttl,
-                    priority=r[10],
-                )
-                for r in rows
-            ]
+            return [_claimed_from_row(r, now + ttl) for r in rows]
+
+        return await self._tx(run)
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        if not queues or not limit:
+            return []
+        qmarks = ",".join("?" * len(queues))
+
+        def run(db: sqlite3.Connection) -> list[Claimed]:
+            now = self._clock()
+            self._check_session(db, thief, session, now)
+            self._caps = capabilities
+            rows = db.execute(
+                "UPDATE tasks SET state = 'running', owner = ?, fence = fence + 1, "
+                "lease_deadline = ?, updated_at = ? WHERE id IN ("
+                f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+                f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
+                "AND (requirements IS NULL OR contend_fits(requirements)) "
+                "ORDER BY priority DESC, run_at, id LIMIT ?) "
+                "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+                "checkpoint, timeout, priority",
+                (thief, now + ttl, now, victim, now, *queues, limit),
+            ).fetchall()
+            self._events(db, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
+            rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
+            return [_claimed_from_row(r, now + ttl) for r in rows]
 
         return await self._tx(run)
 
@@ -632,6 +672,10 @@ class SQLiteStore:
                     chunk,
                 ):
                     found[r[0]] = r
+            lease = db.execute(
+                "SELECT lease_deadline FROM experts WHERE id = ?", (expert,)
+            ).fetchone()
+            expert_live = lease is not None and lease[0] >= now
             out: list[FencedOut | None] = []
             ok: list[int] = []
             for n, (tid, fence) in enumerate(items):
@@ -646,6 +690,8 @@ class SQLiteStore:
                     out.append(FencedOut(tid, fence, f"the task is {r[3]}"))
                 elif r[4] is None or r[4] < now:
                     out.append(FencedOut(tid, fence, "the lease lapsed"))
+                elif not expert_live:
+                    out.append(FencedOut(tid, fence, f"the lease of expert {expert} lapsed"))
                 else:
                     out.append(None)
                     ok.append(n)
@@ -675,7 +721,7 @@ class SQLiteStore:
             self._check_session(db, expert, session, now)
             db.execute(
                 "UPDATE experts SET lease_deadline = ?, heartbeat_at = ?, load = ?, "
-                "claim_attempts = ?, claims_won = ?, tasks_done = ? WHERE id = ?",
+                "claim_attempts = ?, claims_won = ?, tasks_done = ?, metrics = ? WHERE id = ?",
                 (
                     now + ttl,
                     now,
@@ -683,6 +729,7 @@ class SQLiteStore:
                     beat.claim_attempts,
                     beat.claims_won,
                     beat.tasks_done,
+                    json.dumps(dict(beat.metrics)),
                     expert,
                 ),
             )
@@ -727,6 +774,8 @@ class SQLiteStore:
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         if not items:
             return []
         pairs = [(i.task_id, i.fence) for i in items]
@@ -827,6 +876,7 @@ class SQLiteStore:
             db.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
             return len(lapsed)
 
+        await self._clear_auctions()
         # A cheap read first: most calls find nothing to do and need no write lock.
         now = self._clock()
         due = await self._retry(
@@ -842,19 +892,43 @@ class SQLiteStore:
             self._touch()
         return moved
 
+    async def _clear_auctions(self) -> None:
+        """Drop auctions and bids of tasks that are no longer pending."""
+        stale = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT 1 FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending' LIMIT 1"
+            ).fetchone()
+        )
+        if stale is None:
+            return
+
+        def run(db: sqlite3.Connection) -> None:
+            done = (
+                "(SELECT a.task_id FROM auctions a JOIN tasks t ON t.id = a.task_id "
+                "WHERE t.state != 'pending')"
+            )
+            db.execute(f"DELETE FROM bids WHERE task_id IN {done}")
+            db.execute(f"DELETE FROM auctions WHERE task_id IN {done}")
+
+        await self._tx(run)
+
     def _settle_dependents(
         self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
     ) -> None:
+        """Tasks in *done* reached a terminal state: wake their dependents (all deps
+        succeeded) or kill them (a dep did not succeed), cascading."""
         todo = list(done)
         while todo:
-            tid, state = todo.pop()
-            dependents = [
-                r[0]
-                for r in db.execute(
-                    "DELETE FROM task_deps WHERE dep_id = ? RETURNING task_id", (tid,)
-                )
-            ]
-            for dep_tid in sorted(dependents):
+            batch, todo = todo[:500], todo[500:]
+            state_of = dict(batch)
+            marks = ",".join("?" * len(batch))
+            edges = db.execute(
+                f"DELETE FROM task_deps WHERE dep_id IN ({marks}) RETURNING dep_id, task_id",
+                [tid for tid, _ in batch],
+            ).fetchall()
+            for dep_id, dep_tid in sorted(edges):
+                state = state_of[dep_id]
                 if state == "succeeded":
                     db.execute(
                         "UPDATE tasks SET deps_left = deps_left - 1, "
@@ -868,7 +942,7 @@ class SQLiteStore:
                         "UPDATE tasks SET state = 'dead', error = ?, updated_at = ? "
                         "WHERE id = ? AND state = 'waiting' RETURNING id",
                         (
-                            _error_json("DependencyFailed", f"dependency {tid} ended {state}"),
+                            _error_json("DependencyFailed", f"dependency {dep_id} ended {state}"),
                             now,
                             dep_tid,
                         ),
@@ -919,7 +993,7 @@ class SQLiteStore:
                     (
                         task_id,
                         now,
-                        operation + ("led" if operation == "cancel" else "ed"),
+                        "cancelled" if target == TaskState.CANCELLED else "retried",
                         row[1],
                         row[2],
                         None,
@@ -937,7 +1011,7 @@ class SQLiteStore:
 
     async def retry(self, task_id: str) -> Task:
         allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
-        return await self._manage(task_id, TaskState.PENDING, "retri", allowed)
+        return await self._manage(task_id, TaskState.PENDING, "retry", allowed)
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         ttl = check_ttl(lease_ttl)
@@ -953,6 +1027,13 @@ class SQLiteStore:
                 raise ExpertConflict(
                     f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
                     f"{other.pid}); pick another --name or stop that expert"
+                )
+            if row is not None:
+                # The old session's claims end with it: a new session never inherits them.
+                db.execute(
+                    "UPDATE tasks SET lease_deadline = min(lease_deadline, ?) "
+                    "WHERE owner = ? AND state IN ('claimed', 'running')",
+                    (row[1], info.id),
                 )
             db.execute(
                 "INSERT OR REPLACE INTO experts (id, session, info, lease_deadline, heartbeat_at, "
@@ -1001,6 +1082,56 @@ class SQLiteStore:
             except TimeoutError:
                 pass
 
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+
+        def run(db: sqlite3.Connection) -> Auction:
+            now = self._clock()
+            self._check_session(db, expert, session, now)
+            row = db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            db.execute(
+                "INSERT INTO auctions (task_id, closes_at) VALUES (?, ?) "
+                "ON CONFLICT (task_id) DO NOTHING",
+                (task_id, now + window),
+            )
+            closes = db.execute(
+                "SELECT closes_at FROM auctions WHERE task_id = ?", (task_id,)
+            ).fetchone()[0]
+            if row[0] != "pending":
+                return Auction(task_id, now, closes, (), open=False)
+            db.execute(
+                "INSERT INTO bids (task_id, expert, score, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (task_id, expert) DO UPDATE SET score = excluded.score",
+                (task_id, expert, score, now),
+            )
+            bids = {
+                r[0]: (r[1], r[2])
+                for r in db.execute(
+                    "SELECT expert, score, at FROM bids WHERE task_id = ?", (task_id,)
+                )
+            }
+            return Auction(task_id, now, closes, rank_bids(bids))
+
+        return await self._tx(run)
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        if not queues:
+            return Backlog(0, None)
+        marks = ",".join("?" * len(queues))
+        now = self._clock()
+        row = await self._retry(
+            lambda: self._conn.execute(
+                f"SELECT count(*), min(run_at) FROM tasks WHERE state = 'pending' "
+                f"AND queue IN ({marks}) AND run_at <= ?",
+                (*queues, now),
+            ).fetchone()
+        )
+        return Backlog(row[0], None if row[1] is None else now - row[1])
+
     async def next_due(self, queues: Sequence[str]) -> float | None:
         if not queues:
             return None
@@ -1017,6 +1148,23 @@ class SQLiteStore:
 _OWNED = ("claimed", "running")
 _TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
 _TERMINAL_BAD = {"failed", "dead", "cancelled"}
+
+
+def _claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=_load(r[8]),
+        timeout=r[9],
+        lease_deadline=deadline,
+        priority=r[10],
+    )
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:

@@ -1,0 +1,262 @@
+"""What an expert knows about the contest: its own record, its rivals, the cluster's load.
+
+Kept apart from the claim loop so that the policies read as plain code: who counts as a rival,
+when a race cannot change the outcome, how long to wait, and when an emergency expert joins in.
+Everything here is fed from the expert's heartbeats (its own and its rivals', via the store) and
+does no I/O of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contend.domain.scoring import (
+    MIN_RUNS,
+    ExpertView,
+    Fitness,
+    TaskView,
+    TypeRecord,
+    adaptive_window,
+    race_delay,
+)
+from contend.domain.task import Capabilities
+from contend.store.port import Backlog, ExpertRecord
+
+#: A rival within this fraction of the best fitness counts as equally fit: no wait.
+TIE = 0.05
+#: At most this many task types are tracked per expert (the rest are not scored on history).
+MAX_TYPES = 1000
+
+
+class TypeTracker:
+    """Per task type: successes, failures and an exponentially weighted mean run time."""
+
+    def __init__(self, alpha: float = 0.2, limit: int = MAX_TYPES) -> None:
+        self.alpha = alpha
+        self.limit = limit
+        self._records: dict[str, list[float]] = {}  # type -> [done, failed, mean_seconds]
+
+    def record(self, task_type: str, ok: bool, seconds: float) -> None:
+        rec = self._records.get(task_type)
+        if rec is None:
+            if len(self._records) >= self.limit:
+                return
+            rec = self._records[task_type] = [0, 0, seconds]
+        if ok:
+            rec[0] += 1
+            rec[2] = seconds if rec[0] == 1 else (1 - self.alpha) * rec[2] + self.alpha * seconds
+        else:
+            rec[1] += 1
+
+    def snapshot(self) -> dict[str, TypeRecord]:
+        return {
+            t: TypeRecord(int(r[0]), int(r[1]), r[2] if r[0] else None)
+            for t, r in self._records.items()
+        }
+
+    def to_json(self) -> dict[str, list[float]]:
+        return {t: [int(r[0]), int(r[1]), round(r[2], 6)] for t, r in self._records.items()}
+
+
+def records_from_json(data: Any) -> dict[str, TypeRecord]:
+    out: dict[str, TypeRecord] = {}
+    if not isinstance(data, Mapping):
+        return out
+    for t, r in list(data.items())[:MAX_TYPES]:
+        try:
+            done, failed, mean = int(r[0]), int(r[1]), float(r[2])
+        except (TypeError, ValueError, IndexError):
+            continue
+        out[str(t)] = TypeRecord(done, failed, mean if done else None)
+    return out
+
+
+@dataclass(frozen=True)
+class PressurePolicy:
+    """When is the cluster under pressure (the moment emergency experts join in)?"""
+
+    backlog_per_expert: float = 10.0  # due pending tasks per live non-emergency expert
+    max_wait: float = 30.0  # age of the oldest due pending task, seconds
+    utilisation: float = 0.8  # busy slots / all slots of live non-emergency experts
+
+    def under_pressure(
+        self, backlog: Backlog, experts: int, utilisation: float, *, active: bool
+    ) -> bool:
+        """Hysteresis: an active emergency expert stays until pressure falls to half."""
+        scale = 0.5 if active else 1.0
+        return (
+            backlog.pending / max(1, experts) > self.backlog_per_expert * scale
+            or (backlog.oldest_age or 0.0) > self.max_wait * scale
+            or (utilisation > self.utilisation * (0.75 if active else 1.0) and backlog.pending > 0)
+        )
+
+
+class Competition:
+    """An expert's picture of the contest, refreshed at every heartbeat."""
+
+    def __init__(
+        self,
+        name: str,
+        capabilities: Capabilities,
+        capacity: int,
+        queues: Sequence[str],
+        *,
+        tier: str = "general",
+        specialties: frozenset[str] = frozenset(),
+        fitness: Fitness,
+        window: float,
+        jitter: float = 0.1,
+        zone_margin: float = 0.0,
+        pressure: PressurePolicy | None = None,
+    ) -> None:
+        self.name = name
+        self.capabilities = capabilities
+        self.capacity = capacity
+        self.queues = set(queues)
+        self.tier = tier
+        self.specialties = specialties
+        self.fitness = fitness
+        self.base_window = window
+        self.jitter = jitter
+        self.zone_margin = zone_margin
+        self.pressure = pressure or PressurePolicy()
+        self.tracker = TypeTracker()
+        self.peers: list[ExpertRecord] = []
+        self.cluster_load = 0.0
+        self.window = window
+        self.typical: dict[str, float] = {}
+        self.lost_races = 0
+        self.active = tier != "emergency"  # emergency experts wait for pressure
+
+    # -- views -----------------------------------------------------------------------------
+    def me(self, load: int) -> ExpertView:
+        return ExpertView(
+            name=self.name,
+            capabilities=self.capabilities,
+            capacity=self.capacity,
+            load=load,
+            tier=self.tier,
+            specialties=self.specialties,
+            history=self.tracker.snapshot(),
+            typical_seconds=self.typical,
+        )
+
+    def rivals(self) -> list[ExpertView]:
+        out = []
+        for p in self.peers:
+            if not p.alive or p.info.id == self.name or not self.queues & set(p.info.queues):
+                continue
+            if p.info.tier == "emergency" and not p.metrics.get("active", False):
+                continue
+            out.append(
+                ExpertView(
+                    name=p.info.id,
+                    capabilities=p.info.capabilities,
+                    capacity=p.info.capacity,
+                    load=p.load,
+                    tier=p.info.tier,
+                    specialties=frozenset(p.metrics.get("specialties", ()) or ()),
+                    history=records_from_json(p.metrics.get("types")),
+                    typical_seconds=self.typical,
+                )
+            )
+        return out
+
+    def update_peers(self, peers: list[ExpertRecord], my_load: int) -> None:
+        """Take in a fresh list of experts: rivals, the cluster's load, typical run times."""
+        self.peers = peers
+        live = [p for p in peers if p.alive and p.info.id != self.name]
+        load = my_load + sum(p.load for p in live)
+        slots = self.capacity + sum(p.info.capacity for p in live)
+        self.cluster_load = load / slots if slots else 0.0
+        self.window = adaptive_window(self.base_window, self.cluster_load)
+        typical: dict[str, float] = {}
+        records = [
+            self.tracker.snapshot(),
+            *(records_from_json(p.metrics.get("types")) for p in live),
+        ]
+        for recs in records:
+            for t, r in recs.items():
+                if r.done >= MIN_RUNS and r.mean_seconds:
+                    typical[t] = min(typical.get(t, r.mean_seconds), r.mean_seconds)
+        self.typical = typical
+
+    def utilisation_of_regulars(self, my_load: int) -> tuple[int, float]:
+        regulars = [
+            p
+            for p in self.peers
+            if p.alive and p.info.tier != "emergency" and p.info.id != self.name
+        ]
+        slots = sum(p.info.capacity for p in regulars)
+        busy = sum(p.load for p in regulars)
+        return len(regulars), (busy / slots if slots else 1.0)
+
+    def update_pressure(self, backlog: Backlog, my_load: int) -> bool:
+        """For an emergency expert: join while the cluster is under pressure, leave after."""
+        if self.tier != "emergency":
+            return True
+        n, util = self.utilisation_of_regulars(my_load)
+        self.active = self.pressure.under_pressure(backlog, n, util, active=self.active)
+        return self.active
+
+    # -- the race --------------------------------------------------------------------------
+    def race_matters(self, load: int) -> bool:
+        """A race changes nothing when this expert is alone or every live rival has the same
+        profile (capabilities, tier, specialties, and speed within 20 % on every type): then
+        the expert claims at once, with no extra read and no wait."""
+        if self.window <= 0:
+            return False
+        rivals = self.rivals()
+        if not rivals:
+            return False
+        mine = self.tracker.snapshot()
+        for r in rivals:
+            if (
+                r.capabilities != self.capabilities
+                or r.tier != self.tier
+                or r.specialties != self.specialties
+            ):
+                return True
+            for t in set(mine) | set(r.history):
+                a, b = mine.get(t), r.history.get(t)
+                if a is None or b is None or a.runs < MIN_RUNS or b.runs < MIN_RUNS:
+                    continue
+                if abs(a.success_rate - b.success_rate) > 0.1:
+                    return True
+                if a.mean_seconds and b.mean_seconds:
+                    ratio = a.mean_seconds / b.mean_seconds
+                    if not 1 / 1.2 <= ratio <= 1.2:
+                        return True
+        return False
+
+    def plan(self, views: Sequence[TaskView], load: int) -> list[tuple[float, int, str]]:
+        """(delay, position, task id) for each candidate, soonest first."""
+        me = self.me(load)
+        rivals = self.rivals()
+        plan = []
+        for n, view in enumerate(views):
+            mine = self.fitness(me, view)
+            best = max([mine, *(self.fitness(r, view) for r in rivals)])
+            if best <= 0 or mine >= best * (1 - TIE):
+                delay = 0.0
+            else:
+                delay = race_delay(self.window, mine / best, self.jitter)
+            prefer = view.requirements.prefer
+            if prefer and not prefer <= self.capabilities.tags:
+                delay += self.zone_margin
+            plan.append((delay, n, view.id))
+        plan.sort()
+        return plan
+
+    def metrics(self, claim_attempts: int, claims_won: int) -> dict[str, Any]:
+        return {
+            "types": self.tracker.to_json(),
+            "lost_races": claim_attempts - claims_won,
+            "window": round(self.window, 6),
+            "cluster_load": round(self.cluster_load, 4),
+            "tier": self.tier,
+            "active": self.active,
+            "specialties": sorted(self.specialties),
+        }

@@ -1,0 +1,123 @@
+"""Small helpers shared by the contract tests: an expert handle and owner writes by name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.errors import FencedOut
+from contend.store.port import (
+    Claimed,
+    Completion,
+    ExpertInfo,
+    Failure,
+    Heartbeat,
+    Store,
+)
+
+OWNER_WRITES = ("start", "checkpoint", "complete", "fail", "release")
+
+
+def spec(type: str = "job", *args: Any, **options: Any) -> TaskSpec:
+    return TaskSpec.build(type, list(args), **options)
+
+
+def caps(*tags: str, **resources: float) -> Capabilities:
+    return Capabilities(frozenset(tags), dict(resources))
+
+
+@dataclass
+class Expert:
+    """One registered expert session on one store instance."""
+
+    store: Store
+    name: str
+    session: str
+    ttl: float
+    capabilities: Capabilities
+
+    @classmethod
+    async def join(
+        cls,
+        store: Store,
+        name: str,
+        ttl: float,
+        capabilities: Capabilities | None = None,
+    ) -> Expert:
+        capabilities = capabilities or Capabilities()
+        info = ExpertInfo(id=name, capabilities=capabilities, queues=("default",))
+        session = await store.register_expert(info, ttl)
+        return cls(store, name, session, ttl, capabilities)
+
+    async def claim(
+        self,
+        limit: int = 1,
+        *,
+        queues: Sequence[str] = ("default",),
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+    ) -> list[Claimed]:
+        return await self.store.claim(
+            self.name,
+            self.session,
+            queues,
+            self.capabilities,
+            limit=limit,
+            lease_ttl=self.ttl,
+            task_ids=task_ids,
+            start=start,
+        )
+
+    async def claim_one(self, **kw: Any) -> Claimed:
+        got = await self.claim(1, **kw)
+        assert len(got) == 1, f"{self.name} expected to claim one task, got {got}"
+        return got[0]
+
+    async def renew(self) -> dict[str, int]:
+        return await self.store.renew(self.name, self.session, self.ttl, Heartbeat())
+
+    async def write(self, op: str, task_id: str, fence: int, **kw: Any) -> FencedOut | None:
+        """Do owner write *op*; return None when it landed, the FencedOut when refused."""
+        return await owner_write(self.store, op, self.name, task_id, fence, **kw)
+
+
+async def owner_write(
+    store: Store,
+    op: str,
+    expert: str,
+    task_id: str,
+    fence: int,
+    *,
+    result: Any = "ok",
+    retry_delay: float | None = None,
+    final_state: TaskState = TaskState.DEAD,
+    state: Any = None,
+) -> FencedOut | None:
+    if op == "start":
+        (out,) = await store.start(expert, [(task_id, fence)])
+    elif op == "checkpoint":
+        try:
+            await store.checkpoint(expert, task_id, fence, json.dumps(state or {"step": 1}))
+        except FencedOut as exc:
+            return exc
+        return None
+    elif op == "complete":
+        (out,) = await store.complete(expert, [Completion(task_id, fence, json.dumps(result))])
+    elif op == "fail":
+        error = json.dumps({"type": "Boom", "message": "boom"})
+        (out,) = await store.fail(
+            expert, [Failure(task_id, fence, error, retry_delay, final_state)]
+        )
+    elif op == "release":
+        (out,) = await store.release(expert, [(task_id, fence)])
+    else:  # pragma: no cover - a typo in a test
+        raise AssertionError(f"unknown owner write {op!r}")
+    return out
+
+
+async def snapshot(store: Store) -> list[dict[str, Any]]:
+    """Everything observable about every task, to show that a refused call changed nothing."""
+    return [t.to_json() for t in await store.list_tasks(limit=10_000)]

@@ -1,0 +1,126 @@
+"""The expert's competition policies, without I/O."""
+
+from __future__ import annotations
+
+from contend.domain.scoring import TaskView, default_fitness
+from contend.domain.task import Capabilities, Requirements
+from contend.runtime.competition import Competition, PressurePolicy, TypeTracker
+from contend.store.port import Backlog, ExpertInfo, ExpertRecord
+
+
+def comp(name: str = "me", tags: tuple[str, ...] = (), **kw: object) -> Competition:
+    return Competition(
+        name,
+        Capabilities(frozenset(tags)),
+        4,
+        ["default"],
+        fitness=default_fitness,
+        window=0.1,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def peer(
+    name: str,
+    tags: tuple[str, ...] = (),
+    *,
+    load: int = 0,
+    tier: str = "general",
+    metrics: dict[str, object] | None = None,
+    alive: bool = True,
+) -> ExpertRecord:
+    info = ExpertInfo(name, Capabilities(frozenset(tags)), ("default",), 4, tier)
+    return ExpertRecord(info, "s", alive, load, 0.0, 0.0, 0.0, metrics=metrics or {})
+
+
+def view(task_type: str = "t", req: Requirements | None = None) -> TaskView:
+    return TaskView("id1", task_type, "default", 0, req or Requirements(), 0.0)
+
+
+def test_tracker_counts_and_smooths_run_time() -> None:
+    tr = TypeTracker(alpha=0.5)
+    tr.record("a", True, 1.0)
+    tr.record("a", True, 3.0)
+    tr.record("a", False, 100.0)
+    rec = tr.snapshot()["a"]
+    assert (rec.done, rec.failed, rec.mean_seconds) == (2, 1, 2.0)
+    assert abs(rec.success_rate - 2 / 3) < 1e-9
+
+
+def test_tracker_is_bounded() -> None:
+    tr = TypeTracker(limit=3)
+    for i in range(10):
+        tr.record(f"type{i}", True, 1.0)
+    assert len(tr.snapshot()) == 3
+
+
+def test_no_race_when_alone_or_among_equals() -> None:
+    c = comp()
+    c.update_peers([peer("me")], 0)
+    assert not c.race_matters(0)
+    c.update_peers([peer("me"), peer("twin")], 0)
+    assert not c.race_matters(0)
+    c.update_peers([peer("me"), peer("gpu-box", ("gpu",))], 0)
+    assert c.race_matters(0)
+    c.update_peers([peer("me"), peer("gone", ("gpu",), alive=False)], 0)
+    assert not c.race_matters(0)
+
+
+def test_a_much_faster_rival_makes_the_race_matter_and_wait() -> None:
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 4.0)
+    fast = peer("fast", metrics={"types": {"t": [5, 0, 1.0]}})
+    c.update_peers([fast], 0)
+    assert c.race_matters(0)
+    assert c.typical["t"] == 1.0
+    ((delay, _, _),) = c.plan([view("t")], 0)
+    assert 0.1 * 0.75 * 0.9 * 0.99 <= delay <= 0.1 * (1 + c.cluster_load / 0.8) * 0.76 * 1.1
+
+
+def test_the_fittest_does_not_wait_and_ties_do_not_wait() -> None:
+    c = comp()
+    c.update_peers([peer("slow", metrics={"types": {"t": [5, 0, 9.0]}})], 0)
+    for _ in range(5):
+        c.tracker.record("t", True, 1.0)
+    c.update_peers(c.peers, 0)
+    assert c.plan([view("t")], 0)[0][0] == 0.0
+
+
+def test_preferred_zone_adds_the_margin() -> None:
+    c = comp(tags=("zone:us",), zone_margin=0.5)
+    c.update_peers([peer("eu", ("zone:eu",))], 0)
+    ((delay, _, _),) = c.plan([view("t", Requirements(prefer=frozenset({"zone:eu"})))], 0)
+    assert delay >= 0.5
+
+
+def test_window_grows_with_cluster_load() -> None:
+    c = comp()
+    c.update_peers([peer("busy", load=4)], 4)
+    assert c.cluster_load == 1.0
+    assert abs(c.window - 0.1 * (1 + 1 / 0.8)) < 1e-9
+
+
+def test_an_inactive_emergency_expert_is_no_rival() -> None:
+    c = comp()
+    c.update_peers([peer("reserve", ("gpu",), tier="emergency", metrics={"active": False})], 0)
+    assert c.rivals() == []
+
+
+def test_emergency_joins_under_pressure_and_stands_down_with_hysteresis() -> None:
+    c = comp(tier="emergency", pressure=PressurePolicy(backlog_per_expert=10, max_wait=30))
+    c.update_peers([peer("worker", load=1)], 0)
+    assert not c.active
+    assert not c.update_pressure(Backlog(5, 1.0), 0)
+    assert c.update_pressure(Backlog(11, 1.0), 0)  # > 10 per live regular expert
+    assert c.update_pressure(Backlog(6, 1.0), 0)  # still above half: stays
+    assert not c.update_pressure(Backlog(4, 1.0), 0)  # below half: stands down
+    assert c.update_pressure(Backlog(1, 31.0), 0)  # the oldest task waited too long
+
+
+def test_metrics_are_json_and_carry_lost_races() -> None:
+    c = comp()
+    c.tracker.record("t", True, 0.5)
+    m = c.metrics(claim_attempts=10, claims_won=8)
+    assert m["lost_races"] == 2
+    assert m["types"] == {"t": [1, 0, 0.5]}
