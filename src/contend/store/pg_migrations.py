@@ -94,6 +94,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        2,
+        "expert metrics, auctions and bids",
+        (
+            "ALTER TABLE {s}.experts ADD COLUMN metrics text NOT NULL DEFAULT '{}'",
+            "CREATE TABLE {s}.auctions (task_id text PRIMARY KEY, closes_at float8 NOT NULL)",
+            """
+            CREATE TABLE {s}.bids (
+                task_id text NOT NULL,
+                expert text NOT NULL,
+                score float8 NOT NULL,
+                at float8 NOT NULL,
+                PRIMARY KEY (task_id, expert)
+            )
+            """,
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -65,12 +65,17 @@ from contend.errors import (
 )
 from contend.store._common import (
     check_batch_dependencies,
+    check_bid,
     check_limit,
+    check_retry_delay,
     check_ttl,
     initial_state,
+    rank_bids,
 )
 from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from contend.store.port import (
+    Auction,
+    Backlog,
     Claimed,
     Completion,
     ExpertInfo,
@@ -415,7 +420,18 @@ class PostgresStore:
         if not specs:
             return []
 
+        # A batch with no keys and no dependencies reads nothing first: its one statement is
+        # atomic on its own, without the round trips of an explicit transaction.
+        simple = all(s.key is None and not s.depends_on for s in specs)
+
         async def run(cur: Cursor) -> list[Submitted]:
+            known: set[str] = set()
+            if not simple:
+                await cur.execute(
+                    self._sql("SELECT id FROM {s}.tasks WHERE id = ANY(%s)"),
+                    ([s.id for s in specs],),
+                )
+                known = {r[0] for r in await cur.fetchall()}
             keys = [s.key for s in specs if s.key is not None]
             existing: dict[str, str] = {}
             if keys:
@@ -426,6 +442,9 @@ class PostgresStore:
             fresh: list[TaskSpec] = []
             out: list[Submitted] = []
             for spec in specs:
+                if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+                    out.append(Submitted(spec.id, False))
+                    continue
                 if spec.key is not None and spec.key in existing:
                     out.append(Submitted(existing[spec.key], False))
                     continue
@@ -492,11 +511,10 @@ class PostgresStore:
                     channel=self.channel,
                 ),
             )
-            return out
+            inserted = {r[0] for r in await cur.fetchall()}
+            # an id already there (only a simple batch gets this far with one): sent again
+            return [Submitted(o.id, o.created and o.id in inserted) for o in out]
 
-        # A batch with no keys and no dependencies reads nothing first: its one statement is
-        # atomic on its own, without the round trips of an explicit transaction.
-        simple = all(s.key is None and not s.depends_on for s in specs)
         for attempt in range(3):
             try:
                 return await self._run(run, tx=not simple)
@@ -524,10 +542,12 @@ class PostgresStore:
             "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
             "   r.deps_left, r.error"
             f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
+            "  ON CONFLICT (id) DO NOTHING RETURNING id"
             "), deps AS ("
             "  INSERT INTO {s}.task_deps (dep_id, task_id)"
             "  SELECT * FROM unnest(%(dep_ids)s::text[], %(dep_tasks)s::text[])"
-            ") SELECT pg_notify(%(channel)s, '')"
+            "  ON CONFLICT DO NOTHING"
+            ") SELECT id, pg_notify(%(channel)s, '') FROM ins"
         )
 
     async def _notify(self, cur: Cursor) -> None:
@@ -631,7 +651,7 @@ class PostgresStore:
             await cur.execute(
                 self._sql(
                     "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
-                    "claim_attempts, claims_won, tasks_done, lease_deadline >= {now} "
+                    "claim_attempts, claims_won, tasks_done, lease_deadline >= {now}, metrics "
                     "FROM {s}.experts ORDER BY id"
                 ),
                 self._p(),
@@ -648,6 +668,7 @@ class PostgresStore:
                     claim_attempts=r[7],
                     claims_won=r[8],
                     tasks_done=r[9],
+                    metrics=json.loads(r[11]),
                 )
                 for r in await cur.fetchall()
             ]
@@ -701,10 +722,7 @@ class PostgresStore:
         ttl = check_ttl(lease_ttl)
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
         only = "" if ids is None else "AND id = ANY(%(ids)s) "
-        # named tasks are taken in the order given, like the reference store; others best first
-        order = (
-            "priority DESC, run_at, id" if ids is None else "array_position(%(ids)s::text[], id)"
-        )
+        order = "priority DESC, run_at, id"
         sql = self._sql(
             "WITH live AS ("
             "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
@@ -749,23 +767,67 @@ class PostgresStore:
             rows = await cur.fetchall()
             if not rows:  # nothing claimable, or a session that is not live: which?
                 await self._check_session(cur, expert, session)
-            return [
-                Claimed(
-                    id=r[0],
-                    type=r[1],
-                    queue=r[2],
-                    args=json.loads(r[3]),
-                    kwargs=json.loads(r[4]),
-                    fence=r[5],
-                    attempt=r[6],
-                    max_attempts=r[7],
-                    checkpoint=_load(r[8]),
-                    timeout=r[9],
-                    lease_deadline=r[10],
-                    priority=r[11],
-                )
-                for r in rows
-            ]
+            return [_claimed(r) for r in rows]
+
+        return await self._run(run, tx=False)
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        sql = self._sql(
+            "WITH live AS ("
+            "  SELECT 1 FROM {s}.experts WHERE id = %(thief)s AND session = %(session)s"
+            "   AND lease_deadline >= {now} FOR SHARE"
+            "), loot AS ("
+            "  SELECT id FROM {s}.tasks"
+            "  WHERE EXISTS (SELECT 1 FROM live)"
+            "   AND owner = %(victim)s AND state = 'claimed' AND lease_deadline >= {now}"
+            f"   AND queue = ANY(%(queues)s) AND {FITS}"
+            "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+            "), stolen AS ("
+            # a fenced transfer: the victim's start() of these is refused; no attempt counted
+            "  UPDATE {s}.tasks t SET state = 'running', owner = %(thief)s,"
+            "   fence = t.fence + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
+            "  FROM loot WHERE t.id = loot.id"
+            "  RETURNING t.id, t.type, t.queue, t.args, t.kwargs, t.fence, t.attempts,"
+            "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at"
+            "), events AS ("
+            "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
+            "  SELECT id, {now}, 'stolen', fence, %(thief)s, %(detail)s FROM stolen"
+            ") SELECT * FROM stolen ORDER BY priority DESC, run_at, id"
+        )
+
+        async def run(cur: Cursor) -> list[Claimed]:
+            if not queues or not limit:
+                await self._check_session(cur, thief, session)
+                return []
+            await cur.execute(
+                sql,
+                self._p(
+                    thief=thief,
+                    session=session,
+                    victim=victim,
+                    queues=list(queues),
+                    limit=limit,
+                    ttl=ttl,
+                    detail=f"from {victim}",
+                    **self._caps(capabilities),
+                ),
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                await self._check_session(cur, thief, session)
+            return [_claimed(r) for r in rows]
 
         return await self._run(run, tx=False)
 
@@ -806,10 +868,12 @@ class PostgresStore:
             ids = [tid for tid, _ in items]
             await cur.execute(
                 self._sql(
-                    "SELECT id, fence, owner, state, lease_deadline, lease_deadline >= {now} "
+                    "SELECT id, fence, owner, state, lease_deadline, lease_deadline >= {now}, "
+                    "(SELECT e.lease_deadline >= {now} FROM {s}.experts e "
+                    " WHERE e.id = %(expert)s) "
                     "FROM {s}.tasks WHERE id = ANY(%(ids)s)"
                 ),
-                self._p(ids=ids),
+                self._p(ids=ids, expert=expert),
             )
             found = {r[0]: r for r in await cur.fetchall()}
             if earlier:
@@ -840,6 +904,8 @@ class PostgresStore:
                 out.append(FencedOut(tid, fence, f"the task is {r[3]}"))
             elif r[4] is None or not r[5]:
                 out.append(FencedOut(tid, fence, "the lease lapsed"))
+            elif not r[6]:
+                out.append(FencedOut(tid, fence, f"the lease of expert {expert} lapsed"))
             else:
                 out.append(FencedOut(tid, fence, "the task changed during the write"))
         return out
@@ -847,7 +913,9 @@ class PostgresStore:
     # The fenced condition shared by every owner write (``i`` is the batch, ``t`` the task).
     _FENCED = (
         "t.id = i.id AND t.fence = i.fence AND t.owner = %(expert)s "
-        "AND t.state = ANY(%(states)s) AND t.lease_deadline >= {now}"
+        "AND t.state = ANY(%(states)s) AND t.lease_deadline >= {now} "
+        "AND EXISTS (SELECT 1 FROM {s}.experts e WHERE e.id = %(expert)s "
+        "AND e.lease_deadline >= {now})"
     )
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
@@ -897,7 +965,7 @@ class PostgresStore:
                 self._sql(
                     "UPDATE {s}.experts SET lease_deadline = {now} + %(ttl)s, "
                     "heartbeat_at = {now}, load = %(load)s, claim_attempts = %(attempts)s, "
-                    "claims_won = %(won)s, tasks_done = %(done)s "
+                    "claims_won = %(won)s, tasks_done = %(done)s, metrics = %(metrics)s "
                     "WHERE id = %(expert)s AND session = %(session)s "
                     "AND lease_deadline >= {now} RETURNING 1"
                 ),
@@ -907,6 +975,7 @@ class PostgresStore:
                     attempts=beat.claim_attempts,
                     won=beat.claims_won,
                     done=beat.tasks_done,
+                    metrics=json.dumps(dict(beat.metrics)),
                     expert=expert,
                     session=session,
                 ),
@@ -980,6 +1049,8 @@ class PostgresStore:
         return await self._run(run)
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
         if not items:
             return []
         pairs = [(i.task_id, i.fence) for i in items]
@@ -1098,6 +1169,15 @@ class PostgresStore:
                 await self._settle_dependents(cur, dead)
             await cur.execute(
                 self._sql("DELETE FROM {s}.experts WHERE lease_deadline < {now} - 3600"), self._p()
+            )
+            # auctions and bids of tasks that are no longer pending
+            await cur.execute(
+                self._sql(
+                    "WITH done AS ("
+                    "  DELETE FROM {s}.auctions a USING {s}.tasks t"
+                    "  WHERE t.id = a.task_id AND t.state <> 'pending' RETURNING a.task_id"
+                    ") DELETE FROM {s}.bids WHERE task_id IN (SELECT task_id FROM done)"
+                )
             )
             if rows:
                 await self._notify(cur)
@@ -1230,6 +1310,16 @@ class PostgresStore:
         session = uuid.uuid4().hex
 
         async def run(cur: Cursor) -> None:
+            # The old session's claims end with it: a new session never inherits them.
+            await cur.execute(
+                self._sql(
+                    "UPDATE {s}.tasks t SET lease_deadline = least(t.lease_deadline, "
+                    "e.lease_deadline) FROM {s}.experts e WHERE e.id = %(id)s "
+                    "AND e.lease_deadline < {now} AND t.owner = e.id "
+                    "AND t.state IN ('claimed', 'running')"
+                ),
+                self._p(id=info.id),
+            )
             await cur.execute(
                 self._sql(
                     "INSERT INTO {s}.experts AS e (id, session, info, lease_deadline, "
@@ -1238,7 +1328,7 @@ class PostgresStore:
                     "ON CONFLICT (id) DO UPDATE SET session = excluded.session, "
                     "info = excluded.info, lease_deadline = excluded.lease_deadline, "
                     "heartbeat_at = excluded.heartbeat_at, started_at = excluded.started_at, "
-                    "load = 0, claim_attempts = 0, claims_won = 0, tasks_done = 0 "
+                    "load = 0, claim_attempts = 0, claims_won = 0, tasks_done = 0, metrics = '{}' "
                     "WHERE e.lease_deadline < {now} RETURNING 1"
                 ),
                 self._p(id=info.id, session=session, info=info.to_json_text(), ttl=ttl),
@@ -1371,6 +1461,70 @@ class PostgresStore:
                     pass
         self._seen = self._version
 
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        async def run(cur: Cursor) -> Backlog:
+            await cur.execute(
+                self._sql(
+                    "SELECT {now}, count(*), min(run_at) FROM {s}.tasks WHERE state = 'pending' "
+                    "AND queue = ANY(%(queues)s) AND run_at <= {now}"
+                ),
+                self._p(queues=list(queues)),
+            )
+            now, n, oldest = _one(await cur.fetchone())
+            return Backlog(int(n), None if oldest is None else now - oldest)
+
+        return await self._run(run, tx=False)
+
+    # -- auctions --------------------------------------------------------------------------
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+
+        async def run(cur: Cursor) -> Auction:
+            await self._check_session(cur, expert, session)
+            await cur.execute(
+                self._sql(
+                    "SELECT {now}, t.state, a.closes_at FROM {s}.tasks t "
+                    "LEFT JOIN {s}.auctions a ON a.task_id = t.id WHERE t.id = %(id)s "
+                    "FOR SHARE OF t"
+                ),
+                self._p(id=task_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            now, state, closes = row
+            if state != "pending":
+                return Auction(task_id, now, now if closes is None else closes, (), open=False)
+            # The first bid opens the auction; a repeated bid keeps its place in time.
+            await cur.execute(
+                self._sql(
+                    "WITH opened AS ("
+                    "  INSERT INTO {s}.auctions (task_id, closes_at)"
+                    "  VALUES (%(id)s, {now} + %(window)s) ON CONFLICT DO NOTHING"
+                    "), placed AS ("
+                    "  INSERT INTO {s}.bids (task_id, expert, score, at)"
+                    "  VALUES (%(id)s, %(expert)s, %(score)s, {now})"
+                    "  ON CONFLICT (task_id, expert) DO UPDATE SET score = excluded.score"
+                    ") SELECT 1"
+                ),
+                self._p(id=task_id, window=window, expert=expert, score=score),
+            )
+            # a separate statement, to see this bid and every other committed one
+            await cur.execute(
+                self._sql(
+                    "SELECT a.closes_at, b.expert, b.score, b.at FROM {s}.auctions a "
+                    "LEFT JOIN {s}.bids b ON b.task_id = a.task_id WHERE a.task_id = %s"
+                ),
+                (task_id,),
+            )
+            rows = await cur.fetchall()
+            bids = {r[1]: (r[2], r[3]) for r in rows if r[1] is not None}
+            return Auction(task_id, now, rows[0][0], rank_bids(bids))
+
+        return await self._run(run)
+
     async def next_due(self, queues: Sequence[str]) -> float | None:
         if not queues:
             return None
@@ -1412,6 +1566,23 @@ def _dependencies_first(specs: Sequence[TaskSpec]) -> list[TaskSpec]:
         if spec.id not in done:
             visit(spec)
     return out
+
+
+def _claimed(r: Sequence[Any]) -> Claimed:
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=_load(r[8]),
+        timeout=r[9],
+        lease_deadline=r[10],
+        priority=r[11],
+    )
 
 
 def _one(row: T | None) -> T:

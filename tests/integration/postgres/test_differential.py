@@ -111,8 +111,11 @@ class Twin:
                 "cancel",
                 "retry",
                 "peek",
+                "steal",
+                "bid",
+                "backlog",
             ],
-            weights=[8, 2, 8, 2, 2, 5, 4, 2, 3, 3, 4, 1, 1, 2],
+            weights=[8, 2, 8, 2, 2, 5, 4, 2, 3, 3, 4, 1, 1, 2, 2, 2, 1],
         )[0]
         expert = rng.choice(EXPERTS)
 
@@ -220,6 +223,25 @@ class Twin:
         elif kind == "retry" and self.ids:
             tid = rng.choice(self.ids)
             await self.both(f"retry {tid}", lambda s, n: s.retry(tid))
+        elif kind == "steal":
+            victim = rng.choice(EXPERTS)
+            result = await self.both(
+                f"steal {expert} from {victim}",
+                lambda s, n: s.steal(
+                    expert, session(n), victim, ["default"], CAPS[expert], limit=2, lease_ttl=10.0
+                ),
+            )
+            if result[0] == "ok":
+                for c in result[1]:
+                    self.fences[c.id] = c.fence
+        elif kind == "bid" and self.ids:
+            tid = rng.choice(self.ids)
+            score = rng.choice([0.2, 0.5, 0.9])
+            await self.both(
+                f"bid {expert} {tid}", lambda s, n: s.bid(expert, session(n), tid, score, 5.0)
+            )
+        elif kind == "backlog":
+            await self.both("backlog", lambda s, n: s.backlog(["default"]))
         elif kind == "peek":
             await self.both(f"peek {expert}", lambda s, n: s.peek(["default"], CAPS[expert], 5))
 

@@ -9,7 +9,7 @@ import pytest
 
 from contend.domain.task import TaskSpec
 from contend.errors import SchemaError
-from contend.store.pg_migrations import SCHEMA_VERSION
+from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from contend.store.postgres import PostgresStore
 
 from .conftest import StoreFactory
@@ -24,8 +24,8 @@ async def sql(url: str, statement: str) -> list[tuple[object, ...]]:
 async def test_open_creates_the_schema_once(make_store: StoreFactory, pg_url: str) -> None:
     # several processes opening an empty database at once: one creates, the others wait
     stores = await asyncio.gather(*(make_store() for _ in range(4)))
-    rows = await sql(pg_url, "SELECT version FROM contend.contend_schema_version")
-    assert rows == [(SCHEMA_VERSION,)]
+    rows = await sql(pg_url, "SELECT version FROM contend.contend_schema_version ORDER BY 1")
+    assert rows == [(m.version,) for m in MIGRATIONS]
     assert await stores[0].migrate() == []
 
 
@@ -44,19 +44,24 @@ async def test_a_schema_behind_or_ahead_is_refused(make_store: StoreFactory, pg_
 
 
 async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url: str) -> None:
-    # version 0: only the version table exists, as a partly created schema would look
+    # a database left by the contend that had schema version 1, with an expert in it
     await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, VERSION_TABLE.replace("{s}", "contend"))
+    for statement in MIGRATIONS[0].statements:
+        await sql(pg_url, statement.replace("{s}", "contend"))
+    await sql(pg_url, "INSERT INTO contend.contend_schema_version VALUES (1, 'first')")
     await sql(
         pg_url,
-        "CREATE TABLE contend.contend_schema_version (version integer PRIMARY KEY, "
-        "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        "INSERT INTO contend.experts (id, session, info, lease_deadline, heartbeat_at, "
+        """started_at) VALUES ('old', 's', '{"id": "old"}', 1, 1, 1)""",
     )
-    with pytest.raises(SchemaError, match="run contend migrate"):
+    with pytest.raises(SchemaError, match=r"at version 1.*run contend migrate"):
         await make_store()
     # migrate() works on a store that was never opened (open() would refuse)
-    assert await PostgresStore(pg_url).migrate() == [SCHEMA_VERSION]
+    assert await PostgresStore(pg_url).migrate() == [m.version for m in MIGRATIONS[1:]]
     store = await make_store()
-    assert await store.list_tasks() == []
+    (old,) = await store.list_experts()
+    assert (old.info.id, old.metrics) == ("old", {})
 
 
 async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:

@@ -14,7 +14,6 @@ from contend.errors import (
     FencedOut,
     InvalidTransition,
     LeaseLost,
-    StoreError,
     TaskNotFound,
 )
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
@@ -67,11 +66,15 @@ async def test_idempotency_key_returns_the_existing_task(store: PostgresStore) -
     assert len(await store.list_tasks()) == 2
 
 
-async def test_same_id_twice_is_a_store_error(store: PostgresStore) -> None:
-    spec = TaskSpec.build("t")
-    await store.submit([spec])
-    with pytest.raises(StoreError, match="refused"):
-        await store.submit([spec])
+async def test_the_same_spec_sent_again_keeps_the_first_task(store: PostgresStore) -> None:
+    """A client that lost the reply and submits again gets the task it already created."""
+    spec = TaskSpec.build("t", [1])
+    child = TaskSpec.build("t", depends_on=[spec.id])
+    assert [s.created for s in await store.submit([spec])] == [True]
+    assert [s.created for s in await store.submit([spec])] == [False]  # one statement
+    again = await store.submit([spec, child])  # the transaction path (dependencies)
+    assert [(s.id, s.created) for s in again] == [(spec.id, False), (child.id, True)]
+    assert len(await store.list_tasks()) == 2
 
 
 async def test_bad_dependencies_leave_the_store_unchanged(store: PostgresStore) -> None:
