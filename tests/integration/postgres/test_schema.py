@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import psycopg
 import pytest
@@ -78,3 +80,20 @@ async def test_schemas_keep_stores_apart(make_store: StoreFactory, pg_url: str) 
     assert len(await a.list_tasks()) == 1
     assert await b.list_tasks() == []
     assert a.channel != b.channel
+
+
+async def test_contend_migrate_on_the_command_line(pg_url: str) -> None:
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "contend", "migrate", "--store", pg_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    first = await asyncio.to_thread(migrate)
+    assert first.returncode == 0, first.stderr
+    versions = ", ".join(str(m.version) for m in MIGRATIONS)
+    assert first.stdout.strip() == f"applied schema version(s) {versions}"
+    again = await asyncio.to_thread(migrate)
+    assert (again.returncode, again.stdout.strip()) == (0, "up to date")
