@@ -34,7 +34,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from contend.domain.task import Capabilities, Task, TaskSpec, TaskState
+from contend.domain.task import (
+    Capabilities,
+    Task,
+    TaskSpec,
+    TaskState,
+    aged_priority,
+    next_promotion,
+)
 from contend.errors import ExpertConflict, FencedOut, InvalidTransition, LeaseLost
 from contend.store.port import ExpertInfo, Heartbeat
 from tests.contract.backends import BACKENDS, backend_params
@@ -76,6 +83,13 @@ class ModelTask:
     checkpoint: Any = None
     result: Any = None
     deps_open: set[str] = field(default_factory=set)  # while waiting: deps not yet succeeded
+    created: float = 0.0
+    aged: int = 0  # effective priority: stores raise it in expire() as the task waits
+    promote_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.aged = self.priority
+        self.promote_at = next_promotion(self.priority, self.priority, self.created)
 
 
 @dataclass
@@ -131,7 +145,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def claimable(self) -> list[ModelTask]:
         ready = [t for t in self.tasks.values() if t.state == P and t.run_at <= self.now]
-        return sorted(ready, key=lambda t: (-t.priority, t.run_at, t.id))
+        return sorted(ready, key=lambda t: (-t.aged, t.run_at, t.id))
 
     def task_json(self, task_id: str) -> dict[str, Any]:
         return self.run(self.s.get(task_id)).to_json()
@@ -163,7 +177,7 @@ class StoreMachine(RuleBasedStateMachine):
         specs = [TaskSpec.build("job", [k], max_attempts=2) for k in range(n)]
         self.run(self.s.submit(specs))
         for x in specs:
-            self.tasks[x.id] = ModelTask(x.id, 0, 2, self.now)
+            self.tasks[x.id] = ModelTask(x.id, 0, 2, self.now, created=self.now)
 
     @rule(
         data=st.data(),
@@ -200,7 +214,7 @@ class StoreMachine(RuleBasedStateMachine):
             )
             bad = [d for d in deps if self.tasks[d].state in (FAILED, DEAD, CANCELLED)]
             waits = {d for d in deps if not self.tasks[d].state.terminal}
-            t = ModelTask(specs[-1].id, priority, max_attempts, self.now + delay)
+            t = ModelTask(specs[-1].id, priority, max_attempts, self.now + delay, created=self.now)
             if bad:
                 t.state = DEAD
             elif waits:
@@ -298,6 +312,10 @@ class StoreMachine(RuleBasedStateMachine):
     def expire(self) -> None:
         moved = self.run(self.s.expire())
         event(f"expire moved {min(moved, 2)}+")
+        for t in self.tasks.values():  # ageing happens first, on tasks pending at that moment
+            if t.state == P and t.promote_at <= self.now:
+                t.aged = aged_priority(t.priority, self.now - t.created)
+                t.promote_at = next_promotion(t.priority, t.aged, t.created)
         lapsed = [
             t
             for t in self.tasks.values()

@@ -4,66 +4,10 @@ transfer, and the first owner never starts them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from contend import App, Capabilities, TaskContext, TaskState
-from contend.domain.task import TaskSpec
-from contend.errors import LeaseLost
-from contend.store.port import ExpertInfo, Store
-from contend.store.registry import make_store
-from contend.testing import FakeClock
+from contend import App, TaskContext
 from tests.integration.test_runtime import eventually, expert
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-async def store_and_clock(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[Store, FakeClock]]:
-    clock = FakeClock()
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 's.db'}"
-    store = make_store(url, clock=clock)
-    await store.open()
-    yield store, clock
-    await store.close()
-
-
-async def test_steal_takes_only_unstarted_tasks_and_fences_out_the_victim(
-    store_and_clock: tuple[Store, FakeClock],
-) -> None:
-    store, clock = store_and_clock
-    await store.submit([TaskSpec.build("t", priority=p) for p in (1, 2, 3, 4)])
-    v = await store.register_expert(ExpertInfo("victim"), 30)
-    t = await store.register_expert(ExpertInfo("thief"), 30)
-    running = await store.claim("victim", v, ["default"], Capabilities(), limit=1, lease_ttl=30)
-    ahead = await store.claim(
-        "victim", v, ["default"], Capabilities(), limit=3, lease_ttl=30, start=False
-    )
-    stolen = await store.steal(
-        "thief", t, "victim", ["default"], Capabilities(), limit=2, lease_ttl=30
-    )
-    assert [c.priority for c in stolen] == [3, 2]  # the best of the unstarted ones
-    assert running[0].id not in {c.id for c in stolen}
-    for c in stolen:
-        task = await store.get(c.id)
-        assert (task.owner, task.state, task.fence, task.attempts) == (
-            "thief",
-            TaskState.RUNNING,
-            2,
-            1,
-        )
-    results = await store.start("victim", [(c.id, c.fence) for c in ahead])
-    started = [c for c, r in zip(ahead, results, strict=True) if r is None]
-    assert [c.priority for c in started] == [1]  # the one left to it
-    assert (
-        await store.steal("thief", t, "victim", ["default"], Capabilities(), limit=5, lease_ttl=30)
-        == []
-    )
-    clock.advance(31)
-    with pytest.raises(LeaseLost):
-        await store.steal("thief", t, "victim", ["default"], Capabilities(), limit=1, lease_ttl=30)
 
 
 async def test_an_idle_expert_steals_prefetched_work(tmp_path: Path) -> None:

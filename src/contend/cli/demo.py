@@ -46,7 +46,9 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
-async def _start_expert(run: DemoRun, name: str, caps: list[str], concurrency: int) -> None:
+async def _start_expert(
+    run: DemoRun, name: str, caps: list[str], concurrency: int, window: float
+) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -65,6 +67,8 @@ async def _start_expert(run: DemoRun, name: str, caps: list[str], concurrency: i
         str(LEASE),
         "--grace",
         "5",
+        "--window",
+        str(window),
     ]
     for c in caps:
         cmd += ["--capability", c]
@@ -147,7 +151,7 @@ async def run_demo(args: argparse.Namespace) -> int:
         )
         profiles = [EXPERT_PROFILES[i % len(EXPERT_PROFILES)] for i in range(args.experts)]
         for i, (suffix, caps, conc) in enumerate(profiles):
-            await _start_expert(run, f"demo-{suffix}{'' if i < 4 else i}", caps, conc)
+            await _start_expert(run, f"demo-{suffix}{'' if i < 4 else i}", caps, conc, args.window)
         begin = time.monotonic()
         tty = sys.stdout.isatty()
         last_line = 0.0

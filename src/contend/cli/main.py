@@ -164,6 +164,9 @@ async def cmd_expert(args: argparse.Namespace) -> int:
         specialties=frozenset(args.specialty or ()),
         window=args.window,
         zone_margin=args.zone_margin,
+        prefetch=args.prefetch,
+        steal_ratio=None if args.no_steal else args.steal_ratio,
+        auction_window=args.auction_window,
     )
     expert = Expert(app, config)
     loop = asyncio.get_running_loop()
@@ -523,6 +526,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="base race window in seconds (default 0.02; 0 turns competition off)",
     )
     e.add_argument(
+        "--prefetch",
+        type=_int_in("--prefetch", 0, 10_000),
+        default=0,
+        help="claim this many tasks ahead, unstarted; idle experts may steal them (default 0)",
+    )
+    e.add_argument(
+        "--steal-ratio",
+        type=_seconds("--steal-ratio", 0.01, 1.0),
+        default=1.0,
+        help="steal unstarted tasks from experts at least this loaded (default 1.0: full)",
+    )
+    e.add_argument(
+        "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
+    )
+    e.add_argument(
+        "--auction-window",
+        type=_seconds("--auction-window", 0, 60),
+        default=0.2,
+        help="how long an auction for a heavy task takes bids (default 0.2 s)",
+    )
+    e.add_argument(
         "--zone-margin",
         type=_seconds("--zone-margin", 0, 60),
         default=0.0,
@@ -589,6 +613,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tasks", type=_positive_int("--tasks", 1_000_000), default=3000)
     d.add_argument("--experts", type=_int_in("--experts", 2, 32), default=4)
     d.add_argument("--no-kill", action="store_true", help="do not kill an expert")
+    d.add_argument(
+        "--window",
+        type=_seconds("--window", 0, 60),
+        default=0.02,
+        help="the experts' base race window (0 turns competition off, for comparison)",
+    )
     d.add_argument("--json", action="store_true", help="print the closing report as JSON")
     d.set_defaults(func=cmd_demo)
 

@@ -261,6 +261,27 @@ def effective_priority(priority: int, age_seconds: float, ageing: float = 1.0) -
     return priority + ageing * math.log1p(max(0.0, age_seconds))
 
 
+#: Ageing rate of the stores: a pending task gains one priority step at ages e^1-1, e^2-1, …
+#: seconds (1.7 s, 6.4 s, 19 s, 53 s, 2.5 min, 6.7 min, 18 min, 50 min, 2.3 h, 6.1 h, …).
+AGEING = 1.0
+
+
+def aged_priority(priority: int, age_seconds: float, ageing: float = AGEING) -> int:
+    """:func:`effective_priority` in whole steps, as stores keep it for ordering."""
+    return priority + math.floor(ageing * math.log1p(max(0.0, age_seconds)))
+
+
+def next_promotion(priority: int, aged: int, created_at: float, ageing: float = AGEING) -> float:
+    """When a task created at *created_at* and now at *aged* gains its next step."""
+    exponent = (aged - priority + 1) / ageing
+    return created_at + (math.expm1(exponent) if exponent < 60 else 1e12)
+
+
+#: Share of claims that go to the tasks that have waited longest, whatever their priority
+#: (seed 000 §6): high-priority floods cannot starve old low-priority work.
+LOW_LANE_SHARE = 0.1
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """One submission, validated: everything a store needs to insert a task."""

@@ -30,7 +30,7 @@ from enum import StrEnum
 from typing import Any
 
 from contend.domain.scoring import Fitness, TaskView, default_fitness
-from contend.domain.task import Capabilities, TaskState, encode_json
+from contend.domain.task import LOW_LANE_SHARE, Capabilities, TaskState, encode_json
 from contend.errors import (
     ConfigError,
     ContendError,
@@ -180,6 +180,7 @@ class Expert:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefetched: deque[Claimed] = deque()
+        self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
         self.state = SlotState.IDLE
@@ -528,6 +529,15 @@ class Expert:
                     out.add(tt.name)
         return out
 
+    def _lane_slots(self, free: int) -> int:
+        """How many of *free* slots go to the low lane (the longest-waiting tasks, whatever
+        their priority): a running credit, so that over time the share is LOW_LANE_SHARE even
+        when slots free up one at a time."""
+        self._lane_credit += LOW_LANE_SHARE * free
+        slots = min(free, int(self._lane_credit))
+        self._lane_credit -= slots
+        return slots
+
     async def _claim_ids(self, store: Store, ids: list[str], free: int) -> list[Claimed]:
         assert self._session is not None
         if not ids:
@@ -541,7 +551,7 @@ class Expert:
             lease_ttl=self.config.lease_ttl,
             task_ids=ids,
         )
-        self.stats.claim_attempts += len(ids)
+        self.stats.claim_attempts += min(len(ids), free)
         self.stats.claims_won += len(got)
         return got
 
@@ -549,6 +559,7 @@ class Expert:
         assert self._session is not None
         comp = self.competition
         auctioned = self._auction_types()
+        lane = self._lane_slots(free)
         if not auctioned and not comp.race_matters(self.load):
             got = await store.claim(
                 self.name,
@@ -557,11 +568,12 @@ class Expert:
                 self.config.capabilities,
                 limit=free,
                 lease_ttl=self.config.lease_ttl,
+                low_lane=lane,
             )
             self.stats.claim_attempts += len(got)
             self.stats.claims_won += len(got)
             return got
-        views = await store.peek(self.queues, self.config.capabilities, free * 2)
+        views = await store.peek(self.queues, self.config.capabilities, free * 3, low_lane=lane)
         self._auction_wake = None
         if not views:
             return []
@@ -579,9 +591,11 @@ class Expert:
             await self._pause(first)
             if self._stopping.is_set():
                 return claimed
-        # claim every task this expert is about as fit for as for the first one
+        # Offer the store every candidate this expert is about as fit for as for the first
+        # one — more than it has room for: the store takes the best `free` still pending, so
+        # tasks a fitter rival took in the meantime cost no lost race.
         slack = first + comp.window * 0.1
-        ids = [tid for d, _, tid in plan if d <= slack][:free]
+        ids = [tid for d, _, tid in plan if d <= slack]
         return claimed + await self._claim_ids(store, ids, free)
 
     async def _bid_and_claim(self, store: Store, lots: list[TaskView], free: int) -> list[Claimed]:

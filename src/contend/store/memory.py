@@ -20,7 +20,9 @@ from contend.domain.task import (
     TaskEvent,
     TaskSpec,
     TaskState,
+    aged_priority,
     can_move,
+    next_promotion,
 )
 from contend.errors import (
     ExpertConflict,
@@ -74,6 +76,8 @@ class _Row:
     error: str | None = None
     checkpoint: str | None = None
     history: list[TaskEvent] = field(default_factory=list)
+    aged: int = 0  # effective priority, raised by ``expire`` as the task waits
+    promote_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -148,6 +152,8 @@ class MemoryStore:
                 continue
             left = [d for d in spec.depends_on if self._dep_open(d)]
             row = _Row(spec, initial_state(spec, len(left)), now + spec.delay, now, now, len(left))
+            row.aged = spec.priority
+            row.promote_at = next_promotion(spec.priority, spec.priority, now)
             dead_dep = next((d for d in spec.depends_on if self._dep_failed(d)), None)
             if dead_dep is not None:
                 row.state = TaskState.DEAD
@@ -259,7 +265,11 @@ class MemoryStore:
         ]
 
     # -- the claim protocol ----------------------------------------------------------------
-    def _claimable(self, queues: Sequence[str], caps: Capabilities, now: float) -> list[str]:
+    def _claimable(
+        self, queues: Sequence[str], caps: Capabilities, now: float, limit: int, low_lane: int = 0
+    ) -> list[str]:
+        """Best first: up to ``limit − low_lane`` by effective priority, then FIFO; plus up to
+        ``low_lane`` of those that waited longest, whatever their priority."""
         qs = set(queues)
         ids = [
             tid
@@ -269,16 +279,22 @@ class MemoryStore:
             and row.spec.queue in qs
             and caps.satisfies(row.spec.requirements)
         ]
-        ids.sort(key=lambda t: (-self._tasks[t].spec.priority, self._tasks[t].run_at, t))
-        return ids
+        rows = self._tasks
+        ids.sort(key=lambda t: (-rows[t].aged, rows[t].run_at, t))
+        low_lane = min(low_lane, limit)
+        chosen = dict.fromkeys(ids[: limit - low_lane])
+        if low_lane:
+            oldest = sorted(ids, key=lambda t: (rows[t].run_at, t))
+            chosen.update(dict.fromkeys(oldest[:low_lane]))
+        return sorted(chosen, key=lambda t: (-rows[t].aged, rows[t].run_at, t))
 
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
         out = []
-        for tid in self._claimable(queues, capabilities, now)[:limit]:
+        for tid in self._claimable(queues, capabilities, now, limit, low_lane):
             s = self._tasks[tid].spec
             out.append(
                 TaskView(
@@ -304,16 +320,17 @@ class MemoryStore:
         lease_ttl: float,
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        low_lane: int = 0,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         now = self._clock()
         self._live_session(expert, session, now)
         if task_ids is None:
-            chosen = self._claimable(queues, capabilities, now)[:limit]
+            chosen = self._claimable(queues, capabilities, now, limit, low_lane)
         else:
             wanted = set(task_ids)
-            claimable = self._claimable(queues, capabilities, now)
+            claimable = self._claimable(queues, capabilities, now, len(self._tasks))
             chosen = [tid for tid in claimable if tid in wanted][:limit]
         out = []
         for tid in chosen:
@@ -523,6 +540,10 @@ class MemoryStore:
     async def expire(self) -> int:
         now = self._clock()
         moved = 0
+        for row in self._tasks.values():  # ageing: pending tasks gain priority as they wait
+            if row.state == P and row.promote_at <= now:
+                row.aged = aged_priority(row.spec.priority, now - row.created_at)
+                row.promote_at = next_promotion(row.spec.priority, row.aged, row.created_at)
         for tid, row in self._tasks.items():
             if row.state in (C, R) and row.lease_deadline is not None and row.lease_deadline < now:
                 prev = row.owner

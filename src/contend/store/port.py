@@ -255,9 +255,10 @@ class Store(Protocol):
 
     # -- the claim protocol ----------------------------------------------------------------
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
     ) -> list[TaskView]:
-        """Claimable tasks (pending, due) this expert can run, best first. Reads only."""
+        """Claimable tasks (pending, due) this expert can run, best first. Reads only.
+        ``low_lane`` as in :meth:`claim`."""
 
     async def claim(
         self,
@@ -270,10 +271,16 @@ class Store(Protocol):
         lease_ttl: float,
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        low_lane: int = 0,
     ) -> list[Claimed]:
         """Atomically claim up to *limit* tasks (only those in *task_ids* when given), moving
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
-        session is not live."""
+        session is not live.
+
+        Order: highest *effective* priority first (it grows as a task waits; ``expire`` raises
+        it, see ``contend.domain.task.aged_priority``), then first in, first out. Up to
+        ``low_lane`` of the *limit* go instead to the tasks due the longest, whatever their
+        priority — the low-priority lane that keeps floods from starving old work."""
 
     async def steal(
         self,

@@ -38,7 +38,9 @@ from contend.domain.task import (
     TaskEvent,
     TaskSpec,
     TaskState,
+    aged_priority,
     can_move,
+    next_promotion,
 )
 from contend.errors import (
     ConfigError,
@@ -103,9 +105,13 @@ CREATE TABLE tasks (
     error TEXT,
     checkpoint TEXT,
     depends_on TEXT,
-    deps_left INTEGER NOT NULL DEFAULT 0
+    deps_left INTEGER NOT NULL DEFAULT 0,
+    eff_priority INTEGER NOT NULL,
+    promote_at REAL NOT NULL
 );
-CREATE INDEX tasks_claimable ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
 CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
 CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
 CREATE INDEX tasks_state ON tasks (state, queue);
@@ -375,13 +381,16 @@ class SQLiteStore:
                         json.dumps(list(spec.depends_on)) if spec.depends_on else None,
                         len(left),
                         error,
+                        spec.priority,
+                        next_promotion(spec.priority, spec.priority, now),
                     )
                 )
                 dep_rows.extend((d, spec.id) for d in left)
             db.executemany(
                 "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
                 "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
-                "deps_left, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "deps_left, error, eff_priority, promote_at) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 rows,
             )
             if dep_rows:
@@ -535,29 +544,39 @@ class SQLiteStore:
         return int(self._caps.satisfies(Requirements.from_json(json.loads(req_json))))
 
     @staticmethod
-    def _claimable_sql(queues: Sequence[str], with_ids: int | None) -> str:
+    def _claimable_sql(queues: Sequence[str], with_ids: int | None, low_lane: bool = False) -> str:
+        """A predicate on claimable tasks: the best by effective priority (parameters: queues,
+        now, [ids], limit); with *low_lane*, or the oldest ones (more: queues, now, lane limit)."""
         qmarks = ",".join("?" * len(queues))
         ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
-        return (
-            f"SELECT id FROM tasks WHERE state = 'pending' AND queue IN ({qmarks}) "
-            f"AND run_at <= ?{ids} AND (requirements IS NULL OR contend_fits(requirements)) "
-            "ORDER BY priority DESC, run_at, id LIMIT ?"
+        where = (
+            f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids} "
+            "AND (requirements IS NULL OR contend_fits(requirements))"
         )
+        best = f"SELECT id FROM tasks WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?"
+        if not low_lane:
+            return f"id IN ({best})"
+        oldest = f"SELECT id FROM tasks WHERE {where} ORDER BY run_at, id LIMIT ?"
+        return f"(id IN ({best}) OR id IN ({oldest}))"
 
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
     ) -> list[TaskView]:
         check_limit(limit)
         if not queues or not limit:
             return []
+        lane = min(low_lane, limit)
+        params: tuple[Any, ...] = (*queues, self._clock(), limit - lane)
+        if lane:
+            params += (*queues, self._clock(), lane)
 
         def run() -> list[TaskView]:
             self._caps = capabilities
-            inner = self._claimable_sql(queues, None)
+            inner = self._claimable_sql(queues, None, bool(lane))
             rows = self._conn.execute(
                 f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
-                f"WHERE id IN ({inner}) ORDER BY priority DESC, run_at, id",
-                (*queues, self._clock(), limit),
+                f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
+                params,
             ).fetchall()
             return [
                 TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(_load(r[4])), r[5])
@@ -577,6 +596,7 @@ class SQLiteStore:
         lease_ttl: float,
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        low_lane: int = 0,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
@@ -589,14 +609,18 @@ class SQLiteStore:
             if not queues or not limit or (ids is not None and not ids):
                 return []
             self._caps = capabilities
-            inner = self._claimable_sql(queues, None if ids is None else len(ids))
+            lane = min(low_lane, limit) if ids is None else 0
+            inner = self._claimable_sql(queues, None if ids is None else len(ids), bool(lane))
+            params: tuple[Any, ...] = (*queues, now, *(ids or ()), limit - lane)
+            if lane:
+                params += (*queues, now, lane)
             rows = db.execute(
                 f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1, "
                 f"attempts = attempts + 1, lease_deadline = ?, updated_at = ? "
-                f"WHERE id IN ({inner}) "
+                f"WHERE {inner} "
                 "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
                 "checkpoint, timeout, priority",
-                (new_state, expert, now + ttl, now, *queues, now, *(ids or ()), limit),
+                (new_state, expert, now + ttl, now, *params),
             ).fetchall()
             if rows:
                 db.executemany(
@@ -634,7 +658,7 @@ class SQLiteStore:
                 f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
                 f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
                 "AND (requirements IS NULL OR contend_fits(requirements)) "
-                "ORDER BY priority DESC, run_at, id LIMIT ?) "
+                "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
                 "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
                 "checkpoint, timeout, priority",
                 (thief, now + ttl, now, victim, now, *queues, limit),
@@ -877,6 +901,7 @@ class SQLiteStore:
             return len(lapsed)
 
         await self._clear_auctions()
+        await self._age()
         # A cheap read first: most calls find nothing to do and need no write lock.
         now = self._clock()
         due = await self._retry(
@@ -891,6 +916,32 @@ class SQLiteStore:
         if moved:
             self._touch()
         return moved
+
+    async def _age(self) -> None:
+        """Ageing: raise the effective priority of pending tasks whose next step is due."""
+        now = self._clock()
+        due = await self._retry(
+            lambda: self._conn.execute(
+                "SELECT id, priority, created_at FROM tasks "
+                "WHERE state = 'pending' AND promote_at <= ? LIMIT 5000",
+                (now,),
+            ).fetchall()
+        )
+        if not due:
+            return
+        updates = []
+        for tid, priority, created in due:
+            aged = aged_priority(priority, now - created)
+            updates.append((aged, next_promotion(priority, aged, created), tid))
+
+        def run(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "UPDATE tasks SET eff_priority = ?, promote_at = ? "
+                "WHERE id = ? AND state = 'pending'",
+                updates,
+            )
+
+        await self._tx(run)
 
     async def _clear_auctions(self) -> None:
         """Drop auctions and bids of tasks that are no longer pending."""

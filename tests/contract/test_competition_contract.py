@@ -1,0 +1,173 @@
+"""The store operations behind competition: auctions, work stealing, backlog, heartbeat metrics.
+
+Part of the contract: every backend registered in ``backends.py`` must pass it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from contend.domain.task import TaskState
+from contend.errors import ConfigError, LeaseLost, TaskNotFound
+from contend.store.port import Heartbeat
+from tests.contract.backends import Harness
+from tests.contract.helpers import Expert, caps, spec
+
+
+async def join(h: Harness, name: str) -> Expert:
+    return await Expert.join(h.store, name, h.ttl)
+
+
+async def test_bids_are_ranked_and_the_auction_closes_on_the_store_clock(harness: Harness) -> None:
+    h = harness
+    (sub,) = await h.store.submit([spec("render")])
+    a, b, c = [await join(h, n) for n in ("a", "b", "c")]
+    window = h.ttl / 2
+    first = await h.store.bid("a", a.session, sub.id, 0.5, window)
+    assert first.open
+    assert first.closes_at == h.at(first.now + window)
+    await h.store.bid("b", b.session, sub.id, 0.9, window * 3)  # a later bid does not move it
+    last = await h.store.bid("c", c.session, sub.id, 0.9, window)
+    assert last.closes_at == h.at(first.closes_at)
+    assert [name for name, _ in last.bids] == ["b", "c", "a"]  # best score, then earliest
+    assert last.may_claim_at("b", 1.0) == last.closes_at
+    assert last.may_claim_at("a", 1.0) == last.closes_at + 2.0
+    assert last.may_claim_at("stranger", 1.0) == last.closes_at + 3.0
+    raised = await h.store.bid("a", a.session, sub.id, 0.95, window)
+    assert raised.bids[0] == ("a", 0.95)
+
+
+async def test_a_bid_on_a_task_that_is_not_pending_says_so(harness: Harness) -> None:
+    h = harness
+    (sub,) = await h.store.submit([spec("render")])
+    a = await join(h, "a")
+    await h.store.bid("a", a.session, sub.id, 0.5, 1.0)
+    (got,) = await a.claim(task_ids=[sub.id])
+    closed = await h.store.bid("a", a.session, sub.id, 0.5, 1.0)
+    assert not closed.open and closed.bids == ()
+    assert await h.store.expire() == 0  # housekeeping clears the stale auction, moves nothing
+    assert (await h.store.get(got.id)).owner == "a"
+
+
+async def test_bids_need_a_known_task_a_live_session_and_a_sane_score(harness: Harness) -> None:
+    h = harness
+    (sub,) = await h.store.submit([spec("render")])
+    a = await join(h, "a")
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="score"):
+            await h.store.bid("a", a.session, sub.id, bad, 1.0)
+    with pytest.raises(ConfigError, match="window"):
+        await h.store.bid("a", a.session, sub.id, 0.5, -1.0)
+    with pytest.raises(TaskNotFound):
+        await h.store.bid("a", a.session, "no-such-task", 0.5, 1.0)
+    await h.advance(h.ttl * 1.5)
+    with pytest.raises(LeaseLost):
+        await h.store.bid("a", a.session, sub.id, 0.5, 1.0)
+
+
+async def test_steal_takes_the_best_unstarted_tasks_and_fences_out_the_victim(
+    harness: Harness,
+) -> None:
+    h = harness
+    await h.store.submit([spec("t", priority=p) for p in (1, 2, 3, 4)])
+    victim, thief = await join(h, "victim"), await join(h, "thief")
+    (running,) = await victim.claim(1)
+    ahead = await victim.claim(3, start=False)
+    stolen = await h.store.steal(
+        "thief", thief.session, "victim", ["default"], caps(), limit=2, lease_ttl=h.ttl
+    )
+    assert sorted(c.priority for c in stolen) == [2, 3]  # the best of the unstarted ones
+    assert running.id not in {c.id for c in stolen}
+    for c in stolen:
+        task = await h.store.get(c.id)
+        assert (task.owner, task.state, task.fence, task.attempts) == (
+            "thief",
+            TaskState.RUNNING,
+            2,
+            1,
+        )
+        assert c.fence == 2
+    results = await h.store.start("victim", [(c.id, c.fence) for c in ahead])
+    started = [c for c, r in zip(ahead, results, strict=True) if r is None]
+    assert [c.priority for c in started] == [1]
+    assert (
+        await h.store.steal(
+            "thief", thief.session, "victim", ["default"], caps(), limit=5, lease_ttl=h.ttl
+        )
+        == []
+    )
+
+
+async def test_steal_respects_requirements_and_a_live_session(harness: Harness) -> None:
+    h = harness
+    await h.store.submit([spec("t", requirements=["gpu"])])
+    victim = await Expert.join(h.store, "victim", h.ttl, caps("gpu"))
+    thief = await join(h, "thief")
+    await victim.claim(1, start=False)
+    assert (
+        await h.store.steal(
+            "thief", thief.session, "victim", ["default"], caps(), limit=1, lease_ttl=h.ttl
+        )
+        == []
+    )
+    await h.advance(h.ttl * 1.5)
+    with pytest.raises(LeaseLost):
+        await h.store.steal(
+            "thief", thief.session, "victim", ["default"], caps("gpu"), limit=1, lease_ttl=h.ttl
+        )
+
+
+async def test_backlog_counts_due_pending_tasks_and_the_oldest_wait(harness: Harness) -> None:
+    h = harness
+    empty = await h.store.backlog(["default"])
+    assert (empty.pending, empty.oldest_age) == (0, None)
+    await h.store.submit([spec("t"), spec("t"), spec("t", delay=h.ttl * 100)])
+    await h.store.submit([spec("t", queue="other")])
+    await h.advance(h.ttl / 2)
+    b = await h.store.backlog(["default"])
+    assert b.pending == 2
+    assert b.oldest_age is not None and b.oldest_age >= h.ttl / 2 - h.tolerance
+    assert (await h.store.backlog(["default", "other"])).pending == 3
+
+
+async def test_heartbeat_metrics_come_back_with_the_expert(harness: Harness) -> None:
+    h = harness
+    e = await join(h, "e1")
+    metrics = {"types": {"t": [3, 1, 0.25]}, "window": 0.02, "active": True, "prefetched": 2}
+    await h.store.renew("e1", e.session, h.ttl, Heartbeat(load=1, metrics=metrics))
+    (rec,) = [r for r in await h.store.list_experts() if r.info.id == "e1"]
+    assert dict(rec.metrics) == metrics
+    assert rec.to_json()["metrics"] == metrics
+
+
+async def test_the_low_lane_takes_the_oldest_tasks_whatever_their_priority(harness: Harness) -> None:
+    h = harness
+    old = await h.store.submit([spec("t", i, priority=0) for i in range(3)])
+    await h.advance(h.ttl / 10)
+    await h.store.submit([spec("t", i, priority=5) for i in range(6)])
+    e = await join(h, "e")
+    peeked = await h.store.peek(["default"], caps(), 4, low_lane=1)
+    got = await h.store.claim("e", e.session, ["default"], caps(), limit=4, lease_ttl=h.ttl, low_lane=1)
+    assert {c.id for c in got} == {v.id for v in peeked}
+    assert sorted(c.priority for c in got) == [0, 5, 5, 5]
+    assert old[0].id in {c.id for c in got}  # the oldest of all
+    plain = await h.store.claim("e", e.session, ["default"], caps(), limit=2, lease_ttl=h.ttl)
+    assert [c.priority for c in plain] == [5, 5]
+
+
+async def test_waiting_tasks_gain_priority_as_they_age(harness: Harness) -> None:
+    h = harness
+    (old,) = await h.store.submit([spec("t", priority=0)])
+    # after e^3 - 1 ≈ 19.1 s a priority-0 task has aged to 3: above a fresh priority 2
+    step = min(h.ttl / 2, 5.0)
+    waited = 0.0
+    while waited < 20.0:
+        await h.advance(step)
+        waited += step
+    (fresh,) = await h.store.submit([spec("t", priority=2)])
+    await h.store.expire()  # housekeeping applies the ageing
+    e = await join(h, "e")
+    (first,) = await e.claim(1)
+    assert first.id == old.id
+    (second,) = await e.claim(1)
+    assert second.id == fresh.id
