@@ -140,14 +140,18 @@ async def test_heartbeat_metrics_come_back_with_the_expert(harness: Harness) -> 
     assert rec.to_json()["metrics"] == metrics
 
 
-async def test_the_low_lane_takes_the_oldest_tasks_whatever_their_priority(harness: Harness) -> None:
+async def test_the_low_lane_takes_the_oldest_tasks_whatever_their_priority(
+    harness: Harness,
+) -> None:
     h = harness
     old = await h.store.submit([spec("t", i, priority=0) for i in range(3)])
     await h.advance(h.ttl / 10)
     await h.store.submit([spec("t", i, priority=5) for i in range(6)])
     e = await join(h, "e")
     peeked = await h.store.peek(["default"], caps(), 4, low_lane=1)
-    got = await h.store.claim("e", e.session, ["default"], caps(), limit=4, lease_ttl=h.ttl, low_lane=1)
+    got = await h.store.claim(
+        "e", e.session, ["default"], caps(), limit=4, lease_ttl=h.ttl, low_lane=1
+    )
     assert {c.id for c in got} == {v.id for v in peeked}
     assert sorted(c.priority for c in got) == [0, 5, 5, 5]
     assert old[0].id in {c.id for c in got}  # the oldest of all

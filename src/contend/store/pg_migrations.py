@@ -111,6 +111,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        3,
+        "effective priority that grows as a task waits, and the low-priority lane",
+        (
+            "ALTER TABLE {s}.tasks ADD COLUMN eff_priority integer, ADD COLUMN promote_at float8",
+            # due at once: the next expire() computes both from each task's age
+            "UPDATE {s}.tasks SET eff_priority = priority, promote_at = created_at",
+            "ALTER TABLE {s}.tasks ALTER COLUMN eff_priority SET NOT NULL, "
+            "ALTER COLUMN promote_at SET NOT NULL",
+            "DROP INDEX {s}.tasks_claimable",
+            "CREATE INDEX tasks_claimable ON {s}.tasks (queue, eff_priority DESC, run_at, id) "
+            "WHERE state = 'pending'",
+            "CREATE INDEX tasks_oldest ON {s}.tasks (queue, run_at, id) WHERE state = 'pending'",
+            "CREATE INDEX tasks_ageing ON {s}.tasks (promote_at) WHERE state = 'pending'",
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -51,7 +51,9 @@ from contend.domain.task import (
     TaskEvent,
     TaskSpec,
     TaskState,
+    aged_priority,
     can_move,
+    next_promotion,
 )
 from contend.errors import (
     ConfigError,
@@ -120,6 +122,7 @@ _SUBMIT_COLUMNS = {
     "deps": "text",
     "deps_left": "int",
     "error": "text",
+    "promote_in": "float8",
 }
 
 TASK_COLUMNS = (
@@ -497,6 +500,7 @@ class PostgresStore:
                     json.dumps(list(spec.depends_on)) if spec.depends_on else None,
                     len(left),
                     error,
+                    next_promotion(spec.priority, spec.priority, 0.0),  # after creation
                 )
                 for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
                     cols[name].append(value)
@@ -535,12 +539,12 @@ class PostgresStore:
             "WITH ins AS ("
             "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
             "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
-            "   deps_left, error)"
+            "   deps_left, error, eff_priority, promote_at)"
             "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
             "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
             "   CASE WHEN r.deps IS NULL THEN NULL"
             "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
-            "   r.deps_left, r.error"
+            "   r.deps_left, r.error, r.priority, {now} + r.promote_in"
             f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
             "  ON CONFLICT (id) DO NOTHING RETURNING id"
             "), deps AS ("
@@ -683,21 +687,48 @@ class PostgresStore:
             "resources": json.dumps(dict(capabilities.resources)),
         }
 
+    @staticmethod
+    def _candidates(*, lock: bool, only_ids: bool = False) -> str:
+        """CTEs ``best`` and ``oldest``: the claimable tasks by effective priority (``%(best)s``
+        of them), and those due the longest (``%(lane)s``, the low-priority lane). With *lock*
+        each takes its rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where
+        they are limited, or a concurrent claimer's rows would use up the limit), and only
+        while the ``live`` CTE has the session."""
+        where = (
+            ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
+            + "state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
+            + ("AND id = ANY(%(ids)s) " if only_ids else "")
+            + f"AND {FITS}"
+        )
+        tail = " FOR UPDATE SKIP LOCKED" if lock else ""
+        return (
+            f"best AS (SELECT id FROM {{s}}.tasks WHERE {where}"
+            f" ORDER BY eff_priority DESC, run_at, id LIMIT %(best)s{tail}),"
+            f" oldest AS (SELECT id FROM {{s}}.tasks WHERE {where}"
+            f" ORDER BY run_at, id LIMIT %(lane)s{tail}),"
+            " picked AS (SELECT id FROM best UNION SELECT id FROM oldest)"
+        )
+
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
     ) -> list[TaskView]:
         check_limit(limit)
         if not queues or not limit:
             return []
+        lane = min(check_limit(low_lane), limit)
         sql = self._sql(
-            "SELECT id, type, queue, priority, requirements, created_at FROM {s}.tasks "
-            "WHERE state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
-            f"AND {FITS} ORDER BY priority DESC, run_at, id LIMIT %(limit)s"
+            f"WITH {self._candidates(lock=False)}"
+            " SELECT t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
+            " FROM {s}.tasks t JOIN picked USING (id)"
+            " ORDER BY t.eff_priority DESC, t.run_at, t.id"
         )
 
         async def run(cur: Cursor) -> list[TaskView]:
             await cur.execute(
-                sql, self._p(queues=list(queues), limit=limit, **self._caps(capabilities))
+                sql,
+                self._p(
+                    queues=list(queues), best=limit - lane, lane=lane, **self._caps(capabilities)
+                ),
             )
             return [
                 TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(r[4]), r[5])
@@ -717,28 +748,26 @@ class PostgresStore:
         lease_ttl: float,
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        low_lane: int = 0,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
-        only = "" if ids is None else "AND id = ANY(%(ids)s) "
-        order = "priority DESC, run_at, id"
+        # named tasks: the best of them, no low lane
+        lane = min(check_limit(low_lane), limit) if ids is None else 0
+        order = "eff_priority DESC, run_at, id"
         sql = self._sql(
             "WITH live AS ("
             "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
             "   AND lease_deadline >= {now} FOR SHARE"
-            "), picked AS ("
-            "  SELECT id FROM {s}.tasks"
-            "  WHERE EXISTS (SELECT 1 FROM live)"
-            "   AND state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
-            f"  {only}AND {FITS}"
-            f"  ORDER BY {order} LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
-            "), claimed AS ("
+            f"), {self._candidates(lock=True, only_ids=ids is not None)}"
+            ", claimed AS ("
             "  UPDATE {s}.tasks t SET state = %(state)s, owner = %(expert)s, fence = t.fence + 1,"
             "   attempts = t.attempts + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
             "  FROM picked WHERE t.id = picked.id"
             "  RETURNING t.id, t.type, t.queue, t.args, t.kwargs, t.fence, t.attempts,"
-            "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at"
+            "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at,"
+            "   t.eff_priority"
             "), events AS ("
             "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert)"
             "  SELECT id, {now}, 'claimed', fence, %(expert)s FROM claimed"
@@ -756,7 +785,8 @@ class PostgresStore:
                 self._p(
                     queues=list(queues),
                     ids=ids,
-                    limit=limit,
+                    best=limit - lane,
+                    lane=lane,
                     state="running" if start else "claimed",
                     expert=expert,
                     session=session,
@@ -793,18 +823,19 @@ class PostgresStore:
             "  WHERE EXISTS (SELECT 1 FROM live)"
             "   AND owner = %(victim)s AND state = 'claimed' AND lease_deadline >= {now}"
             f"   AND queue = ANY(%(queues)s) AND {FITS}"
-            "  ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+            "  ORDER BY eff_priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
             "), stolen AS ("
             # a fenced transfer: the victim's start() of these is refused; no attempt counted
             "  UPDATE {s}.tasks t SET state = 'running', owner = %(thief)s,"
             "   fence = t.fence + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
             "  FROM loot WHERE t.id = loot.id"
             "  RETURNING t.id, t.type, t.queue, t.args, t.kwargs, t.fence, t.attempts,"
-            "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at"
+            "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at,"
+            "   t.eff_priority"
             "), events AS ("
             "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
             "  SELECT id, {now}, 'stolen', fence, %(thief)s, %(detail)s FROM stolen"
-            ") SELECT * FROM stolen ORDER BY priority DESC, run_at, id"
+            ") SELECT * FROM stolen ORDER BY eff_priority DESC, run_at, id"
         )
 
         async def run(cur: Cursor) -> list[Claimed]:
@@ -1162,6 +1193,7 @@ class PostgresStore:
         )
 
         async def run(cur: Cursor) -> int:
+            await self._age(cur)
             await cur.execute(sql, self._p())
             rows = await cur.fetchall()
             dead = [(r[0], r[1]) for r in rows if r[1] == "dead"]
@@ -1184,6 +1216,35 @@ class PostgresStore:
             return len(rows)
 
         return await self._run(run)
+
+    async def _age(self, cur: Cursor) -> None:
+        """Ageing: raise the effective priority of pending tasks whose next step is due
+        (computed here with the domain's functions, so every backend rounds alike)."""
+        await cur.execute(
+            self._sql(
+                "SELECT {now}, id, priority, created_at FROM {s}.tasks "
+                "WHERE state = 'pending' AND promote_at <= {now} LIMIT 5000 "
+                "FOR UPDATE SKIP LOCKED"
+            ),
+            self._p(),
+        )
+        due = await cur.fetchall()
+        if not due:
+            return
+        ids, aged, promote = [], [], []
+        for now, tid, priority, created in due:
+            step = aged_priority(priority, now - created)
+            ids.append(tid)
+            aged.append(step)
+            promote.append(next_promotion(priority, step, created))
+        await cur.execute(
+            self._sql(
+                "UPDATE {s}.tasks t SET eff_priority = u.aged, promote_at = u.promote "
+                "FROM unnest(%s::text[], %s::int[], %s::float8[]) AS u(id, aged, promote) "
+                "WHERE t.id = u.id"
+            ),
+            (ids, aged, promote),
+        )
 
     async def _settle_dependents(self, cur: Cursor, done: list[tuple[str, str]]) -> None:
         """Tell the waiting dependents of tasks that just finished: one fewer dependency left

@@ -164,6 +164,7 @@ class Twin:
             await self.both(f"register {expert}", register)
         elif kind == "claim":
             limit = rng.randint(1, 3)
+            lane = rng.choice([0, 0, 1, 2])
             start = rng.random() < 0.8
             ids = rng.sample(self.ids, k=min(2, len(self.ids))) if rng.random() < 0.2 else None
             result = await self.both(
@@ -177,6 +178,7 @@ class Twin:
                     lease_ttl=rng_ttl,
                     task_ids=ids,
                     start=start,
+                    low_lane=lane,
                 ),
             )
             if result[0] == "ok":
@@ -224,13 +226,23 @@ class Twin:
             tid = rng.choice(self.ids)
             await self.both(f"retry {tid}", lambda s, n: s.retry(tid))
         elif kind == "steal":
+            # All the loot, compared as a set: the memory store ranks loot by base priority,
+            # SQLite and PostgreSQL by effective priority (as claims do).
             victim = rng.choice(EXPERTS)
-            result = await self.both(
-                f"steal {expert} from {victim}",
-                lambda s, n: s.steal(
-                    expert, session(n), victim, ["default"], CAPS[expert], limit=2, lease_ttl=10.0
-                ),
-            )
+
+            async def steal(s: Any, n: int) -> list[Any]:
+                loot = await s.steal(
+                    expert,
+                    session(n),
+                    victim,
+                    ["default"],
+                    CAPS[expert],
+                    limit=1000,
+                    lease_ttl=10.0,
+                )
+                return sorted(loot, key=lambda c: c.id)
+
+            result = await self.both(f"steal {expert} from {victim}", steal)
             if result[0] == "ok":
                 for c in result[1]:
                     self.fences[c.id] = c.fence
@@ -243,7 +255,11 @@ class Twin:
         elif kind == "backlog":
             await self.both("backlog", lambda s, n: s.backlog(["default"]))
         elif kind == "peek":
-            await self.both(f"peek {expert}", lambda s, n: s.peek(["default"], CAPS[expert], 5))
+            lane = rng.choice([0, 1, 2])
+            await self.both(
+                f"peek {expert}",
+                lambda s, n: s.peek(["default"], CAPS[expert], 5, low_lane=lane),
+            )
 
     clock: FakeClock
 

@@ -9,7 +9,7 @@ import sys
 import psycopg
 import pytest
 
-from contend.domain.task import TaskSpec
+from contend.domain.task import Capabilities, TaskSpec
 from contend.errors import SchemaError
 from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from contend.store.postgres import PostgresStore
@@ -57,6 +57,12 @@ async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url:
         "INSERT INTO contend.experts (id, session, info, lease_deadline, heartbeat_at, "
         """started_at) VALUES ('old', 's', '{"id": "old"}', 1, 1, 1)""",
     )
+    await sql(
+        pg_url,
+        "INSERT INTO contend.tasks (id, type, queue, state, priority, args, kwargs, "
+        "max_attempts, run_at, created_at, updated_at) "
+        "VALUES ('t1', 't', 'default', 'pending', 0, '[]', '{}', 3, 1, 1, 1)",
+    )
     with pytest.raises(SchemaError, match=r"at version 1.*run contend migrate"):
         await make_store()
     # migrate() works on a store that was never opened (open() would refuse)
@@ -64,6 +70,8 @@ async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url:
     store = await make_store()
     (old,) = await store.list_experts()
     assert (old.info.id, old.metrics) == ("old", {})
+    assert await store.expire() == 0  # ages the old task: it has waited since 1970
+    assert [v.id for v in await store.peek(["default"], Capabilities(), 10)] == ["t1"]
 
 
 async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:
