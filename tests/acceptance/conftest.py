@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 
 from contend.store.port import Store
 from contend.store.registry import open_store
+from contend.testing.etcd_server import EtcdServer, EtcdUnavailable, find_etcd
 
 HERE = Path(__file__).parent
 APP = "tests.acceptance.sample_app:app"
@@ -109,8 +111,27 @@ class Experts:
             proc.wait(timeout=10)
 
 
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One real etcd for the acceptance run (see tests/integration/etcd for the rules)."""
+    try:
+        binary = find_etcd()
+    except EtcdUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {exc}")
+        pytest.skip(str(exc))
+    server = EtcdServer(binary)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every acceptance test runs on the embedded store and on a real etcd."""
+    if request.param == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        return f"{server.url}/acceptance-{uuid.uuid4().hex[:12]}"
     return f"sqlite:///{tmp_path / 'contend.db'}"
 
 

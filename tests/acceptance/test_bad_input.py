@@ -45,6 +45,9 @@ def seeded(tmp_path: Path) -> tuple[str, Path]:
         (["expert", APP, "--lease", "0"], "--lease must be between 0.5"),
         (["expert", APP, "--capability", "mem_gb=lots"], "amount must be a number"),
         (["tasks", "list", "--limit", "0"], "--limit must be between 1"),
+        (["expert", APP, "--fitness", "no_such_module:f"], "--fitness: cannot import module"),
+        (["expert", APP, "--fitness", "tests.acceptance.sample_app:app"], "is not a function"),
+        (["expert", APP, "--prefetch", "-2"], "--prefetch must be between 0 and 10000"),
     ],
 )
 def test_bad_option_is_refused_and_changes_nothing(

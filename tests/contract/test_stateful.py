@@ -117,6 +117,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.cm = BACKENDS[self.backend].factory(Path(self.tmp.name))
         self.h = self.run(self.cm.__aenter__())
         self.s = self.h.store
+        # A backend whose claims hang on the session's lease (etcd): a claimed task's lease is
+        # its owner's session deadline, and the claims end when the session is deregistered.
+        self.session_leases = bool(self.h.extra.get("session_leases"))
         self.other = self.run(self.h.new_store())  # a second instance on the same data
         self.now = self.run(self.s.now())
         self.tasks: dict[str, ModelTask] = {}
@@ -247,6 +250,10 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.run(self.s.deregister_expert(name, e.session))
         e.deadline = min(e.deadline, self.now - 1e-6)
+        if self.session_leases:
+            for t in self.tasks.values():
+                if t.owner == name and t.state in (C, R) and t.lease is not None:
+                    t.lease = min(t.lease, e.deadline)
 
     @rule(
         name=st.sampled_from(EXPERTS),
@@ -273,7 +280,8 @@ class StoreMachine(RuleBasedStateMachine):
         for c in got:
             t = self.tasks[c.id]
             self.touched.add(t.id)
-            t.state, t.owner, t.lease = (R if start else C), name, self.now + TTL
+            lease = self.experts[name].deadline if self.session_leases else self.now + TTL
+            t.state, t.owner, t.lease = (R if start else C), name, lease
             t.fence += 1
             t.attempts += 1
             assert (c.fence, c.attempt, c.checkpoint) == (t.fence, t.attempts, t.checkpoint)
@@ -312,10 +320,6 @@ class StoreMachine(RuleBasedStateMachine):
     def expire(self) -> None:
         moved = self.run(self.s.expire())
         event(f"expire moved {min(moved, 2)}+")
-        for t in self.tasks.values():  # ageing happens first, on tasks pending at that moment
-            if t.state == P and t.promote_at <= self.now:
-                t.aged = aged_priority(t.priority, self.now - t.created)
-                t.promote_at = next_promotion(t.priority, t.aged, t.created)
         lapsed = [
             t
             for t in self.tasks.values()
@@ -328,6 +332,10 @@ class StoreMachine(RuleBasedStateMachine):
             t.owner, t.lease = None, None
             if t.state == DEAD:
                 self.settle(t.id)
+        for t in self.tasks.values():  # then ageing, on every task pending at that moment
+            if t.state == P and t.promote_at <= self.now:
+                t.aged = aged_priority(t.priority, self.now - t.created)
+                t.promote_at = next_promotion(t.priority, t.aged, t.created)
 
     @precondition(lambda self: self.tokens)
     @rule(

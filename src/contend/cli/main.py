@@ -103,6 +103,23 @@ def load_app(target: str) -> App:
     return app
 
 
+def load_callable(target: str, option: str) -> Callable[..., Any]:
+    """Import ``module:function`` for an option such as ``--fitness``."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"{option} takes MODULE:FUNCTION, got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{option}: cannot import module {module_name!r}: {exc}") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UsageError(f"{option}: {target!r} is not a function")
+    return fn  # type: ignore[no-any-return]
+
+
 def resolve_store_url(args: argparse.Namespace, app: App | None = None) -> str:
     url: str | None = getattr(args, "store", None) or os.environ.get("CONTEND_STORE")
     if not url and app is not None:
@@ -168,6 +185,8 @@ async def cmd_expert(args: argparse.Namespace) -> int:
         steal_ratio=None if args.no_steal else args.steal_ratio,
         auction_window=args.auction_window,
     )
+    if args.fitness:
+        config.fitness = load_callable(args.fitness, "--fitness")
     expert = Expert(app, config)
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -524,6 +543,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds("--window", 0, 60),
         default=0.02,
         help="base race window in seconds (default 0.02; 0 turns competition off)",
+    )
+    e.add_argument(
+        "--fitness",
+        metavar="MODULE:FUNCTION",
+        help="a custom fitness function (expert view, task view) -> [0, 1]",
     )
     e.add_argument(
         "--prefetch",

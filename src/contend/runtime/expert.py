@@ -573,7 +573,9 @@ class Expert:
             self.stats.claim_attempts += len(got)
             self.stats.claims_won += len(got)
             return got
-        views = await store.peek(self.queues, self.config.capabilities, free * 3, low_lane=lane)
+        # look deep enough that equally fit experts do not all reach for the same few tasks
+        depth = max(16, free * 3)
+        views = await store.peek(self.queues, self.config.capabilities, depth, low_lane=lane)
         self._auction_wake = None
         if not views:
             return []

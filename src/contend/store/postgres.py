@@ -1193,12 +1193,12 @@ class PostgresStore:
         )
 
         async def run(cur: Cursor) -> int:
-            await self._age(cur)
             await cur.execute(sql, self._p())
             rows = await cur.fetchall()
             dead = [(r[0], r[1]) for r in rows if r[1] == "dead"]
             if dead:
                 await self._settle_dependents(cur, dead)
+            await self._age(cur)  # after the lapse: returned tasks catch up on their ageing too
             await cur.execute(
                 self._sql("DELETE FROM {s}.experts WHERE lease_deadline < {now} - 3600"), self._p()
             )

@@ -901,7 +901,6 @@ class SQLiteStore:
             return len(lapsed)
 
         await self._clear_auctions()
-        await self._age()
         # A cheap read first: most calls find nothing to do and need no write lock.
         now = self._clock()
         due = await self._retry(
@@ -910,11 +909,10 @@ class SQLiteStore:
                 (now,),
             ).fetchone()
         )
-        if due is None:
-            return 0
-        moved = await self._tx(run)
+        moved = 0 if due is None else await self._tx(run)
         if moved:
             self._touch()
+        await self._age()  # after the lapse: returned tasks catch up on their ageing too
         return moved
 
     async def _age(self) -> None:

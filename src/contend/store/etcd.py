@@ -1,0 +1,1966 @@
+"""The etcd v3 store: many hosts share one etcd cluster; a claim is one etcd transaction.
+
+URL: ``etcd://host:port`` or ``etcd://host:port/prefix`` (every key lives under ``prefix/``,
+default ``contend/``). Options: ``timeout`` (seconds per RPC, default 5), ``max_txn_ops``
+(etcd's ``--max-txn-ops``, default 128).
+
+Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
+a ``/`` in a name can never be read as a separator)::
+
+    {p}meta                       {"schema": 1}; written once by the first open()
+    {p}t/{task}                   the task record, JSON, without its payloads
+    {p}d/{task}/args              [args, kwargs]          written once at submit
+    {p}d/{task}/result            the result JSON         written by complete()
+    {p}d/{task}/checkpoint        the checkpoint JSON     written by checkpoint()
+    {p}q/{queue}/{inv}/{due}/{task}
+                                  the priority index: one key per pending task. {inv} is
+                                  10_000_000 - effective priority on 8 digits and {due} the due
+                                  time in microseconds on 17 digits, so a range read of
+                                  q/{queue}/ yields the highest effective priority first and
+                                  FIFO within one. The value holds what a scorer needs (type,
+                                  requirements, created_at). The effective priority starts at the
+                                  task's priority and grows as it waits (domain.aged_priority).
+    {p}o/{queue}/{due}/{task}     the age index of the same tasks: the ones due the longest
+                                  first (the low-priority lane, next_due, backlog)
+    {p}g/{when}/{task}            the promotion index: when a pending task gains its next step
+                                  of effective priority; expire() reads what is due and moves
+                                  the task's q/ key up
+    {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
+                                  owner's etcd lease, so it vanishes when that lease ends
+    {p}h/{expert}/{task}          the fence, on the same lease: what renew() reports as held
+    {p}a/{task}                   the owner, no lease: every claimed/running task. expire()
+                                  looks for an a/ key without its c/ key.
+    {p}k/{idempotency key}        the task id the key was first used for
+    {p}w/{dependency}/{task}      an edge: task waits for dependency
+    {p}s/{task}                   the task ended and its waiters still have to be told; the
+                                  marker is written in the same transaction as the ending, so a
+                                  crash before the waiters are settled is repaired by expire()
+    {p}e/{expert}                 the expert's record: info, session, counters (outlives it)
+    {p}l/{expert}                 the live session, on the expert's lease: {"session", "lease"}
+    {p}u/{task}                   an auction: {"closes_at"}, written by the first bid
+    {p}b/{task}/{expert}          a bid: {"score", "at"}. Bids outlive their bidder (the grace
+                                  period lets the next bidder claim); expire() drops the
+                                  auctions and bids of tasks that are no longer pending.
+    {p}leader/{queue}             reserved for central-dispatch leader election
+
+The claim is one ``Txn`` per task: it compares the task key's ``mod_revision`` with the one
+read, that ``c/{task}`` does not exist (``version = 0``) and that the expert's session key
+still holds its session; then it puts the task (fence + 1, attempts + 1), puts ``c/`` and
+``h/`` on the expert's lease, puts ``a/`` and deletes the pending-index key. The fence is a
+counter in the task record, not the etcd revision: it is the number every other backend
+reports (one more per claim), it survives a restore from a snapshot, and it is small enough to
+hand to external systems. Every owner write reads the task and its claim, checks fence, owner,
+state and claim, and commits with a Txn comparing both ``mod_revision`` values; a claim key
+that vanished with its lease makes the write fail as ``FencedOut("the lease lapsed")``.
+
+Leases: one etcd lease per expert session. ``register_expert`` grants it; ``renew`` sends one
+keep-alive on a long-lived ``LeaseKeepAlive`` stream (aetcd's ``refresh()`` opens a new stream
+per call) and refreshes the expert record. The store never keeps a lease alive on its own: the
+expert's heartbeat is the liveness signal, so a stalled expert loses its lease. etcd's TTL is
+the truth; the lease deadlines this store reports (heartbeat time + TTL) are approximations.
+etcd leases have whole-second TTLs (rounded up here) and etcd may extend a lease on a leader
+change, so the fence and the claim key, compared in every write, are the safety net.
+
+Clocks: etcd has no time API, so ``now()``, ``created_at`` and ``run_at`` come from the client
+host's clock. They decide only when delayed tasks fall due and what is displayed; ownership never
+depends on them (it depends on etcd leases and revisions).
+
+Limits: a submission larger than one transaction (``max_txn_ops``) is written in several
+transactions; every check (unknown dependency, cycle) runs before the first one, so a refused
+submission writes nothing, but an etcd failure between two of them leaves the earlier tasks in.
+etcd's default request limit (1.5 MiB) caps the size of one payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote, unquote, urlsplit
+
+from aetcd import rpc
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import (
+    JSON,
+    Capabilities,
+    Requirements,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskState,
+    aged_priority,
+    can_move,
+    next_promotion,
+)
+from contend.errors import (
+    ConfigError,
+    ExpertConflict,
+    FencedOut,
+    InvalidTransition,
+    LeaseLost,
+    SchemaError,
+    StoreError,
+    TaskNotFound,
+)
+from contend.store._common import (
+    after_failure,
+    check_batch_dependencies,
+    check_bid,
+    check_limit,
+    check_retry_delay,
+    check_ttl,
+    initial_state,
+    rank_bids,
+)
+from contend.store.port import (
+    Auction,
+    Backlog,
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    StoreStats,
+    Submitted,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+#: Keep at most this many history events in a task record (it is rewritten at every change).
+HISTORY_LIMIT = 50
+#: How many times an owner write re-reads and retries when the task changed under it.
+WRITE_RETRIES = 20
+#: Effective priorities are stored as AGED_BASE − priority on 8 digits (a range read then
+#: yields the highest first); priorities are within ±1,000,000 and ageing adds a few dozen.
+AGED_BASE = 10_000_000
+#: How many sessions' lease ids and records one store instance keeps cached.
+SESSION_CACHE = 256
+#: Expert records whose session ended this long ago are removed by expire().
+EXPERT_RETENTION = 3600.0
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+_OWNED = frozenset({C, R})
+
+# gRPC reconnects with exponential back-off up to two minutes by default; an etcd restart should
+# be noticed within seconds.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+)
+
+
+def parse_etcd_url(url: str) -> tuple[str, int, str]:
+    """``etcd://host:port[/prefix]`` -> (host, port, key prefix ending in ``/``)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"malformed etcd URL {url!r}: {exc}") from exc
+    if parts.scheme != "etcd":
+        raise ConfigError(f"not an etcd URL: {url!r}")
+    if not parts.hostname:
+        raise ConfigError(f"etcd URL {url!r} names no host; write etcd://host:2379")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"etcd URL {url!r}: options, fragments and credentials are not supported")
+    prefix = parts.path.strip("/")
+    if any(not seg for seg in prefix.split("/")) and prefix:
+        raise ConfigError(f"etcd URL {url!r}: the key prefix has an empty segment")
+    return parts.hostname, port or 2379, (prefix or "contend") + "/"
+
+
+def _enc(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with *prefix*."""
+    for i in range(len(prefix) - 1, -1, -1):
+        if prefix[i] < 0xFF:
+            return prefix[:i] + bytes([prefix[i] + 1])
+    return b"\0"
+
+
+def _micros(t: float) -> int:
+    return max(0, round(t * 1_000_000))
+
+
+def _error_json(kind: str, message: str) -> str:
+    return json.dumps({"type": kind, "message": message})
+
+
+def _load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+# -- request builders ----------------------------------------------------------------------
+def _put(key: bytes, value: bytes | str, lease: int = 0) -> Any:
+    data = value.encode() if isinstance(value, str) else value
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=data, lease=lease))
+
+
+def _delete(key: bytes, *, prefix: bool = False) -> Any:
+    req = rpc.DeleteRangeRequest(key=key)
+    if prefix:
+        req.range_end = _prefix_end(key)
+    return rpc.RequestOp(request_delete_range=req)
+
+
+def _get(key: bytes, *, prefix: bool = False, keys_only: bool = False) -> Any:
+    req = rpc.RangeRequest(key=key, keys_only=keys_only)
+    if prefix:
+        req.range_end = _prefix_end(key)
+    return rpc.RequestOp(request_range=req)
+
+
+def _mod_is(key: bytes, revision: int) -> Any:
+    return rpc.Compare(
+        key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
+    )
+
+
+def _absent(key: bytes) -> Any:
+    return rpc.Compare(key=key, target=rpc.Compare.VERSION, result=rpc.Compare.EQUAL, version=0)
+
+
+def _value_is(key: bytes, value: bytes) -> Any:
+    return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+
+
+@dataclass(slots=True)
+class _Rec:
+    """A task record as stored under ``t/{id}`` (payloads live under ``d/{id}/``)."""
+
+    id: str
+    type: str
+    queue: str
+    state: str
+    priority: int
+    key: str | None
+    req: JSON
+    attempts: int
+    max_attempts: int
+    fence: int
+    owner: str | None
+    session: str | None  # the owner's session: its claims end with it
+    lease_deadline: float | None
+    run_at: float
+    created_at: float
+    updated_at: float
+    timeout: float | None
+    error: str | None
+    depends_on: list[str]
+    deps_left: int
+    has_waiters: bool
+    pending_key: str | None
+    aged: int  # the effective priority: grows as the task waits (expire() raises it)
+    promote_at: float  # when it gains its next step
+    history: list[list[Any]]
+
+    def dumps(self) -> bytes:
+        return json.dumps(
+            {name: getattr(self, name) for name in self.__slots__}, separators=(",", ":")
+        ).encode()
+
+    @classmethod
+    def loads(cls, data: bytes) -> _Rec:
+        return cls(**json.loads(data))
+
+    def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
+        self.history.append([now, event, self.fence, expert, detail])
+        if len(self.history) > HISTORY_LIMIT:
+            del self.history[1 : len(self.history) - HISTORY_LIMIT + 1]
+
+
+class EtcdStore:
+    """A store in an etcd v3 cluster, reached over gRPC. One instance per process."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout: float = 5.0,
+        max_txn_ops: int = 128,
+    ) -> None:
+        self.url = url
+        self.host, self.port, prefix = parse_etcd_url(url)
+        self._p = prefix.encode()
+        self._clock = clock
+        if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_txn_ops, bool) or not isinstance(max_txn_ops, int) or max_txn_ops < 16:
+            raise ConfigError(f"max_txn_ops must be an integer >= 16, got {max_txn_ops!r}")
+        self._timeout = float(timeout)
+        self._max_ops = max_txn_ops
+        self._channel: Any = None
+        self._kv: Any = None
+        self._lease: Any = None
+        self._watch_stub: Any = None
+        self._sessions: dict[str, tuple[int, bytes]] = {}  # session -> (lease id, l/ value)
+        self._keepalives: dict[int, _KeepAlive] = {}
+        self._records: dict[str, dict[str, Any]] = {}  # session -> its expert record, as put
+        # Wake-ups: every change seen (a watch event or a write of this instance) sets the
+        # current event and replaces it, so that every waiter of the moment wakes.
+        self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
+        self._rev = 0  # the highest etcd revision this instance has seen
+        self._forgot_at = -math.inf
+        self._watch_task: asyncio.Task[None] | None = None
+
+    # -- keys --------------------------------------------------------------------------------
+    def _k(self, *parts: str) -> bytes:
+        return self._p + "/".join(parts).encode()
+
+    def _task_key(self, tid: str) -> bytes:
+        return self._k("t", _enc(tid))
+
+    def _data_key(self, tid: str, what: str) -> bytes:
+        return self._k("d", _enc(tid), what)
+
+    def _claim_key(self, tid: str) -> bytes:
+        return self._k("c", _enc(tid))
+
+    def _held_key(self, expert: str, tid: str) -> bytes:
+        return self._k("h", _enc(expert), _enc(tid))
+
+    def _active_key(self, tid: str) -> bytes:
+        return self._k("a", _enc(tid))
+
+    def _pending_key(self, rec: _Rec) -> str:
+        inv = AGED_BASE - rec.aged
+        return f"q/{_enc(rec.queue)}/{inv:08d}/{_micros(rec.run_at):017d}/{_enc(rec.id)}"
+
+    def _oldest_key(self, rec: _Rec) -> bytes:
+        return self._k("o", _enc(rec.queue), f"{_micros(rec.run_at):017d}", _enc(rec.id))
+
+    def _promotion_key(self, rec: _Rec) -> bytes:
+        return self._k("g", f"{_micros(rec.promote_at):020d}", _enc(rec.id))
+
+    # -- connection --------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._channel is not None:
+            return
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        self._channel = rpc.insecure_channel(f"{host}:{self.port}", options=_CHANNEL_OPTIONS)
+        self._kv = rpc.KVStub(self._channel)
+        self._lease = rpc.LeaseStub(self._channel)
+        self._watch_stub = rpc.WatchStub(self._channel)
+        try:
+            await self._check_schema()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_schema(self) -> None:
+        meta = self._k("meta")
+        for _ in range(3):
+            # One snapshot: contend writes the meta key before any other key and never deletes
+            # it, so keys without it belong to something else, even with contend processes
+            # opening the same new prefix at once.
+            resp = await self._txn(
+                [],
+                [
+                    _get(meta),
+                    rpc.RequestOp(
+                        request_range=rpc.RangeRequest(
+                            key=self._p, range_end=_prefix_end(self._p), limit=1, keys_only=True
+                        )
+                    ),
+                ],
+            )
+            found, some = (r.response_range.kvs for r in resp.responses)
+            if found:
+                self._check_meta(found[0].value)
+                return
+            if some:
+                raise SchemaError(
+                    f"etcd prefix {self._p.decode()!r} at {self.host}:{self.port} holds keys that "
+                    "are not a contend store; pick another prefix (etcd://host:port/prefix)"
+                )
+            want = json.dumps({"schema": SCHEMA_VERSION}).encode()
+            if (await self._txn([_absent(meta)], [_put(meta, want)])).succeeded:
+                return
+        raise StoreError(f"could not set up the contend store at {self._where()}")
+
+    def _check_meta(self, value: bytes) -> None:
+        try:
+            version = json.loads(value)["schema"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SchemaError(
+                f"etcd prefix {self._p.decode()!r} is not a contend store (bad meta key)"
+            ) from exc
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"etcd prefix {self._p.decode()!r} has contend schema version {version}; "
+                f"this contend understands version {SCHEMA_VERSION}"
+            )
+
+    async def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+            self._watch_task = None
+        for ka in list(self._keepalives.values()):
+            ka.close()
+        self._keepalives.clear()
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def now(self) -> float:
+        return self._clock()
+
+    # -- RPC helpers -------------------------------------------------------------------------
+    def _where(self) -> str:
+        return f"etcd at {self.host}:{self.port}"
+
+    async def _call(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        if self._channel is None:
+            raise StoreError("the etcd store is not open (call await store.open())")
+        try:
+            return await make()
+        except rpc.AioRpcError as exc:
+            code = exc.code()
+            if code == rpc.StatusCode.UNAVAILABLE:
+                raise StoreError(
+                    f"cannot reach {self._where()} ({what}): {exc.details()}; is etcd running?"
+                ) from exc
+            if code == rpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StoreError(
+                    f"{self._where()} did not answer {what} within {self._timeout:g}s"
+                ) from exc
+            raise StoreError(
+                f"{self._where()} refused {what}: {code.name}: {exc.details()}"
+            ) from exc
+
+    async def _txn(
+        self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
+    ) -> Any:
+        req = rpc.TxnRequest(compare=compare, success=success, failure=list(failure))
+        resp = await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
+        self._rev = max(self._rev, resp.header.revision)
+        return resp
+
+    async def _commit(
+        self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
+    ) -> Any | None:
+        """A write transaction that puts a task record, safe against a lost reply: when the
+        call fails, the record is read back, and if it holds exactly the value this write put
+        (every record carries the writer's timestamp and history), the write landed and None
+        is returned. Otherwise the error stands: the outcome is unknown."""
+        try:
+            return await self._txn(compare, success, failure)
+        except StoreError:
+            puts = [op.request_put for op in success if op.HasField("request_put")]
+            task_puts = [p for p in puts if p.key.startswith(self._k("t", ""))]
+            if not task_puts:
+                raise
+            try:
+                kv = (await self._read_many([task_puts[0].key]))[0]
+            except StoreError:
+                kv = None
+            if kv is not None and kv.value == task_puts[0].value:
+                return None
+            raise
+
+    async def _range(
+        self, key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
+    ) -> Any:
+        req = rpc.RangeRequest(key=key, limit=limit, keys_only=keys_only)
+        if end is not None:
+            req.range_end = end
+        resp = await self._call("a read", lambda: self._kv.Range(req, timeout=self._timeout))
+        self._rev = max(self._rev, resp.header.revision)
+        return resp
+
+    async def _count(self, key: bytes, end: bytes) -> int:
+        req = rpc.RangeRequest(key=key, range_end=end, count_only=True)
+        resp = await self._call("a count", lambda: self._kv.Range(req, timeout=self._timeout))
+        return int(resp.count)
+
+    async def _scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
+        """Every key under *prefix*, in key order, read in pages."""
+        out: list[Any] = []
+        start, end = prefix, _prefix_end(prefix)
+        while True:
+            resp = await self._range(start, end, limit=page, keys_only=keys_only)
+            out.extend(resp.kvs)
+            if not resp.more or not resp.kvs:
+                return out
+            start = resp.kvs[-1].key + b"\0"
+
+    async def _read_many(self, keys: Sequence[bytes]) -> list[Any]:
+        """Read several keys in one round trip; returns the KeyValue or None for each."""
+        out: list[Any] = []
+        for i in range(0, len(keys), self._max_ops):
+            chunk = keys[i : i + self._max_ops]
+            resp = await self._txn([], [_get(k) for k in chunk])
+            out.extend(
+                r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses
+            )
+        return out
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        landed: set[str] = set()
+        for _ in range(WRITE_RETRIES):
+            out = await self._submit(specs, landed)
+            if out is not None:
+                if landed:
+                    self._touch()
+                return out
+        raise StoreError(f"submission kept conflicting; gave up after {WRITE_RETRIES} tries")
+
+    async def _submit(self, specs: Sequence[TaskSpec], landed: set[str]) -> list[Submitted] | None:
+        """One try; None when a transaction lost a race (ids written so far are in *landed*)."""
+        if not specs:
+            return []
+        now = self._clock()
+        ids_read = await self._read_many([self._task_key(s.id) for s in specs])
+        # The same spec sent again (a client that lost the reply): keep the task as it is.
+        known = {s.id for s, kv in zip(specs, ids_read, strict=True) if kv} - landed
+        keyed = list(dict.fromkeys(s.key for s in specs if s.key is not None))
+        key_kvs = await self._read_many([self._k("k", _enc(k)) for k in keyed])
+        existing = {
+            k: kv.value.decode()
+            for k, kv in zip(keyed, key_kvs, strict=True)
+            if kv and kv.value.decode() not in landed
+        }
+        fresh: list[TaskSpec] = []
+        out: list[Submitted] = []
+        batch_keys: dict[str, str] = {}
+        for spec in specs:
+            if spec.id in known:
+                out.append(Submitted(spec.id, False))
+            elif spec.key is not None and spec.key in existing:
+                out.append(Submitted(existing[spec.key], False))
+            elif spec.key is not None and spec.key in batch_keys:
+                out.append(Submitted(batch_keys[spec.key], False))
+            else:
+                if spec.key is not None:
+                    batch_keys[spec.key] = spec.id
+                if spec.id not in landed:
+                    fresh.append(spec)
+                out.append(Submitted(spec.id, True))
+        outside = sorted({d for s in fresh for d in s.depends_on} - {s.id for s in fresh})
+        dep_kvs = dict(
+            zip(outside, await self._read_many([self._task_key(d) for d in outside]), strict=True)
+        )
+        check_batch_dependencies(fresh, lambda ids: {i for i in ids if dep_kvs.get(i) is not None})
+        deps: dict[str, _Rec] = {d: _Rec.loads(kv.value) for d, kv in dep_kvs.items() if kv}
+        batch_ids = {s.id for s in fresh}
+        # Dead at birth: a dependency that did not succeed, or a batch member dead at birth.
+        dead_cause: dict[str, str] = {}
+        grew = True
+        while grew:
+            grew = False
+            for spec in fresh:
+                if spec.id in dead_cause:
+                    continue
+                cause = next(
+                    (
+                        d
+                        for d in spec.depends_on
+                        if (d in deps and deps[d].state in _BAD_END) or d in dead_cause
+                    ),
+                    None,
+                )
+                if cause is not None:
+                    dead_cause[spec.id] = cause
+                    grew = True
+        # One group of operations per task; groups are packed into transactions.
+        groups: list[tuple[str, list[Any], list[Any]]] = []
+        touched: set[str] = set()
+        awaited = {d for s in fresh if s.id not in dead_cause for d in s.depends_on}
+        for spec in fresh:
+            left = [
+                d
+                for d in spec.depends_on
+                if d in batch_ids or not TaskState(deps[d].state).terminal
+            ]
+            failed = dead_cause.get(spec.id)
+            if failed is not None:
+                left = []
+            rec = _Rec(
+                id=spec.id,
+                type=spec.type,
+                queue=spec.queue,
+                state=str(initial_state(spec, len(left))),
+                priority=spec.priority,
+                key=spec.key,
+                req=spec.requirements.to_json(),
+                attempts=0,
+                max_attempts=spec.max_attempts,
+                fence=0,
+                owner=None,
+                session=None,
+                lease_deadline=None,
+                run_at=now + spec.delay,
+                created_at=now,
+                updated_at=now,
+                timeout=spec.timeout,
+                error=None,
+                depends_on=list(spec.depends_on),
+                deps_left=len(left),
+                has_waiters=False,
+                pending_key=None,
+                aged=spec.priority,
+                promote_at=next_promotion(spec.priority, spec.priority, now),
+                history=[],
+            )
+            if failed is not None:
+                rec.state = str(TaskState.DEAD)
+                rec.error = _error_json("DependencyFailed", f"dependency {failed} did not succeed")
+            cmp: list[Any] = []
+            ops: list[Any] = []
+            if spec.key is not None:
+                kk = self._k("k", _enc(spec.key))
+                cmp.append(_absent(kk))
+                ops.append(_put(kk, spec.id))
+            for d in left:
+                ops.append(_put(self._k("w", _enc(d), _enc(spec.id)), b""))
+                if d in deps and d not in touched:
+                    # Mark the dependency as awaited, under a compare on its revision: if it
+                    # ends meanwhile, this transaction fails and the submission is re-read.
+                    touched.add(d)
+                    deps[d].has_waiters = True
+                    cmp.append(_mod_is(self._task_key(d), dep_kvs[d].mod_revision))
+                    ops.append(_put(self._task_key(d), deps[d].dumps()))
+            if rec.state == P:
+                ops += self._enter_pending(rec)
+            if spec.id in awaited and failed is None:
+                rec.has_waiters = True
+            cmp.append(_absent(self._task_key(spec.id)))
+            ops.append(_put(self._task_key(spec.id), rec.dumps()))
+            ops.append(
+                _put(self._data_key(spec.id, "args"), f"[{spec.args_json},{spec.kwargs_json}]")
+            )
+            groups.append((spec.id, cmp, ops))
+        for ids, cmp, ops in self._pack(groups):
+            if not (await self._txn(cmp, ops)).succeeded:
+                # A concurrent submission took an idempotency key, or a dependency changed.
+                # Nothing of this transaction landed; the caller starts over from a fresh read.
+                return None
+            landed.update(ids)
+        return out
+
+    def _pack(
+        self, groups: list[tuple[str, list[Any], list[Any]]]
+    ) -> Iterable[tuple[list[str], list[Any], list[Any]]]:
+        """Pack per-task groups of (compares, operations) into transactions of bounded size."""
+        ids: list[str] = []
+        cmp: list[Any] = []
+        ops: list[Any] = []
+        for tid, gc, go in groups:
+            if ids and (len(cmp) + len(gc) > self._max_ops or len(ops) + len(go) > self._max_ops):
+                yield ids, cmp, ops
+                ids, cmp, ops = [], [], []
+            ids.append(tid)
+            cmp, ops = cmp + gc, ops + go
+        if ids:
+            yield ids, cmp, ops
+
+    @staticmethod
+    def _index_value(rec: _Rec) -> bytes:
+        return json.dumps(
+            {
+                "type": rec.type,
+                "req": rec.req,
+                "created_at": rec.created_at,
+                "run_at": rec.run_at,
+                "priority": rec.priority,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    def _view(
+        self,
+        rec: _Rec,
+        args: tuple[list[JSON], dict[str, JSON]] | None,
+        result: JSON = None,
+        checkpoint: JSON = None,
+        history: bool = False,
+        lease_deadline: float | None = None,
+    ) -> Task:
+        a, kw = args if args is not None else ([], {})
+        return Task(
+            id=rec.id,
+            type=rec.type,
+            queue=rec.queue,
+            state=TaskState(rec.state),
+            priority=rec.priority,
+            args=a,
+            kwargs=kw,
+            key=rec.key,
+            requirements=Requirements.from_json(rec.req),
+            attempts=rec.attempts,
+            max_attempts=rec.max_attempts,
+            fence=rec.fence,
+            owner=rec.owner,
+            lease_deadline=lease_deadline if lease_deadline is not None else rec.lease_deadline,
+            run_at=rec.run_at,
+            created_at=rec.created_at,
+            updated_at=rec.updated_at,
+            timeout=rec.timeout,
+            result=result,
+            error=_load(rec.error),
+            checkpoint=checkpoint,
+            depends_on=tuple(rec.depends_on),
+            history=tuple(TaskEvent(*e) for e in rec.history) if history else (),
+        )
+
+    async def _deadlines(self, recs: Iterable[_Rec]) -> dict[str, float]:
+        """Reported lease deadlines of owned tasks: their session's (last heartbeat + TTL, or
+        when it was deregistered). etcd's TTL is the truth; this is its approximation."""
+        owned = [r for r in recs if r.owner is not None and r.state in _OWNED_S]
+        names = sorted({r.owner for r in owned if r.owner is not None})
+        kvs = await self._read_many([self._k("e", _enc(n)) for n in names])
+        sessions: dict[tuple[str, str], float] = {}
+        for n, kv in zip(names, kvs, strict=True):
+            if kv is not None:
+                d = json.loads(kv.value)
+                sessions[(n, d["session"])] = _session_deadline(d)
+                for old, deadline in d.get("ended", {}).items():
+                    sessions[(n, old)] = deadline
+        out = {}
+        for r in owned:
+            assert r.owner is not None
+            found = sessions.get((r.owner, r.session or ""))
+            out[r.id] = found if found is not None else (r.lease_deadline or r.updated_at)
+        return out
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        ids = [self._task_key(task_id)] + [
+            self._data_key(task_id, w) for w in ("args", "result", "checkpoint")
+        ]
+        t, a, r, c = await self._read_many(ids)
+        if t is None:
+            raise TaskNotFound(task_id)
+        rec = _Rec.loads(t.value)
+        deadline = (await self._deadlines([rec])).get(rec.id)
+        args = json.loads(a.value) if a is not None else None
+        return self._view(
+            rec,
+            (args[0], args[1]) if args else None,
+            json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
+            json.loads(c.value) if c is not None else None,
+            history,
+            deadline,
+        )
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Task]:
+        check_limit(limit)
+        if not limit:
+            return []
+        want = None if state is None else str(TaskState(state))
+        recs: list[_Rec] = []
+        for kv in await self._scan(self._k("t", "")):
+            rec = _Rec.loads(kv.value)
+            if (want is None or rec.state == want) and (queue is None or rec.queue == queue):
+                recs.append(rec)
+        recs.sort(key=lambda r: r.id)
+        recs = recs[:limit]
+        data = await self._read_many(
+            [self._data_key(r.id, w) for r in recs for w in ("args", "result", "checkpoint")]
+        )
+        deadlines = await self._deadlines(recs)
+        out = []
+        for n, rec in enumerate(recs):
+            a, r, c = data[3 * n : 3 * n + 3]
+            args = json.loads(a.value) if a is not None else None
+            out.append(
+                self._view(
+                    rec,
+                    (args[0], args[1]) if args else None,
+                    json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
+                    json.loads(c.value) if c is not None else None,
+                    False,
+                    deadlines.get(rec.id),
+                )
+            )
+        return out
+
+    async def stats(self) -> StoreStats:
+        now = self._clock()
+        counts: dict[str, dict[str, int]] = {}
+        done = 0
+        oldest: float | None = None
+        for kv in await self._scan(self._k("t", "")):
+            rec = _Rec.loads(kv.value)
+            q = counts.setdefault(rec.queue, {})
+            q[rec.state] = q.get(rec.state, 0) + 1
+            if rec.state == "succeeded" and rec.updated_at > now - 60:
+                done += 1
+            if rec.state == "pending" and rec.run_at <= now:
+                age = now - rec.run_at
+                oldest = age if oldest is None else max(oldest, age)
+        return StoreStats(now, counts, await self.list_experts(), done, oldest)
+
+    async def list_experts(self) -> list[ExpertRecord]:
+        resp = await self._txn(
+            [], [_get(self._k("e", ""), prefix=True), _get(self._k("l", ""), prefix=True)]
+        )
+        experts, sessions = (r.response_range.kvs for r in resp.responses)
+        live = {json.loads(kv.value)["session"] for kv in sessions}
+        out = []
+        for kv in experts:
+            d = json.loads(kv.value)
+            alive = d["session"] in live
+            deadline = _session_deadline(d)
+            out.append(
+                ExpertRecord(
+                    info=ExpertInfo.from_json_text(d["info"]),
+                    session=d["session"],
+                    alive=alive,
+                    load=d["load"],
+                    lease_deadline=deadline,
+                    heartbeat_at=d["heartbeat_at"],
+                    started_at=d["started_at"],
+                    claim_attempts=d["claim_attempts"],
+                    claims_won=d["claims_won"],
+                    tasks_done=d["tasks_done"],
+                    metrics=d.get("metrics") or {},
+                )
+            )
+        return sorted(out, key=lambda e: e.info.id)
+
+    # -- the claim protocol ----------------------------------------------------------------
+    def _order(self, pending_key: str) -> tuple[str, str, str]:
+        """Sort key of a pending task from its index key: effective priority, due time, id."""
+        inv, due, tid = pending_key.rsplit("/", 3)[1:]
+        return inv, due, tid
+
+    async def _candidates(
+        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
+    ) -> list[tuple[str, str, dict[str, Any]]]:
+        """(task id, pending key, index value) of due tasks *caps* can run, best first."""
+        found: list[tuple[str, str, dict[str, Any]]] = []
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("q", _enc(queue), "")
+            start, end = prefix, _prefix_end(prefix)
+            taken = 0
+            while taken < limit:
+                resp = await self._range(start, end, limit=max(64, 2 * limit))
+                for kv in resp.kvs:
+                    meta = json.loads(kv.value)
+                    if meta["run_at"] > now or not caps.satisfies(
+                        Requirements.from_json(meta["req"])
+                    ):
+                        continue
+                    key = kv.key[len(self._p) :].decode()
+                    found.append((_unenc(key.rsplit("/", 1)[1]), key, meta))
+                    taken += 1
+                if not resp.more or not resp.kvs:
+                    break
+                start = resp.kvs[-1].key + b"\0"
+        found.sort(key=lambda f: self._order(f[1]))
+        return found
+
+    async def _longest_waiting(
+        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
+    ) -> list[tuple[str, float]]:
+        """(task id, due time) of the due tasks *caps* can run that are due the longest."""
+        found: list[tuple[str, float]] = []
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("o", _enc(queue), "")
+            end = prefix + f"{_micros(now) + 1:017d}".encode()  # due now at the latest
+            start, taken = prefix, 0
+            while taken < limit:
+                resp = await self._range(start, end, limit=max(64, 2 * limit))
+                for kv in resp.kvs:
+                    if caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"])):
+                        due, tid = kv.key[len(prefix) :].decode().split("/")
+                        found.append((_unenc(tid), int(due) / 1_000_000))
+                        taken += 1
+                if not resp.more or not resp.kvs:
+                    break
+                start = resp.kvs[-1].key + b"\0"
+        found.sort(key=lambda f: (f[1], f[0]))
+        return found[:limit]
+
+    async def _choose(
+        self,
+        queues: Sequence[str],
+        caps: Capabilities,
+        limit: int,
+        low_lane: int,
+        now: float,
+    ) -> list[str]:
+        """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
+        priority, plus the ``low_lane`` due the longest; more of the best after them, to try
+        when rivals win some."""
+        low_lane = max(0, min(low_lane, limit))
+        best = await self._candidates(queues, caps, limit, now)
+        chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
+        if low_lane:
+            for tid, _ in await self._longest_waiting(queues, caps, low_lane, now):
+                chosen.setdefault(tid)
+        first = list(chosen)
+        order = {f[0]: self._order(f[1]) for f in best}
+        if any(t not in order for t in first):  # the oldest may lie beyond the best read
+            kvs = await self._read_many([self._task_key(t) for t in first])
+            for t, kv in zip(first, kvs, strict=True):
+                rec = _Rec.loads(kv.value) if kv is not None else None
+                if rec is not None and rec.pending_key is not None:
+                    order[t] = self._order(rec.pending_key)
+        first = sorted((t for t in first if t in order), key=lambda t: order[t])
+        return first + [f[0] for f in best if f[0] not in chosen]
+
+    async def peek(
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
+    ) -> list[TaskView]:
+        check_limit(limit)
+        if not queues or not limit:
+            return []
+        ids = (await self._choose(queues, capabilities, limit, low_lane, self._clock()))[:limit]
+        out = []
+        for kv in await self._read_many([self._task_key(t) for t in ids]):
+            if kv is None:
+                continue
+            rec = _Rec.loads(kv.value)
+            out.append(
+                TaskView(
+                    rec.id,
+                    rec.type,
+                    rec.queue,
+                    rec.priority,
+                    Requirements.from_json(rec.req),
+                    rec.created_at,
+                )
+            )
+        return out
+
+    async def _session(self, expert: str, session: str) -> tuple[int, bytes]:
+        """(lease id, session key value) of a live session; raises LeaseLost."""
+        kv = (await self._read_many([self._k("l", _enc(expert))]))[0]
+        if kv is None or json.loads(kv.value)["session"] != session:
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        lease = int(json.loads(kv.value)["lease"])
+        self._remember(session, lease, kv.value)
+        return lease, kv.value
+
+    def _remember(self, session: str, lease: int, value: bytes) -> None:
+        """Cache a live session's lease (etcd has the truth); keep the newest sessions only."""
+        self._sessions[session] = (lease, value)
+        while len(self._sessions) > SESSION_CACHE:
+            oldest = next(iter(self._sessions))
+            self._drop_session(oldest, self._sessions[oldest][0])
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+        low_lane: int = 0,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        if not queues or not limit or (task_ids is not None and not task_ids):
+            await self._session(expert, session)
+            return []
+        now = self._clock()
+        cands: list[str]  # task ids, best first
+        # The session check and the first read overlap: one round trip less per claim.
+        if task_ids is None:
+            (lease, session_value), cands = await asyncio.gather(
+                self._session(expert, session),
+                self._choose(queues, capabilities, limit, low_lane, now),
+            )
+        else:
+            ids = list(dict.fromkeys(task_ids))
+            qs = set(queues)
+            (lease, session_value), kvs = await asyncio.gather(
+                self._session(expert, session),
+                self._read_many([self._task_key(t) for t in ids]),
+            )
+            named: list[tuple[tuple[str, str, str], str]] = []
+            for tid, kv in zip(ids, kvs, strict=True):
+                if kv is None:
+                    continue
+                rec = _Rec.loads(kv.value)
+                if (
+                    rec.state == "pending"
+                    and rec.pending_key is not None
+                    and rec.run_at <= now
+                    and rec.queue in qs
+                    and capabilities.satisfies(Requirements.from_json(rec.req))
+                ):
+                    named.append((self._order(rec.pending_key), tid))
+            cands = [tid for _, tid in sorted(named)]  # the best of the named tasks first
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        won: list[tuple[tuple[str, str, str], Claimed]] = []
+        session_key = self._k("l", _enc(expert))
+        lost = False
+
+        async def one(tid: str, t: Any, a: Any, c: Any) -> None:
+            """One claim transaction; the transactions of a round run concurrently."""
+            nonlocal lost
+            rec = _Rec.loads(t.value)
+            assert rec.pending_key is not None
+            order = self._order(rec.pending_key)
+            ops = self._leave_pending(rec)
+            rec.state = str(R if start else C)
+            rec.owner = expert
+            rec.session = session
+            rec.fence += 1
+            rec.attempts += 1
+            rec.lease_deadline = now + ttl
+            rec.updated_at = now
+            rec.event(now, "claimed", expert)
+            claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
+            resp = await self._commit(
+                [
+                    _mod_is(t.key, t.mod_revision),
+                    _absent(self._claim_key(tid)),
+                    _value_is(session_key, session_value),
+                ],
+                [
+                    _put(t.key, rec.dumps()),
+                    _put(self._claim_key(tid), claim, lease),
+                    _put(self._held_key(expert, tid), str(rec.fence), lease),
+                    _put(self._active_key(tid), expert),
+                    *ops,
+                ],
+                [_get(session_key)],
+            )
+            if resp is not None and not resp.succeeded:
+                kvs = resp.responses[0].response_range.kvs
+                lost = lost or not kvs or kvs[0].value != session_value
+                return  # another expert won this one, or the session ended
+            args, kwargs = json.loads(a.value)
+            claimed = Claimed(
+                id=tid,
+                type=rec.type,
+                queue=rec.queue,
+                args=args,
+                kwargs=kwargs,
+                fence=rec.fence,
+                attempt=rec.attempts,
+                max_attempts=rec.max_attempts,
+                checkpoint=json.loads(c.value) if c is not None else None,
+                timeout=rec.timeout,
+                lease_deadline=now + ttl,
+                priority=rec.priority,
+            )
+            won.append((order, claimed))
+
+        # Rounds: try as many candidates as claims are still wanted, in order, until enough
+        # were won or the candidates ran out.
+        rest = cands
+        while rest and len(won) < limit and not lost:
+            batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
+            reads = await self._read_many(
+                [
+                    k
+                    for tid in batch
+                    for k in (
+                        self._task_key(tid),
+                        self._data_key(tid, "args"),
+                        self._data_key(tid, "checkpoint"),
+                    )
+                ]
+            )
+            tries = []
+            for n, tid in enumerate(batch):
+                t, a, c = reads[3 * n : 3 * n + 3]
+                if t is None or a is None:
+                    continue
+                rec = _Rec.loads(t.value)
+                if rec.state == "pending" and rec.pending_key is not None and rec.run_at <= now:
+                    tries.append(one(tid, t, a, c))
+            await asyncio.gather(*tries)
+        if lost:
+            # Claims won in the same round vanished with the lease; expire() returns them.
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        won.sort(key=lambda w: w[0])
+        return [c for _, c in won]
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        lease, session_value = await self._session(thief, session)
+        if not queues or not limit:
+            return []
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        # The victim's live claims are its held keys (they vanish with its lease).
+        base = self._k("h", _enc(victim), "")
+        held = [
+            _unenc(kv.key[len(base) :].decode()) for kv in await self._scan(base, keys_only=True)
+        ]
+        reads = await self._read_many(
+            [k for t in held for k in (self._task_key(t), self._claim_key(t))]
+        )
+        qs = set(queues)
+        loot: list[tuple[tuple[int, float, str], Any, Any]] = []
+        for n, tid in enumerate(held):
+            t, c = reads[2 * n : 2 * n + 2]
+            if t is None or c is None:
+                continue
+            rec = _Rec.loads(t.value)
+            if (
+                rec.owner == victim
+                and rec.state == "claimed"
+                and rec.queue in qs
+                and capabilities.satisfies(Requirements.from_json(rec.req))
+            ):
+                loot.append(((-rec.priority, rec.run_at, tid), t, c))
+        loot.sort(key=lambda item: item[0])
+        session_key = self._k("l", _enc(thief))
+        now = self._clock()
+        lost = False
+
+        async def one(t: Any, c: Any) -> Claimed | None:
+            nonlocal lost
+            rec = _Rec.loads(t.value)
+            tid = rec.id
+            rec.state, rec.owner, rec.session = "running", thief, session
+            rec.fence += 1
+            rec.lease_deadline, rec.updated_at = now + ttl, now
+            rec.event(now, "stolen", thief, f"from {victim}")
+            claim = json.dumps({"expert": thief, "session": session, "fence": rec.fence})
+            resp = await self._commit(
+                [
+                    _mod_is(t.key, t.mod_revision),
+                    _mod_is(c.key, c.mod_revision),
+                    _value_is(session_key, session_value),
+                ],
+                [
+                    _put(t.key, rec.dumps()),
+                    _put(c.key, claim, lease),
+                    _delete(self._held_key(victim, tid)),
+                    _put(self._held_key(thief, tid), str(rec.fence), lease),
+                    _put(self._active_key(tid), thief),
+                ],
+                [_get(session_key)],
+            )
+            if resp is not None and not resp.succeeded:
+                kvs = resp.responses[0].response_range.kvs
+                lost = lost or not kvs or kvs[0].value != session_value
+                return None  # the victim started it, or someone else stole it first
+            a, ck = await self._read_many(
+                [self._data_key(tid, "args"), self._data_key(tid, "checkpoint")]
+            )
+            args, kwargs = json.loads(a.value) if a is not None else ([], {})
+            return Claimed(
+                id=tid,
+                type=rec.type,
+                queue=rec.queue,
+                args=args,
+                kwargs=kwargs,
+                fence=rec.fence,
+                attempt=rec.attempts,
+                max_attempts=rec.max_attempts,
+                checkpoint=json.loads(ck.value) if ck is not None else None,
+                timeout=rec.timeout,
+                lease_deadline=now + ttl,
+                priority=rec.priority,
+            )
+
+        got = await asyncio.gather(*(one(t, c) for _, t, c in loot[:limit]))
+        if lost:
+            self._sessions.pop(session, None)
+            raise LeaseLost(f"expert {thief}: session {session} is not live")
+        return [c for c in got if c is not None]
+
+    async def _owner_write(
+        self,
+        expert: str,
+        task_id: str,
+        fence: int,
+        states: frozenset[str],
+        apply: Callable[[_Rec, float], list[Any]],
+        first: tuple[Any, Any] | None = None,
+    ) -> FencedOut | None:
+        """Check owner, fence, state and live claim, then commit *apply*'s operations in one
+        Txn that compares the task and claim revisions read; re-read when either moved.
+        *first* is the (task, claim) pair already read for the first try, if any."""
+        tkey, ckey = self._task_key(task_id), self._claim_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            if first is not None:
+                (t, c), first = first, None
+            else:
+                t, c = await self._read_many([tkey, ckey])
+            if t is None:
+                return FencedOut(task_id, fence, "no such task")
+            rec = _Rec.loads(t.value)
+            if rec.fence != fence:
+                return FencedOut(task_id, fence, f"the task is at fence {rec.fence}")
+            if rec.owner != expert:
+                return FencedOut(task_id, fence, f"{expert} does not own it (owner: {rec.owner})")
+            if rec.state not in states:
+                return FencedOut(task_id, fence, f"the task is {rec.state}")
+            if c is None or json.loads(c.value)["fence"] != fence:
+                return FencedOut(task_id, fence, "the lease lapsed")
+            now = self._clock()
+            ops = apply(rec, now)
+            resp = await self._commit(
+                [_mod_is(tkey, t.mod_revision), _mod_is(ckey, c.mod_revision)], ops
+            )
+            if resp is None or resp.succeeded:
+                return None
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def _owner_writes(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: frozenset[str],
+        apply: Callable[[int], Callable[[_Rec, float], list[Any]]],
+    ) -> list[FencedOut | None]:
+        """Owner writes of a batch: one read for all, then one transaction per task, run
+        concurrently. *apply(n)* gives the operations of the n-th item."""
+        reads = await self._read_many(
+            [k for tid, _ in items for k in (self._task_key(tid), self._claim_key(tid))]
+        )
+        return list(
+            await asyncio.gather(
+                *(
+                    self._owner_write(
+                        expert, tid, fence, states, apply(n), (reads[2 * n], reads[2 * n + 1])
+                    )
+                    for n, (tid, fence) in enumerate(items)
+                )
+            )
+        )
+
+    def _unown(self, rec: _Rec, expert: str) -> list[Any]:
+        """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
+        rec.owner, rec.session, rec.lease_deadline = None, None, None
+        return [
+            _delete(self._claim_key(rec.id)),
+            _delete(self._held_key(expert, rec.id)),
+            _delete(self._active_key(rec.id)),
+        ]
+
+    def _enter_pending(self, rec: _Rec) -> list[Any]:
+        """Make *rec* pending: its keys in the priority, age and promotion indexes."""
+        rec.state = "pending"
+        rec.pending_key = self._pending_key(rec)
+        req = json.dumps({"req": rec.req}).encode()
+        return [
+            _put(self._k(rec.pending_key), self._index_value(rec)),
+            _put(self._oldest_key(rec), req),
+            _put(self._promotion_key(rec), b""),
+        ]
+
+    def _leave_pending(self, rec: _Rec) -> list[Any]:
+        """Take a pending *rec* out of the indexes (its new state is set by the caller)."""
+        if rec.pending_key is None:
+            return []
+        ops = [
+            _delete(self._k(rec.pending_key)),
+            _delete(self._oldest_key(rec)),
+            _delete(self._promotion_key(rec)),
+        ]
+        rec.pending_key = None
+        return ops
+
+    def _ended(self, rec: _Rec) -> list[Any]:
+        """Operations for a task that just reached a terminal state."""
+        return [_put(self._k("s", _enc(rec.id)), rec.state)] if rec.has_waiters else []
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            rec.state, rec.updated_at = "running", now
+            rec.event(now, "started", expert)
+            return [_put(self._task_key(rec.id), rec.dumps())]
+
+        return await self._owner_writes(expert, items, frozenset({"claimed"}), lambda n: apply)
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        check_ttl(lease_ttl)
+        lease, session_value = self._sessions.get(session) or await self._session(expert, session)
+        ka = self._keepalives.get(lease)
+        if ka is None:
+            ka = self._keepalives[lease] = _KeepAlive(self, lease)
+        remaining = await ka.refresh()
+        if remaining <= 0:
+            self._drop_session(session, lease)
+            raise LeaseLost(f"expert {expert}: the etcd lease of session {session} expired")
+        now = self._clock()
+        ekey, lkey = self._k("e", _enc(expert)), self._k("l", _enc(expert))
+        d = self._records.get(session)
+        if d is None:
+            e = (await self._read_many([ekey]))[0]
+            if e is None:
+                self._drop_session(session, lease)
+                raise LeaseLost(f"expert {expert}: its record is gone")
+            d = json.loads(e.value)
+        d.update(
+            heartbeat_at=now,
+            load=beat.load,
+            claim_attempts=beat.claim_attempts,
+            claims_won=beat.claims_won,
+            tasks_done=beat.tasks_done,
+            metrics=dict(beat.metrics),
+        )
+        resp = await self._txn(
+            [_value_is(lkey, session_value)],
+            [_put(ekey, json.dumps(d)), _get(self._k("h", _enc(expert), ""), prefix=True)],
+        )
+        if not resp.succeeded:
+            self._drop_session(session, lease)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        self._records[session] = d
+        held = resp.responses[1].response_range.kvs
+        base = len(self._k("h", _enc(expert), ""))
+        return {_unenc(kv.key[base:].decode()): int(kv.value) for kv in held}
+
+    def _drop_session(self, session: str, lease: int) -> None:
+        self._sessions.pop(session, None)
+        self._records.pop(session, None)
+        ka = self._keepalives.pop(lease, None)
+        if ka is not None:
+            ka.close()
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            rec.updated_at = now
+            return [
+                _put(self._task_key(rec.id), rec.dumps()),
+                _put(self._data_key(rec.id, "checkpoint"), state_json),
+            ]
+
+        res = await self._owner_write(expert, task_id, fence, _OWNED_S, apply)
+        if res is not None:
+            raise res
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        awaited: set[str] = set()  # completed tasks that other tasks wait for
+
+        def apply(item: Completion) -> Callable[[_Rec, float], list[Any]]:
+            def ops(rec: _Rec, now: float) -> list[Any]:
+                if rec.has_waiters:
+                    awaited.add(rec.id)
+                out = self._unown(rec, expert)
+                rec.state, rec.updated_at = "succeeded", now
+                rec.event(now, "succeeded", expert)
+                out += self._ended(rec)
+                out.append(_put(self._task_key(rec.id), rec.dumps()))
+                out.append(_put(self._data_key(rec.id, "result"), item.result_json))
+                return out
+
+            return ops
+
+        out = await self._owner_writes(
+            expert, [(i.task_id, i.fence) for i in items], _OWNED_S, lambda n: apply(items[n])
+        )
+        ended = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
+        await self._settle_many([t for t in ended if t in awaited])
+        if ended:
+            self._touch()  # wakes result() waiters of this process; experts watch q/ only
+        return out
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for i in items:
+            check_retry_delay(i.retry_delay)
+        final: set[str] = set()
+
+        def apply(item: Failure) -> Callable[[_Rec, float], list[Any]]:
+            def ops(rec: _Rec, now: float) -> list[Any]:
+                final.discard(rec.id)
+                out = self._unown(rec, expert)
+                rec.error, rec.updated_at = item.error_json, now
+                if item.retry_delay is not None and rec.attempts < rec.max_attempts:
+                    rec.run_at = now + item.retry_delay
+                    out += self._enter_pending(rec)
+                    rec.event(now, "retry", expert, f"in {item.retry_delay:.3f}s")
+                else:
+                    rec.state = str(
+                        item.final_state if item.retry_delay is None else TaskState.DEAD
+                    )
+                    rec.event(now, rec.state, expert)
+                    out += self._ended(rec)
+                    if rec.has_waiters:
+                        final.add(rec.id)
+                out.append(_put(self._task_key(rec.id), rec.dumps()))
+                return out
+
+            return ops
+
+        out = await self._owner_writes(
+            expert, [(i.task_id, i.fence) for i in items], _OWNED_S, lambda n: apply(items[n])
+        )
+        landed = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
+        await self._settle_many([t for t in landed if t in final])
+        if landed:
+            self._touch()
+        return out
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        def apply(rec: _Rec, now: float) -> list[Any]:
+            ops = self._unown(rec, expert)
+            rec.attempts = max(0, rec.attempts - 1)
+            rec.updated_at = now
+            ops += self._enter_pending(rec)
+            rec.event(now, "released", expert)
+            return [*ops, _put(self._task_key(rec.id), rec.dumps())]
+
+        return await self._owner_writes(expert, items, _OWNED_S, lambda n: apply)
+
+    async def _promote(self) -> None:
+        """Ageing: pending tasks whose next promotion is due gain effective priority (their
+        priority-index key moves up). The promotion index is ordered by time, so this reads
+        only what is due."""
+        now = self._clock()
+        start = self._k("g", "")
+        end = self._k("g", f"{_micros(now) + 1:020d}")
+        due, seen = [], set()
+        for kv in (await self._range(start, end, keys_only=True)).kvs:
+            tid = kv.key.rsplit(b"/", 1)[1]
+            if tid not in seen:  # one entry per task and call (a transaction puts a key once)
+                seen.add(tid)
+                due.append(kv.key)
+
+        def plan(gkey: bytes, t: Any) -> tuple[list[Any], list[Any]]:
+            """(compares, operations) that promote one task, or drop a stale entry."""
+            rec = _Rec.loads(t.value) if t is not None else None
+            if t is None or rec is None or rec.state != "pending" or rec.pending_key is None:
+                return [], [_delete(gkey)]
+            old_q = self._k(rec.pending_key)
+            rec.aged = aged_priority(rec.priority, now - rec.created_at)
+            rec.promote_at = next_promotion(rec.priority, rec.aged, rec.created_at)
+            rec.pending_key = self._pending_key(rec)
+            new_q, new_g = self._k(rec.pending_key), self._promotion_key(rec)
+            ops = [_put(new_q, self._index_value(rec)), _put(new_g, b"")]
+            ops += [_delete(k) for k in (old_q, gkey) if k not in (new_q, new_g)]
+            ops.append(_put(t.key, rec.dumps()))
+            return [_mod_is(t.key, t.mod_revision)], ops
+
+        # Many promotions fall due together (tasks submitted together age together): several
+        # per transaction; a transaction that loses a race is redone one task at a time.
+        step = max(1, self._max_ops // 6)
+        for i in range(0, len(due), step):
+            chunk = due[i : i + step]
+            tids = [_unenc(k.decode().rsplit("/", 1)[1]) for k in chunk]
+            recs = await self._read_many([self._task_key(t) for t in tids])
+            plans = [plan(k, t) for k, t in zip(chunk, recs, strict=True)]
+            cmp = [c for p in plans for c in p[0]]
+            ops = [o for p in plans for o in p[1]]
+            if (await self._txn(cmp, ops)).succeeded:
+                continue
+            for k, tid in zip(chunk, tids, strict=True):
+                t = (await self._read_many([self._task_key(tid)]))[0]
+                c1, o1 = plan(k, t)
+                await self._txn(c1, o1)
+
+    async def expire(self) -> int:
+        await self._promote()
+        resp = await self._txn(
+            [],
+            [
+                _get(self._k("a", ""), prefix=True, keys_only=True),
+                _get(self._k("c", ""), prefix=True, keys_only=True),
+            ],
+        )
+        active, claims = (r.response_range.kvs for r in resp.responses)
+        a_base, c_base = len(self._k("a", "")), len(self._k("c", ""))
+        claimed = {kv.key[c_base:] for kv in claims}
+        lapsed = [
+            _unenc(kv.key[a_base:].decode()) for kv in active if kv.key[a_base:] not in claimed
+        ]
+        ended: list[str] = []
+
+        async def one(tid: str) -> bool:
+            """Return one lapsed task to pending (or dead); False when it changed meanwhile."""
+            tkey, ckey = self._task_key(tid), self._claim_key(tid)
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                await self._txn([], [_delete(self._active_key(tid))])
+                return False
+            rec = _Rec.loads(t.value)
+            if rec.state not in _OWNED_S:
+                await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(self._active_key(tid))])
+                return False
+            now = self._clock()
+            prev = rec.owner
+            ops = [_delete(self._active_key(tid))]
+            if prev is not None:
+                ops.append(_delete(self._held_key(prev, tid)))
+            rec.owner, rec.session, rec.lease_deadline, rec.updated_at = None, None, None, now
+            if after_failure(rec.attempts, rec.max_attempts) == P:
+                ops += self._enter_pending(rec)
+            else:
+                rec.state = "dead"
+                rec.error = _error_json(
+                    "LeaseExpired", f"expert {prev} lost its lease on the last attempt"
+                )
+                ops += self._ended(rec)
+            rec.event(now, "expired", prev)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision), _absent(ckey)], ops)
+            if resp.succeeded and rec.state == "dead" and rec.has_waiters:
+                ended.append(tid)
+            return bool(resp.succeeded)
+
+        moved = 0
+        for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
+            moved += sum(await asyncio.gather(*(one(t) for t in lapsed[i : i + 64])))
+        await self._settle_many(ended)
+        # Repair: endings whose waiters were not settled (a crash right after the ending).
+        s_base = len(self._k("s", ""))
+        leftovers = [
+            _unenc(kv.key[s_base:].decode())
+            for kv in await self._scan(self._k("s", ""), keys_only=True)
+        ]
+        await self._settle_many([t for t in leftovers if t not in ended])
+        await self._clear_auctions()
+        await self._forget_experts()
+        if moved:
+            self._touch()
+        return moved
+
+    async def _clear_auctions(self) -> None:
+        """Drop the auctions and bids of tasks that are no longer pending."""
+        base = len(self._k("u", ""))
+        tids = [
+            _unenc(kv.key[base:].decode())
+            for kv in await self._scan(self._k("u", ""), keys_only=True)
+        ]
+        if not tids:
+            return
+        recs = await self._read_many([self._task_key(t) for t in tids])
+        for tid, kv in zip(tids, recs, strict=True):
+            if kv is None or _Rec.loads(kv.value).state != "pending":
+                cmp = [] if kv is None else [_mod_is(kv.key, kv.mod_revision)]
+                await self._txn(
+                    cmp,
+                    [
+                        _delete(self._k("u", _enc(tid))),
+                        _delete(self._k("b", _enc(tid), ""), prefix=True),
+                    ],
+                )
+
+    async def _forget_experts(self) -> None:
+        """Remove records of experts gone for an hour; looked at once a minute (store clock)."""
+        now = self._clock()
+        if now - self._forgot_at < 60:
+            return
+        self._forgot_at = now
+        for e in await self.list_experts():
+            if not e.alive and e.lease_deadline < now - EXPERT_RETENTION:
+                await self._txn([], [_delete(self._k("e", _enc(e.info.id)))])
+
+    async def _settle_many(self, task_ids: Iterable[str]) -> None:
+        todo = list(task_ids)
+        while todo:
+            todo.extend(await self._settle(todo.pop()))
+
+    async def _settle(self, task_id: str) -> list[str]:
+        """Tell the waiters of an ended task; return the waiters that died in turn."""
+        t = (await self._read_many([self._task_key(task_id)]))[0]
+        skey = self._k("s", _enc(task_id))
+        if t is None:
+            await self._txn([], [_delete(skey)])
+            return []
+        state = _Rec.loads(t.value).state
+        base = self._k("w", _enc(task_id), "")
+        died: list[str] = []
+        for edge in await self._scan(base, keys_only=True):
+            wid = _unenc(edge.key[len(base) :].decode())
+            wkey = self._task_key(wid)
+            for _ in range(WRITE_RETRIES):
+                w = (await self._read_many([wkey]))[0]
+                if w is None:
+                    await self._txn([], [_delete(edge.key)])
+                    break
+                rec = _Rec.loads(w.value)
+                ops = [_delete(edge.key)]
+                now = self._clock()
+                dies = False
+                if rec.state == "waiting":
+                    rec.updated_at = now
+                    if state == "succeeded":
+                        rec.deps_left -= 1
+                        if rec.deps_left <= 0:
+                            rec.run_at = max(rec.run_at, now)
+                            ops += self._enter_pending(rec)
+                    else:
+                        dies = True
+                        rec.state = "dead"
+                        rec.error = _error_json(
+                            "DependencyFailed", f"dependency {task_id} ended {state}"
+                        )
+                        rec.event(now, "dead", None, f"dependency {task_id} ended {state}")
+                        ops += self._ended(rec)
+                    ops.append(_put(wkey, rec.dumps()))
+                resp = await self._txn(
+                    [
+                        _mod_is(wkey, w.mod_revision),
+                        rpc.Compare(
+                            key=edge.key,
+                            target=rpc.Compare.VERSION,
+                            result=rpc.Compare.GREATER,
+                            version=0,
+                        ),
+                    ],
+                    ops,
+                )
+                if resp.succeeded:
+                    if dies and rec.has_waiters:
+                        died.append(wid)
+                    break
+                if not (await self._read_many([edge.key]))[0]:
+                    break  # someone else settled this edge
+        await self._txn([], [_delete(skey)])
+        return died
+
+    # -- management ------------------------------------------------------------------------
+    async def cancel(self, task_id: str) -> Task:
+        tkey = self._task_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                raise TaskNotFound(task_id)
+            rec = _Rec.loads(t.value)
+            if not can_move(TaskState(rec.state), TaskState.CANCELLED):
+                raise InvalidTransition(task_id, rec.state, "cancel")
+            now = self._clock()
+            prev = rec.owner
+            ops: list[Any] = []
+            if prev is not None:
+                ops += self._unown(rec, prev)
+            else:
+                ops.append(_delete(self._active_key(task_id)))
+            ops += self._leave_pending(rec)
+            rec.state, rec.updated_at = "cancelled", now
+            rec.event(now, "cancelled", prev)
+            ops += self._ended(rec)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
+            if resp.succeeded:
+                await self._settle_many([task_id] if rec.has_waiters else [])
+                self._touch()
+                return await self.get(task_id)
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def retry(self, task_id: str) -> Task:
+        tkey = self._task_key(task_id)
+        for _ in range(WRITE_RETRIES):
+            t = (await self._read_many([tkey]))[0]
+            if t is None:
+                raise TaskNotFound(task_id)
+            rec = _Rec.loads(t.value)
+            if rec.state not in ("failed", "dead", "cancelled"):
+                raise InvalidTransition(task_id, rec.state, "retry")
+            now = self._clock()
+            rec.attempts, rec.run_at, rec.updated_at = 0, now, now
+            ops = self._enter_pending(rec)
+            rec.event(now, "retried", None)
+            ops.append(_put(tkey, rec.dumps()))
+            resp = await self._txn([_mod_is(tkey, t.mod_revision)], ops)
+            if resp.succeeded:
+                self._touch()
+                return await self.get(task_id)
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = max(1, math.ceil(check_ttl(lease_ttl)))
+        grant = await self._call(
+            "a lease grant",
+            lambda: self._lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl), timeout=self._timeout),
+        )
+        if grant.error:
+            raise StoreError(f"{self._where()} refused a lease: {grant.error}")
+        lease = int(grant.ID)
+        granted = int(grant.TTL)
+        session = uuid.uuid4().hex
+        now = self._clock()
+        lkey, ekey = self._k("l", _enc(info.id)), self._k("e", _enc(info.id))
+        lvalue = json.dumps({"session": session, "lease": lease, "ttl": granted}).encode()
+        old = (await self._read_many([ekey]))[0]
+        ended: dict[str, float] = {}
+        if old is not None:
+            # Remember when the last sessions ended: their unexpired claims report it.
+            o = json.loads(old.value)
+            ended = dict(list(o.get("ended", {}).items())[-3:])
+            ended[o["session"]] = _session_deadline(o)
+        record = {
+            "info": info.to_json_text(),
+            "session": session,
+            "lease": lease,
+            "ttl": granted,
+            "started_at": now,
+            "heartbeat_at": now,
+            "ended_at": None,
+            "ended": ended,
+            "load": 0,
+            "claim_attempts": 0,
+            "claims_won": 0,
+            "tasks_done": 0,
+        }
+        resp = await self._txn(
+            [_absent(lkey)],
+            [_put(lkey, lvalue, lease), _put(ekey, json.dumps(record))],
+            [_get(ekey)],
+        )
+        if not resp.succeeded:
+            await self._revoke(lease)
+            kvs = resp.responses[0].response_range.kvs
+            other = ExpertInfo.from_json_text(json.loads(kvs[0].value)["info"]) if kvs else info
+            raise ExpertConflict(
+                f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, "
+                f"pid {other.pid}); pick another --name or stop that expert"
+            )
+        self._remember(session, lease, lvalue)
+        self._records[session] = record
+        return session
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await self._call(
+                "a lease revoke",
+                lambda: self._lease.LeaseRevoke(
+                    rpc.LeaseRevokeRequest(ID=lease), timeout=self._timeout
+                ),
+            )
+        except StoreError as exc:
+            if "not found" not in str(exc):
+                raise
+
+    async def deregister_expert(self, expert: str, session: str) -> None:
+        lkey, ekey = self._k("l", _enc(expert)), self._k("e", _enc(expert))
+        lkv, ekv = await self._read_many([lkey, ekey])
+        if lkv is None or json.loads(lkv.value)["session"] != session or ekv is None:
+            return
+        d = json.loads(ekv.value)
+        d.update(load=0, ended_at=self._clock() - 1e-6)
+        await self._txn([_value_is(lkey, lkv.value)], [_put(ekey, json.dumps(d))])
+        lease = int(json.loads(lkv.value)["lease"])
+        self._drop_session(session, lease)
+        await self._revoke(lease)
+
+    async def end_session(self, expert: str) -> bool:
+        """Fault injection (tests, drills): revoke the etcd lease of *expert*'s live session,
+        as if it had run out. Its claims vanish at once. Returns False when it had none."""
+        kv = (await self._read_many([self._k("l", _enc(expert))]))[0]
+        if kv is None:
+            return False
+        await self._revoke(int(json.loads(kv.value)["lease"]))
+        return True
+
+    async def purge_all(self) -> None:
+        """Delete every task, expert and index under this store's prefix (benchmarks, tests).
+        Live sessions end with it: their session keys are gone."""
+        meta = self._k("meta")
+        first = rpc.DeleteRangeRequest(key=self._p, range_end=meta)
+        rest = rpc.DeleteRangeRequest(key=meta + b"\0", range_end=_prefix_end(self._p))
+        await self._txn(
+            [],
+            [rpc.RequestOp(request_delete_range=first), rpc.RequestOp(request_delete_range=rest)],
+        )
+        self._touch()
+
+    # -- wake-ups --------------------------------------------------------------------------
+    def _touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+        if self._version == self._seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        self._seen = self._version
+
+    async def _watch(self) -> None:
+        """Watch the pending index for new keys, from just after the last revision this client
+        saw (so nothing written since is missed); resume where it stopped when the stream
+        breaks, with back-off."""
+        pause = 0.05
+        prefix = self._k("q", "")
+        start = self._rev + 1 if self._rev else 0
+        while self._channel is not None:
+            call = self._watch_stub.Watch()
+            try:
+                create = rpc.WatchCreateRequest(
+                    key=prefix,
+                    range_end=_prefix_end(prefix),
+                    filters=[rpc.WatchCreateRequest.NODELETE],
+                    start_revision=start,
+                )
+                await call.write(rpc.WatchRequest(create_request=create))
+                while True:
+                    resp = await call.read()
+                    if resp is None or not isinstance(resp, rpc.WatchResponse):
+                        break
+                    if resp.created:
+                        pause = 0.05
+                    if resp.compact_revision:
+                        # History was compacted past where we stopped: changes may have been
+                        # missed, so wake the waiters and watch from now on.
+                        start = 0
+                        self._touch()
+                        break
+                    if resp.events:
+                        start = resp.events[-1].kv.mod_revision + 1
+                        self._touch()
+                    if resp.canceled:
+                        break
+            except rpc.AioRpcError:
+                pass
+            finally:
+                call.cancel()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+        tkey, ukey = self._task_key(task_id), self._k("u", _enc(task_id))
+        bids_prefix = self._k("b", _enc(task_id), "")
+        mine = self._k("b", _enc(task_id), _enc(expert))
+        for _ in range(WRITE_RETRIES):
+            _, session_value = await self._session(expert, session)
+            resp = await self._txn([], [_get(tkey), _get(ukey), _get(bids_prefix, prefix=True)])
+            t, u, bids = (r.response_range.kvs for r in resp.responses)
+            now = self._clock()
+            if not t:
+                raise TaskNotFound(task_id)
+            closes = json.loads(u[0].value)["closes_at"] if u else now + window
+            if _Rec.loads(t[0].value).state != "pending":
+                return Auction(task_id, now, closes if u else now, (), open=False)
+            placed = {
+                _unenc(kv.key[len(bids_prefix) :].decode()): json.loads(kv.value) for kv in bids
+            }
+            old = placed.get(expert)
+            placed[expert] = {"score": score, "at": old["at"] if old else now}
+            cmp = [
+                _mod_is(tkey, t[0].mod_revision),
+                _value_is(self._k("l", _enc(expert)), session_value),
+                _mod_is(ukey, u[0].mod_revision) if u else _absent(ukey),
+            ]
+            ops = [] if u else [_put(ukey, json.dumps({"closes_at": closes}))]
+            if old is None or old["score"] != score:
+                ops.append(_put(mine, json.dumps(placed[expert])))
+            if (await self._txn(cmp, ops)).succeeded:
+                ranked = rank_bids({e: (b["score"], b["at"]) for e, b in placed.items()})
+                return Auction(task_id, now, closes, ranked)
+        raise StoreError(f"the auction of task {task_id} kept changing; gave up")
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        count, oldest = 0, None
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("o", _enc(queue), "")
+            end = prefix + f"{_micros(now) + 1:017d}".encode()
+            count += await self._count(prefix, end)
+            first = await self._range(prefix, end, limit=1, keys_only=True)
+            if first.kvs:
+                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
+                oldest = due if oldest is None else min(oldest, due)
+        return Backlog(count, None if oldest is None else max(0.0, now - oldest))
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        best: float | None = None
+        for queue in dict.fromkeys(queues):
+            prefix = self._k("o", _enc(queue), "")
+            first = await self._range(prefix, _prefix_end(prefix), limit=1, keys_only=True)
+            if first.kvs:
+                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
+                best = due if best is None else min(best, due)
+        return best
+
+
+class _KeepAlive:
+    """One long-lived ``LeaseKeepAlive`` stream for one lease: each refresh() sends one request
+    and reads one answer. The stream is reopened once when it broke (etcd restarted)."""
+
+    def __init__(self, store: EtcdStore, lease: int) -> None:
+        self._store = store
+        self._lease = lease
+        self._call: Any = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> int:
+        """Send one keep-alive; return the TTL etcd granted (0 when the lease is gone)."""
+        async with self._lock:
+            for attempt in range(2):
+                if self._call is None:
+                    self._call = self._store._lease.LeaseKeepAlive()
+                try:
+                    await asyncio.wait_for(
+                        self._call.write(rpc.LeaseKeepAliveRequest(ID=self._lease)),
+                        self._store._timeout,
+                    )
+                    resp = await asyncio.wait_for(self._call.read(), self._store._timeout)
+                except Exception as exc:  # a broken stream raises several kinds; reopen it
+                    self.close()
+                    if attempt == 1:
+                        raise StoreError(
+                            f"cannot renew lease {self._lease:x} at {self._store._where()}: {exc}"
+                        ) from exc
+                    continue
+                if resp is None or not isinstance(resp, rpc.LeaseKeepAliveResponse):
+                    self.close()
+                    continue
+                return int(resp.TTL)
+        raise StoreError(f"the keep-alive stream of lease {self._lease:x} keeps closing")
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+
+_OWNED_S = frozenset({"claimed", "running"})
+
+
+def _session_deadline(record: dict[str, Any]) -> float:
+    """When an expert record's session ends: its last heartbeat plus the TTL, or earlier when
+    it was deregistered."""
+    deadline = float(record["heartbeat_at"] + record["ttl"])
+    ended_at = record.get("ended_at")
+    return deadline if ended_at is None else min(deadline, float(ended_at))
+
+
+_BAD_END = frozenset({"failed", "dead", "cancelled"})
+
+
+def _unenc(text: str) -> str:
+    return unquote(text)

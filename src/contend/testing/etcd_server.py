@@ -1,0 +1,136 @@
+"""A real, single-member etcd for tests: free loopback ports, a temporary
+data directory, readiness polled with a deadline. Fault injection: stop() and start() again on
+the same ports and data (a restart), or kill() for a crash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contend.store.etcd import EtcdStore
+
+
+class EtcdUnavailable(RuntimeError):
+    """No etcd binary here: run scripts/install-etcd.sh or set CONTEND_ETCD_BIN."""
+
+
+def find_etcd() -> str:
+    wanted = os.environ.get("CONTEND_ETCD_BIN")
+    path = shutil.which(wanted) if wanted else shutil.which("etcd")
+    if not path:
+        where = f"CONTEND_ETCD_BIN={wanted!r} is not an executable" if wanted else "not on PATH"
+        raise EtcdUnavailable(
+            f"no etcd binary ({where}); run scripts/install-etcd.sh or set CONTEND_ETCD_BIN"
+        )
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdServer:
+    def __init__(self, binary: str | None = None, data_dir: str | None = None) -> None:
+        self.binary = binary or find_etcd()
+        self._own_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="contend-etcd-")
+        self.client_port = _free_port()
+        self.peer_port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(self.data_dir) / "etcd.log"
+
+    @property
+    def url(self) -> str:
+        return f"etcd://127.0.0.1:{self.client_port}"
+
+    def start(self, ready_within: float = 20.0) -> None:
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--name=contend-test",
+                f"--data-dir={self.data_dir}/data",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=contend-test={peer}",
+                # Short raft timings: etcd's minimum lease TTL becomes one second.
+                "--heartbeat-interval=10",
+                "--election-timeout=100",
+                "--logger=zap",
+                "--log-level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.wait_healthy(ready_within)
+
+    def wait_healthy(self, within: float) -> None:
+        deadline = time.monotonic() + within
+        url = f"http://127.0.0.1:{self.client_port}/health"
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    if b'"true"' in resp.read():
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd not healthy within {within}s: {self.log_tail()}")
+            time.sleep(0.05)  # polling a child process; there is nothing to wait on
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+
+async def lapse_overdue_sessions(store: EtcdStore, now: float) -> int:
+    """For tests on a fake clock: etcd leases run on etcd's clock, so a test that moves the
+    store's clock past an expert's deadline calls this to do what etcd would do after that much
+    real time: revoke the lease of every live session whose deadline (last heartbeat + TTL, on
+    the store's clock) is before *now*. Returns how many sessions it ended."""
+    ended = 0
+    for e in await store.list_experts():
+        if e.alive and e.lease_deadline < now and await store.end_session(e.info.id):
+            ended += 1
+    return ended

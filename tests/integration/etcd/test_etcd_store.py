@@ -1,0 +1,584 @@
+"""The etcd store against a real etcd started by the suite (see conftest.py).
+
+etcd leases run on etcd's own clock, so tests that need a lease to lapse use a one-second TTL
+and poll ``expire()`` with a deadline instead of advancing a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.errors import (
+    ConfigError,
+    DependencyError,
+    ExpertConflict,
+    FencedOut,
+    InvalidTransition,
+    LeaseLost,
+    SchemaError,
+    StoreError,
+)
+from contend.store.etcd import EtcdStore, parse_etcd_url
+from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
+from contend.store.registry import make_store
+from contend.testing import FakeClock
+from contend.testing.etcd_server import EtcdServer, lapse_overdue_sessions
+
+pytestmark = pytest.mark.etcd
+
+ANY = Capabilities()
+Q = ["default"]
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll *check* until it is true; fail after *within* seconds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not reached within {within}s")
+        await asyncio.sleep(0.05)
+
+
+async def expire_until(store: EtcdStore, count: int, within: float = 10.0) -> None:
+    moved = 0
+
+    async def check() -> bool:
+        nonlocal moved
+        moved += await store.expire()
+        return moved >= count
+
+    await eventually(check, within, f"{count} task(s) expired")
+
+
+def spec(**kw: object) -> TaskSpec:
+    return TaskSpec.build("work", [1], **kw)  # type: ignore[arg-type]
+
+
+# -- URL and registry -------------------------------------------------------------------------
+def test_url_parsing() -> None:
+    assert parse_etcd_url("etcd://h:1234") == ("h", 1234, "contend/")
+    assert parse_etcd_url("etcd://h/app/one") == ("h", 2379, "app/one/")
+    assert parse_etcd_url("etcd://[::1]:2380/x") == ("::1", 2380, "x/")
+    for bad in ("etcd://", "etcd://h:99999", "etcd://h:1?x=1", "etcd://h:1/a//b", "redis://h"):
+        with pytest.raises(ConfigError):
+            parse_etcd_url(bad)
+
+
+def test_registry_builds_an_etcd_store() -> None:
+    store = make_store("etcd://127.0.0.1:2379/x")
+    assert isinstance(store, EtcdStore)
+
+
+async def test_unreachable_server_is_a_clear_store_error() -> None:
+    store = EtcdStore("etcd://127.0.0.1:1/x", timeout=1.0)
+    with pytest.raises(StoreError, match=r"127\.0\.0\.1:1\b"):
+        await store.open()
+
+
+async def test_foreign_prefix_is_refused(etcd_server: EtcdServer) -> None:
+    prefix = f"foreign-{uuid.uuid4().hex[:8]}"
+    plain = EtcdStore(f"{etcd_server.url}/{prefix}")
+    await plain.open()
+    # Write a key under the prefix that is not contend's, on a prefix without a meta key.
+    other = EtcdStore(f"{etcd_server.url}/{prefix}-x")
+    await other.open()
+    await other._txn([], [_raw_put(f"{prefix}2/alien", "x")])
+    await other.close()
+    await plain.close()
+    with pytest.raises(SchemaError, match="not a contend store"):
+        await EtcdStore(f"{etcd_server.url}/{prefix}2").open()
+
+
+async def test_many_processes_open_a_new_prefix_at_once(store_url: str) -> None:
+    stores = [EtcdStore(store_url) for _ in range(8)]
+
+    async def open_and_write(s: EtcdStore) -> None:
+        await s.open()
+        await s.submit([spec()])
+
+    try:
+        await asyncio.gather(*(open_and_write(s) for s in stores))
+        assert len(await stores[0].list_tasks()) == 8
+    finally:
+        for s in stores:
+            await s.close()
+
+
+def _raw_put(key: str, value: str) -> object:
+    from contend.store.etcd import _put
+
+    return _put(key.encode(), value)
+
+
+# -- submission --------------------------------------------------------------------------------
+async def test_submit_orders_by_priority_then_fifo(store: EtcdStore) -> None:
+    low1, high, low2 = spec(), spec(priority=5), spec()
+    await store.submit([low1])
+    await store.submit([high])
+    await store.submit([low2])
+    views = await store.peek(Q, ANY, 10)
+    assert [v.id for v in views] == [high.id, low1.id, low2.id]
+    assert views[0].priority == 5
+
+
+async def test_idempotency_key_returns_the_first_task(store: EtcdStore) -> None:
+    a, b = spec(key="k1"), spec(key="k1")
+    (first,) = await store.submit([a])
+    second, third = await store.submit([b, spec(key="k1")])
+    assert first.created and not second.created and not third.created
+    assert second.id == third.id == a.id
+    assert len(await store.list_tasks()) == 1
+
+
+async def test_big_batch_is_split_into_transactions(store_url: str) -> None:
+    store = EtcdStore(store_url, max_txn_ops=16)
+    await store.open()
+    try:
+        specs = [spec(key=f"k{i}") for i in range(60)]
+        out = await store.submit(specs)
+        assert all(s.created for s in out)
+        assert len(await store.list_tasks(limit=1000)) == 60
+        again = await store.submit(specs)
+        assert not any(s.created for s in again)
+    finally:
+        await store.close()
+
+
+async def test_requirements_and_delay_filter_claimable(store: EtcdStore) -> None:
+    gpu = spec(requirements=["gpu"])
+    later = spec(delay=3600)
+    await store.submit([gpu, later])
+    assert await store.peek(Q, ANY, 10) == []
+    assert [v.id for v in await store.peek(Q, Capabilities(frozenset({"gpu"})), 10)] == [gpu.id]
+    due = await store.next_due(Q)  # the gpu task is due now, the other in an hour
+    assert due is not None and due <= await store.now()
+    assert (await store.get(later.id)).run_at > due + 3000
+
+
+# -- claim exclusivity -------------------------------------------------------------------------
+async def test_many_claimers_claim_each_task_once(store_url: str) -> None:
+    tasks = 60
+    claimers = 8
+    setup = EtcdStore(store_url)
+    await setup.open()
+    await setup.submit([spec() for _ in range(tasks)])
+    stores = [EtcdStore(store_url) for _ in range(claimers)]
+    for s in stores:
+        await s.open()
+    won: dict[str, list[tuple[str, int]]] = {}
+
+    async def claimer(n: int, store: EtcdStore) -> None:
+        name = f"e{n}"
+        session = await store.register_expert(ExpertInfo(name), 10)
+        while True:
+            got = await store.claim(name, session, Q, ANY, limit=1, lease_ttl=10)
+            if not got:
+                if not await store.peek(Q, ANY, 1):
+                    return
+                continue
+            for c in got:
+                won.setdefault(c.id, []).append((name, c.fence))
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(claimer(n, s) for n, s in enumerate(stores))), 60)
+        assert len(won) == tasks
+        assert all(len(v) == 1 and v[0][1] == 1 for v in won.values()), won
+        stats = await setup.stats()
+        assert stats.counts["default"] == {"running": tasks}
+        assert len({v[0][0] for v in won.values()}) > 1  # the work was shared
+    finally:
+        for s in [setup, *stores]:
+            await s.close()
+
+
+async def test_claim_named_tasks_only(store: EtcdStore) -> None:
+    a, b = spec(), spec()
+    await store.submit([a, b])
+    session = await store.register_expert(ExpertInfo("e"), 5)
+    got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=5, task_ids=[b.id])
+    assert [c.id for c in got] == [b.id]
+
+
+async def test_claim_without_live_session_raises_lease_lost(store: EtcdStore) -> None:
+    await store.submit([spec()])
+    with pytest.raises(LeaseLost):
+        await store.claim("ghost", "nope", Q, ANY, limit=1, lease_ttl=5)
+
+
+# -- fencing -----------------------------------------------------------------------------------
+async def test_stale_owner_is_fenced_out(store_url: str) -> None:
+    a_store, b_store = EtcdStore(store_url), EtcdStore(store_url)
+    await a_store.open()
+    await b_store.open()
+    try:
+        t = spec()
+        await a_store.submit([t])
+        a = await a_store.register_expert(ExpertInfo("a"), 1)
+        (mine,) = await a_store.claim("a", a, Q, ANY, limit=1, lease_ttl=1)
+        await a_store.checkpoint("a", t.id, mine.fence, json.dumps({"step": 1}))
+        # "a" stalls: no renewal; etcd ends its lease, the task goes back to pending.
+        await expire_until(b_store, 1)
+        b = await b_store.register_expert(ExpertInfo("b"), 10)
+        (theirs,) = await b_store.claim("b", b, Q, ANY, limit=1, lease_ttl=10)
+        assert theirs.fence == mine.fence + 1
+        assert theirs.checkpoint == {"step": 1}
+        assert theirs.attempt == 2
+        (refused,) = await a_store.complete("a", [Completion(t.id, mine.fence, '"stale"')])
+        assert isinstance(refused, FencedOut)
+        with pytest.raises(FencedOut):
+            await a_store.checkpoint("a", t.id, mine.fence, "{}")
+        with pytest.raises(LeaseLost):
+            await a_store.renew("a", a, 1, Heartbeat())
+        assert await b_store.complete("b", [Completion(t.id, theirs.fence, '"fresh"')]) == [None]
+        done = await b_store.get(t.id, history=True)
+        assert done.state == TaskState.SUCCEEDED and done.result == "fresh"
+        assert [e.event for e in done.history] == ["claimed", "expired", "claimed", "succeeded"]
+        # A second commit by the rightful owner does not land twice.
+        (again,) = await b_store.complete("b", [Completion(t.id, theirs.fence, '"twice"')])
+        assert isinstance(again, FencedOut)
+        assert (await b_store.get(t.id)).result == "fresh"
+    finally:
+        await a_store.close()
+        await b_store.close()
+
+
+async def test_cancel_fences_out_the_owner(store: EtcdStore) -> None:
+    t = spec()
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+    assert (await store.cancel(t.id)).state == TaskState.CANCELLED
+    (res,) = await store.complete("e", [Completion(t.id, c.fence, "1")])
+    assert isinstance(res, FencedOut)
+    assert await store.renew("e", s, 5, Heartbeat()) == {}
+    with pytest.raises(InvalidTransition):
+        await store.cancel(t.id)
+    retried = await store.retry(t.id)
+    assert retried.state == TaskState.PENDING and retried.attempts == 0
+
+
+# -- leases ------------------------------------------------------------------------------------
+async def test_lease_expiry_returns_task_then_kills_it(store: EtcdStore) -> None:
+    t = spec(max_attempts=2)
+    await store.submit([t])
+    for attempt in (1, 2):
+        s = await store.register_expert(ExpertInfo(f"e{attempt}"), 1)
+        (c,) = await store.claim(f"e{attempt}", s, Q, ANY, limit=1, lease_ttl=1)
+        assert c.attempt == attempt
+        await store.checkpoint(f"e{attempt}", t.id, c.fence, json.dumps(attempt))
+        await expire_until(store, 1)
+    dead = await store.get(t.id)
+    assert dead.state == TaskState.DEAD
+    assert dead.error["type"] == "LeaseExpired"
+    assert dead.checkpoint == 2
+    assert dead.owner is None
+
+
+async def test_renew_keeps_claims_alive(store: EtcdStore) -> None:
+    t = spec()
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 1)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=1)
+    start = time.monotonic()
+    while time.monotonic() - start < 2.5:  # well past the one-second TTL
+        assert await store.renew("e", s, 1, Heartbeat(load=1)) == {t.id: c.fence}
+        assert await store.expire() == 0
+        await asyncio.sleep(0.25)  # the heartbeat period, not a wait for some event
+    assert await store.complete("e", [Completion(t.id, c.fence, "1")]) == [None]
+    (rec,) = await store.list_experts()
+    assert rec.alive and rec.load == 1
+
+
+async def test_release_gives_the_attempt_back(store: EtcdStore) -> None:
+    t = spec()
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5, start=False)
+    assert (await store.get(t.id)).state == TaskState.CLAIMED
+    assert await store.start("e", [(t.id, c.fence)]) == [None]
+    assert await store.release("e", [(t.id, c.fence)]) == [None]
+    back = await store.get(t.id)
+    assert back.state == TaskState.PENDING and back.attempts == 0 and back.fence == 1
+
+
+async def test_fail_retries_then_goes_final(store: EtcdStore) -> None:
+    t = spec(max_attempts=2)
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+    err = json.dumps({"type": "ValueError", "message": "boom"})
+    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    assert (await store.get(t.id)).state == TaskState.PENDING
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    final = await store.get(t.id)
+    assert final.state == TaskState.DEAD and final.error["message"] == "boom"
+
+
+async def test_expert_sessions(store: EtcdStore) -> None:
+    s = await store.register_expert(ExpertInfo("e", host="h1", pid=7), 5)
+    with pytest.raises(ExpertConflict, match="h1"):
+        await store.register_expert(ExpertInfo("e"), 5)
+    await store.deregister_expert("e", s)
+    (rec,) = await store.list_experts()
+    assert not rec.alive
+    with pytest.raises(LeaseLost):
+        await store.renew("e", s, 5, Heartbeat())
+    s2 = await store.register_expert(ExpertInfo("e"), 5)
+    assert s2 != s
+
+
+# -- dependencies ------------------------------------------------------------------------------
+async def test_dependencies_release_waiters(store: EtcdStore) -> None:
+    a = spec()
+    b = spec(depends_on=[a.id])
+    await store.submit([a, b])
+    c = spec(depends_on=[a.id, b.id])
+    await store.submit([c])
+    assert (await store.get(b.id)).state == TaskState.WAITING
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    for expected in (a, b, c):
+        (got,) = await store.claim("e", s, Q, ANY, limit=5, lease_ttl=5)
+        assert got.id == expected.id
+        assert await store.complete("e", [Completion(got.id, got.fence, "1")]) == [None]
+    assert {t.state for t in await store.list_tasks()} == {TaskState.SUCCEEDED}
+
+
+async def test_failed_dependency_kills_waiters_and_cycles_are_refused(store: EtcdStore) -> None:
+    a = spec(max_attempts=1)
+    b = spec(depends_on=[a.id])
+    c = spec(depends_on=[b.id])
+    await store.submit([a, b, c])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (got,) = await store.claim("e", s, Q, ANY, limit=5, lease_ttl=5)
+    await store.fail("e", [Failure(a.id, got.fence, '{"type": "X"}', None)])
+    assert (await store.get(b.id)).state == TaskState.DEAD
+    assert (await store.get(c.id)).error["type"] == "DependencyFailed"
+    x = TaskSpec.build("w")
+    y = TaskSpec.build("w", depends_on=[x.id])
+    cyclic = dataclasses.replace(x, depends_on=(y.id,))
+    before = len(await store.list_tasks())
+    with pytest.raises(DependencyError, match="cycle"):
+        await store.submit([cyclic, y])
+    with pytest.raises(DependencyError, match="unknown"):
+        await store.submit([spec(depends_on=["nope"])])
+    assert len(await store.list_tasks()) == before
+
+
+# -- wake-ups ----------------------------------------------------------------------------------
+async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
+    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        # The first call starts the watch, from the last revision this client saw: nothing
+        # written after that point can be missed, even before the watch exists.
+        await waiter.wait_for_change(0)
+        started = time.monotonic()
+        waiting = asyncio.create_task(waiter.wait_for_change(30))
+        await asyncio.sleep(0.2)  # let the waiter block before the write
+        assert not waiting.done()
+        await writer.submit([spec()])
+        await asyncio.wait_for(waiting, 10)
+        assert time.monotonic() - started < 5
+        # And with nothing happening it returns after its timeout.
+        started = time.monotonic()
+        await waiter.wait_for_change(0.3)
+        assert 0.25 <= time.monotonic() - started < 3
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
+async def test_a_write_before_the_watch_started_is_not_missed(store_url: str) -> None:
+    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        assert await waiter.peek(Q, ANY, 10) == []  # the waiter has looked: nothing to do
+        await writer.submit([spec()])  # then work arrives, before it waits for the first time
+        started = time.monotonic()
+        await waiter.wait_for_change(30)
+        assert time.monotonic() - started < 5
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
+# -- restarts ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["stop", "kill"])
+async def test_etcd_restart_mid_run(fresh_server: EtcdServer, how: str) -> None:
+    """etcd goes away (a clean stop, or kill -9) and comes back on the same data."""
+    store = EtcdStore(f"{fresh_server.url}/restart", timeout=2.0)
+    await store.open()
+    try:
+        t1, t2 = spec(), spec()
+        await store.submit([t1, t2])
+        s = await store.register_expert(ExpertInfo("e"), 10)
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
+        await store.wait_for_change(0)  # start the watch before the outage
+
+        if how == "stop":
+            fresh_server.stop()
+        else:
+            fresh_server.kill()
+        with pytest.raises(StoreError, match="etcd"):
+            await store.submit([spec()])
+        with pytest.raises(StoreError):
+            await store.renew("e", s, 10, Heartbeat())
+        fresh_server.start()
+
+        async def renewed() -> bool:
+            try:
+                return await store.renew("e", s, 10, Heartbeat()) == {c.id: c.fence}
+            except StoreError:
+                return False
+
+        await eventually(renewed, 15, "renewal after the restart")
+        assert await store.complete("e", [Completion(c.id, c.fence, "1")]) == [None]
+        (c2,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
+        assert {c.id, c2.id} == {t1.id, t2.id}
+        # The watch came back too: a write by another client wakes this one.
+        other = EtcdStore(f"{fresh_server.url}/restart")
+        await other.open()
+        await store.wait_for_change(0)
+        waiting = asyncio.create_task(store.wait_for_change(30))
+        await other.submit([spec()])
+        await asyncio.wait_for(waiting, 10)
+        await other.close()
+    finally:
+        await store.close()
+
+
+# -- a fake clock ------------------------------------------------------------------------------
+async def test_fake_clock_lapses_sessions_through_the_helper(store_url: str) -> None:
+    clock = FakeClock()
+    store = EtcdStore(store_url, clock=clock)
+    await store.open()
+    try:
+        t = spec()
+        await store.submit([t])
+        s = await store.register_expert(ExpertInfo("e"), 10)
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
+        assert (await store.get(t.id)).lease_deadline == clock() + 10
+        clock.advance(10)
+        assert await lapse_overdue_sessions(store, clock()) == 0  # due, not overdue
+        clock.advance(0.5)
+        assert await lapse_overdue_sessions(store, clock()) == 1
+        assert await store.expire() == 1
+        (res,) = await store.complete("e", [Completion(t.id, c.fence, "1")])
+        assert isinstance(res, FencedOut)
+    finally:
+        await store.close()
+
+
+async def test_named_claims_take_the_best_first_and_bad_retry_delays_are_refused(
+    store: EtcdStore,
+) -> None:
+    low, high = spec(priority=1), spec(priority=7)
+    await store.submit([low, high])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5, task_ids=[low.id, high.id])
+    assert c.id == high.id
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="retry_delay"):
+            await store.fail("e", [Failure(high.id, c.fence, "{}", bad)])
+    assert (await store.get(high.id)).state == TaskState.RUNNING
+
+
+async def test_a_write_whose_reply_was_lost_is_recognised(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction lands but its reply never arrives: the store reads the task back and
+    recognises its own write (STYLE: retries that may have succeeded are safe)."""
+    real = store._txn
+    lose_next = [False]
+
+    async def flaky(compare: list[object], success: list[object], failure: object = ()) -> object:
+        resp = await real(compare, success, failure)  # type: ignore[arg-type]
+        writes = any(op.HasField("request_put") for op in success)  # type: ignore[attr-defined]
+        if writes and lose_next[0]:
+            lose_next[0] = False
+            raise StoreError("reply lost")
+        return resp
+
+    monkeypatch.setattr(store, "_txn", flaky)
+    t = spec()
+    await store.submit([t])
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    lose_next[0] = True
+    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+    assert not lose_next[0] and c.id == t.id and c.fence == 1
+    lose_next[0] = True
+    assert await store.complete("e", [Completion(t.id, c.fence, '"done"')]) == [None]
+    assert not lose_next[0]
+    assert (await store.get(t.id)).result == "done"
+
+
+# -- auctions, backlog, metrics ----------------------------------------------------------------
+async def test_auction_bids_rank_and_are_cleared(store_url: str) -> None:
+    clock = FakeClock()
+    store = EtcdStore(store_url, clock=clock)
+    await store.open()
+    try:
+        t = spec()
+        await store.submit([t])
+        a = await store.register_expert(ExpertInfo("a"), 10)
+        b = await store.register_expert(ExpertInfo("b"), 10)
+        first = await store.bid("a", a, t.id, 0.5, 2.0)
+        assert first.open and first.closes_at == clock() + 2 and first.bids == (("a", 0.5),)
+        clock.advance(1)
+        second = await store.bid("b", b, t.id, 0.9, 5.0)  # the window was set by the first bid
+        assert second.closes_at == first.closes_at
+        assert second.bids == (("b", 0.9), ("a", 0.5))
+        assert second.rank("a") == 1 and second.may_claim_at("a", 3.0) == first.closes_at + 3
+        again = await store.bid("a", a, t.id, 0.9, 2.0)  # same score as b, but bid earlier
+        assert again.bids == (("a", 0.9), ("b", 0.9))
+        with pytest.raises(ConfigError):
+            await store.bid("a", a, t.id, 1.5, 2.0)
+        with pytest.raises(LeaseLost):
+            await store.bid("a", "not-a-session", t.id, 0.5, 2.0)
+        clock.advance(2)
+        (c,) = await store.claim("a", a, Q, ANY, limit=1, lease_ttl=10, task_ids=[t.id])
+        closed = await store.bid("b", b, t.id, 0.9, 2.0)
+        assert not closed.open and closed.bids == ()
+        await store.expire()
+        assert await store._scan(store._k("b", "")) == []
+        assert await store._scan(store._k("u", "")) == []
+        assert c.id == t.id
+    finally:
+        await store.close()
+
+
+async def test_backlog_and_heartbeat_metrics(store: EtcdStore) -> None:
+    await store.submit([spec(), spec(), spec(delay=600), spec(queue="other")])
+    back = await store.backlog(Q)
+    assert back.pending == 2 and back.oldest_age is not None and back.oldest_age >= 0
+    assert (await store.backlog(["nothing"])).pending == 0
+    s = await store.register_expert(ExpertInfo("e"), 5)
+    await store.renew("e", s, 5, Heartbeat(load=2, metrics={"work": {"ok": 3}}))
+    (rec,) = await store.list_experts()
+    assert rec.metrics == {"work": {"ok": 3}} and rec.load == 2
+
+
+async def test_a_dead_expert_s_many_tasks_return_in_one_expire(store: EtcdStore) -> None:
+    await store.submit([spec() for _ in range(150)])
+    s = await store.register_expert(ExpertInfo("big"), 30)
+    got = await store.claim("big", s, Q, ANY, limit=150, lease_ttl=30)
+    assert len(got) == 150
+    assert await store.end_session("big")  # the process died and etcd ended its lease
+    started = time.monotonic()
+    assert await store.expire() == 150
+    took = time.monotonic() - started
+    assert len(await store.peek(Q, ANY, 200)) == 150
+    assert took < 10, took

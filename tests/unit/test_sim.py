@@ -1,0 +1,222 @@
+"""The placement simulator and the memory store's pending index it leans on."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from contend.domain.scoring import ExpertView, TaskView, default_fitness, speed_fitness
+from contend.domain.task import Capabilities, Requirements, TaskSpec, TaskState
+from contend.sim import STRATEGIES, Job, Kind, Scenario, SimConfig, SimExpert, simulate
+from contend.sim.scenario import make_scenario
+from contend.store.memory import MemoryStore
+from contend.store.port import Completion, ExpertInfo, Failure
+from contend.testing.clock import FakeClock
+
+# -- the simulator -------------------------------------------------------------------------
+
+
+def _outcome(strategy: str, seed: int, scenario: Scenario) -> dict[str, object]:
+    out = simulate(scenario, strategy, SimConfig(seed=seed, depth=8)).to_json()
+    del out["wall_seconds"], out["cpu_seconds"]
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_seed_gives_the_same_run(strategy: str) -> None:
+    scenario = make_scenario(8, 300, arrival="stream", seed=3)
+    assert scenario == make_scenario(8, 300, arrival="stream", seed=3)
+    first = _outcome(strategy, 5, scenario)
+    assert first == _outcome(strategy, 5, scenario)
+    assert first["tasks"] == first["claims_won"] == 300
+
+
+def test_another_seed_gives_another_scenario() -> None:
+    assert make_scenario(8, 300, seed=1).jobs != make_scenario(8, 300, seed=2).jobs
+
+
+def _tiny() -> Scenario:
+    """A is four times faster at x than B; three x tasks of base 4 arrive at once."""
+    kinds = {"x": Kind("x", base=4.0)}
+    experts = (SimExpert("a", speed={"x": 4.0}), SimExpert("b"))
+    jobs = tuple(Job(f"t{n}", "x", 0.0) for n in range(3))
+    return Scenario("tiny", kinds, experts, jobs)
+
+
+def test_fifo_on_a_tiny_scenario() -> None:
+    # a takes t0 (done at 1) and b t1 (done at 4); a, free again at 1, takes t2 (done at 2)
+    r = simulate(_tiny(), "fifo")
+    assert r.makespan == pytest.approx(4.0)
+    assert r.mean_completion == pytest.approx((1 + 4 + 2) / 3)
+    assert (r.claim_attempts, r.lost_races) == (3, 0)
+
+
+def test_greedy_on_a_tiny_scenario() -> None:
+    # earliest finish: every task on a, one after the other, at 1, 2 and 3
+    r = simulate(_tiny(), "greedy")
+    assert r.makespan == pytest.approx(3.0)
+    assert r.mean_completion == pytest.approx(2.0)
+
+
+def test_gpu_tasks_only_run_on_gpu_experts() -> None:
+    kinds = {"g": Kind("g", base=1.0, gpu=True), "c": Kind("c", base=1.0)}
+    experts = (SimExpert("cpu", slots=4), SimExpert("gpu", gpu=True))
+    jobs = tuple(Job(f"t{n}", "g" if n % 2 else "c", 0.0) for n in range(6))
+    for strategy in STRATEGIES:
+        r = simulate(Scenario("gpu", kinds, experts, jobs), strategy)
+        # three g tasks of 1 s on one gpu slot: never sooner than 3 s
+        assert r.makespan >= 3.0 - 1e-9, strategy
+        assert r.claims_won == 6
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cpu_experts_keep_working_behind_a_head_of_gpu_tasks(strategy: str) -> None:
+    kinds = {"g": Kind("g", base=1.0, gpu=True), "c": Kind("c", base=1.0)}
+    experts = (SimExpert("gpu", gpu=True), SimExpert("cpu-0"), SimExpert("cpu-1"))
+    jobs = tuple(Job(f"t{n:02d}", "g" if n < 40 else "c", 0.0) for n in range(50))
+    r = simulate(Scenario("gpu head", kinds, experts, jobs), strategy)
+    # 40 s of gpu work on one slot; the cpu experts take the 10 cpu tasks meanwhile
+    assert 40.0 - 1e-9 <= r.makespan < 40.0 + 40 * SimConfig().window + 1.0
+
+
+def test_a_task_nobody_can_run_is_reported() -> None:
+    kinds = {"g": Kind("g", base=1.0, gpu=True)}
+    scenario = Scenario("no gpu", kinds, (SimExpert("cpu"),), (Job("t0", "g", 0.0),))
+    with pytest.raises(RuntimeError, match="never ran"):
+        simulate(scenario, "race")
+
+
+def test_speed_fitness_prefers_the_faster_expert() -> None:
+    task = TaskView("t", "x", "default", 0, Requirements(), 0.0)
+    speeds = {"fast": 4.0, "slow": 1.0}
+    fit = speed_fitness(lambda e, t: speeds[e.name], fastest=4.0)
+    fast, slow = ExpertView("fast"), ExpertView("slow")
+    assert fit(fast, task) == default_fitness(fast, task) == 1.0
+    assert fit(slow, task) == pytest.approx(0.25)
+
+
+# -- the memory store's index --------------------------------------------------------------
+
+
+async def _store() -> tuple[MemoryStore, FakeClock, str]:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    return store, clock, session
+
+
+def _spec(tid: str, priority: int = 0, gpu: bool = False, delay: float = 0.0) -> TaskSpec:
+    spec = TaskSpec.build(
+        "t", priority=priority, requirements=["gpu"] if gpu else None, delay=delay
+    )
+    return dataclasses.replace(spec, id=tid)
+
+
+GPU = Capabilities(frozenset({"gpu"}))
+CPU = Capabilities()
+
+
+async def test_claims_by_priority_then_age_with_requirements_filtered() -> None:
+    store, clock, session = await _store()
+    await store.submit([_spec("a"), _spec("b", priority=5, gpu=True)])
+    clock.advance(1)
+    await store.submit([_spec("c", priority=5), _spec("d"), _spec("e", priority=9, delay=10)])
+    assert [v.id for v in await store.peek(["default"], CPU, 10)] == ["c", "a", "d"]
+    assert [v.id for v in await store.peek(["default"], GPU, 10)] == ["b", "c", "a", "d"]
+    assert [v.id for v in await store.peek(["default"], GPU, 2)] == ["b", "c"]
+    assert await store.next_due(["default"]) == pytest.approx(clock() - 1)
+    got = await store.claim("e", session, ["default"], CPU, limit=2, lease_ttl=60)
+    assert [c.id for c in got] == ["c", "a"]
+    clock.advance(10)  # e is due now and jumps the queue
+    assert [v.id for v in await store.peek(["default"], GPU, 10)] == ["e", "b", "d"]
+    assert await store.peek(["other"], GPU, 10) == []
+
+
+async def test_the_index_follows_every_move_back_to_pending() -> None:
+    store, clock, session = await _store()
+    await store.submit([_spec(t) for t in "abcd"])
+    got = await store.claim("e", session, ["default"], CPU, limit=3, lease_ttl=60)
+    a, b, c = got
+    await store.release("e", [(a.id, a.fence)])  # back at once, in its old place
+    await store.fail("e", [Failure(b.id, b.fence, '"boom"', retry_delay=5.0)])
+    await store.complete("e", [Completion(c.id, c.fence, "null")])
+    await store.cancel("d")
+    assert [v.id for v in await store.peek(["default"], CPU, 10)] == ["a"]
+    clock.advance(5)
+    assert [v.id for v in await store.peek(["default"], CPU, 10)] == ["a", "b"]
+    await store.retry("d")
+    assert [v.id for v in await store.peek(["default"], CPU, 10)] == ["a", "b", "d"]
+    got = await store.claim("e", session, ["default"], CPU, limit=1, lease_ttl=1)
+    assert [g.id for g in got] == ["a"]
+    clock.advance(2)  # a's lease lapses: expire returns it to pending
+    assert await store.expire() == 1
+    assert [v.id for v in await store.peek(["default"], CPU, 10)] == ["a", "b", "d"]
+
+
+async def test_the_index_agrees_with_a_full_scan() -> None:
+    """Random submissions, claims, failures and releases; after each step the indexed peek
+    equals the order a scan of every pending task gives."""
+    rng = random.Random(7)
+    store, clock, session = await _store()
+    held: list[tuple[str, int]] = []
+    for step in range(300):
+        op = rng.random()
+        if op < 0.4:
+            specs = [
+                _spec(
+                    f"s{step}-{n}",
+                    priority=rng.choice((0, 0, 1, 5)),
+                    gpu=rng.random() < 0.3,
+                    delay=rng.choice((0.0, 0.0, 2.0)),
+                )
+                for n in range(rng.randint(1, 4))
+            ]
+            await store.submit(specs)
+        elif op < 0.6:
+            caps = rng.choice((CPU, GPU))
+            got = await store.claim("e", session, ["default"], caps, limit=2, lease_ttl=60)
+            held += [(c.id, c.fence) for c in got]
+        elif op < 0.8 and held:
+            tid, fence = held.pop(rng.randrange(len(held)))
+            if rng.random() < 0.5:
+                await store.release("e", [(tid, fence)])
+            else:
+                await store.fail("e", [Failure(tid, fence, "null", retry_delay=1.0)])
+        else:
+            clock.advance(rng.choice((0.5, 1.0)))
+        now = clock()
+        for caps in (CPU, GPU):
+            pending = await store.list_tasks(state=TaskState.PENDING, limit=100_000)
+            expected = sorted(
+                (t for t in pending if t.run_at <= now and caps.satisfies(t.requirements)),
+                key=lambda t: (-t.priority, t.run_at, t.id),
+            )
+            seen = await store.peek(["default"], caps, 100_000)
+            assert [v.id for v in seen] == [t.id for t in expected]
+        due = [t.run_at for t in pending]
+        assert await store.next_due(["default"]) == (min(due) if due else None)
+
+
+def test_sorted_keys_matches_a_sorted_list() -> None:
+    from contend.store._sorted import SortedKeys
+
+    rng = random.Random(3)
+    keys: SortedKeys[int] = SortedKeys()
+    model: set[int] = set()
+    for _ in range(5000):
+        k = rng.randrange(3000)
+        if k in model and rng.random() < 0.5:
+            assert keys.discard(k)
+            model.discard(k)
+        elif k not in model:
+            keys.add(k)
+            model.add(k)
+        else:
+            assert not keys.discard(k + 10_000)
+    assert list(keys.iter_from()) == sorted(model)
+    assert len(keys) == len(model)
+    start = sorted(model)[len(model) // 2]
+    assert list(keys.iter_from(start)) == [k for k in sorted(model) if k >= start]
+    assert keys.first_from(10_000) is None
