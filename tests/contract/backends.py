@@ -20,7 +20,7 @@ import atexit
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,44 @@ async def sqlite_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     finally:
         for store in opened:
             await store.close()
+
+
+# -- PostgreSQL: a fresh database per test on the server in CONTEND_TEST_PG -------------------
+
+
+@backend("postgres", marks=[pytest.mark.postgres])
+@asynccontextmanager
+async def postgres_harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    """A fresh database on the PostgreSQL server in ``CONTEND_TEST_PG`` (see
+    ``contend.testing.postgres``); a fake clock, injected into every instance."""
+    from contend.testing.postgres import NoServer, fresh_database
+
+    clock = FakeClock()
+    opened: list[Store] = []
+    database = AsyncExitStack()
+    try:
+        url = await database.enter_async_context(fresh_database())
+    except NoServer as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {exc}")
+        pytest.skip(str(exc))
+
+    async def new_store() -> Store:
+        store = make_store(url, clock=clock)
+        await store.open()
+        opened.append(store)
+        return store
+
+    async def advance(seconds: float) -> None:
+        clock.advance(seconds)
+
+    async with database:
+        try:
+            first = await new_store()
+            yield Harness("postgres", first, advance, new_store)
+        finally:
+            for store in opened:
+                await store.close()
 
 
 # -- etcd: a real server, started once per test session -----------------------------------------

@@ -473,6 +473,21 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return await _with_store(args, run)
 
 
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """Create the store's schema or bring it up to this contend's version."""
+    from contend.store.registry import make_store
+
+    app = load_app(args.app) if getattr(args, "app", None) else None
+    store = make_store(resolve_store_url(args, app))
+    migrate = getattr(store, "migrate", None)
+    if migrate is None:  # memory, SQLite: nothing versioned to upgrade by hand
+        print(f"{store.url}: this backend has no schema migrations")
+        return 0
+    applied = await migrate()  # works without open(), which refuses an old schema
+    print(f"applied schema version(s) {', '.join(map(str, applied))}" if applied else "up to date")
+    return 0
+
+
 async def cmd_demo(args: argparse.Namespace) -> int:
     from contend.cli.demo import run_demo
 
@@ -611,6 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--app", help="MODULE:APP whose store to use")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    mg = sub.add_parser("migrate", help="create or upgrade the store's schema (PostgreSQL)")
+    store_opt(mg)
+    mg.add_argument("--app", help="MODULE:APP whose store to use")
+    mg.set_defaults(func=cmd_migrate)
 
     d = sub.add_parser("demo", help="a live demo: experts, a workload, a crash, a report")
     d.add_argument("--store", help="store URL (default: a new SQLite file in a temp dir)")

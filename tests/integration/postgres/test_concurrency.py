@@ -1,0 +1,116 @@
+"""Many claimers on several store instances at once: every task goes to exactly one of them."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import psycopg
+
+from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.errors import FencedOut
+from contend.store.port import Completion, ExpertInfo
+from contend.store.postgres import PostgresStore
+from contend.testing import FakeClock
+
+from .conftest import StoreFactory
+from .helpers import eventually
+
+TASKS = 300
+STORES = 4
+CLAIMERS_PER_STORE = 4
+
+
+async def test_parallel_claimers_never_share_a_task(make_store: StoreFactory) -> None:
+    stores = [await make_store(pool_size=CLAIMERS_PER_STORE) for _ in range(STORES)]
+    await stores[0].submit([TaskSpec.build("t", [n], priority=n % 3) for n in range(TASKS)])
+    got: dict[str, list[str]] = collections.defaultdict(list)
+    start = asyncio.Event()
+
+    async def claimer(store: PostgresStore, name: str) -> None:
+        session = await store.register_expert(ExpertInfo(name), 60)
+        await start.wait()
+        while True:
+            claimed = await store.claim(
+                name, session, ["default"], Capabilities(), limit=3, lease_ttl=60
+            )
+            if not claimed:
+                return
+            for c in claimed:
+                got[c.id].append(name)
+            res = await store.complete(name, [Completion(c.id, c.fence, "null") for c in claimed])
+            assert res == [None] * len(claimed)
+
+    workers = [
+        asyncio.create_task(claimer(store, f"s{i}-c{j}"))
+        for i, store in enumerate(stores)
+        for j in range(CLAIMERS_PER_STORE)
+    ]
+    start.set()
+    await asyncio.wait_for(asyncio.gather(*workers), 60)
+
+    assert len(got) == TASKS
+    shared = {tid: names for tid, names in got.items() if len(names) > 1}
+    assert shared == {}
+    claimers_that_won = {names[0] for names in got.values()}
+    assert len(claimers_that_won) > 1  # really concurrent, not one claimer draining the queue
+    for task in await stores[0].list_tasks(limit=TASKS):
+        assert (task.state, task.fence, task.attempts) == (TaskState.SUCCEEDED, 1, 1)
+
+
+async def test_racing_completions_of_a_reclaimed_task_land_once(make_store: StoreFactory) -> None:
+    """Old and new owner commit at the same moment: only the current fence lands."""
+    clock = FakeClock()
+    a = await make_store(clock=clock)
+    b = await make_store(clock=clock)
+    specs = [TaskSpec.build("t") for _ in range(20)]
+    await a.submit(specs)
+    sa = await a.register_expert(ExpertInfo("old"), 1000)
+    sb = await b.register_expert(ExpertInfo("new"), 1000)
+    first = await a.claim("old", sa, ["default"], Capabilities(), limit=20, lease_ttl=10)
+    clock.advance(11)
+    assert await b.expire() == 20
+    second = await b.claim("new", sb, ["default"], Capabilities(), limit=20, lease_ttl=10)
+    old_res, new_res = await asyncio.gather(
+        a.complete("old", [Completion(c.id, c.fence, '"old"') for c in first]),
+        b.complete("new", [Completion(c.id, c.fence, '"new"') for c in second]),
+    )
+    assert all(isinstance(r, FencedOut) for r in old_res)
+    assert new_res == [None] * 20
+    for task in await a.list_tasks(limit=100):
+        assert (task.result, task.fence) == ("new", 2)
+
+
+async def test_a_dependent_submitted_while_its_dependency_completes_is_released(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    """complete(A) waits on A's row lock while submit(C after A) commits: C must not be left
+    waiting for ever (the settle step has to see C's dependency row)."""
+    store = await make_store()
+    (a,) = await store.submit([TaskSpec.build("t")])
+    session = await store.register_expert(ExpertInfo("e1"), 60)
+    (claimed,) = await store.claim(
+        "e1", session, ["default"], Capabilities(), limit=1, lease_ttl=60
+    )
+    async with await psycopg.AsyncConnection.connect(pg_url) as blocker:
+        # hold A's row the way a concurrent submission does (FOR SHARE)
+        await blocker.execute("SELECT 1 FROM contend.tasks WHERE id = %s FOR SHARE", (a.id,))
+        completing = asyncio.create_task(
+            store.complete("e1", [Completion(a.id, claimed.fence, "1")])
+        )
+
+        async def complete_is_waiting() -> bool:
+            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%%succeeded%%'"
+                )
+                row = await cur.fetchone()
+                return row is not None and row[0] > 0
+
+        await eventually(complete_is_waiting, what="complete() waiting on the row lock")
+        (c,) = await store.submit([TaskSpec.build("t", depends_on=[a.id])])
+        assert (await store.get(c.id)).state == TaskState.WAITING
+        await blocker.commit()
+    assert await asyncio.wait_for(completing, 10) == [None]
+    assert (await store.get(c.id)).state == TaskState.PENDING

@@ -1,0 +1,107 @@
+"""Schema creation, versions and the ``?schema=`` option."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from contend.domain.task import Capabilities, TaskSpec
+from contend.errors import SchemaError
+from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
+from contend.store.postgres import PostgresStore
+
+from .conftest import StoreFactory
+
+
+async def sql(url: str, statement: str) -> list[tuple[object, ...]]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(statement)
+        return await cur.fetchall() if cur.description else []
+
+
+async def test_open_creates_the_schema_once(make_store: StoreFactory, pg_url: str) -> None:
+    # several processes opening an empty database at once: one creates, the others wait
+    stores = await asyncio.gather(*(make_store() for _ in range(4)))
+    rows = await sql(pg_url, "SELECT version FROM contend.contend_schema_version ORDER BY 1")
+    assert rows == [(m.version,) for m in MIGRATIONS]
+    assert await stores[0].migrate() == []
+
+
+async def test_a_schema_behind_or_ahead_is_refused(make_store: StoreFactory, pg_url: str) -> None:
+    store = await make_store()
+    await store.close()
+    await sql(
+        pg_url,
+        f"INSERT INTO contend.contend_schema_version VALUES ({SCHEMA_VERSION + 1}, 'future')",
+    )
+    with pytest.raises(SchemaError, match="newer than this contend"):
+        await make_store()
+    await sql(pg_url, "DELETE FROM contend.contend_schema_version")
+    with pytest.raises(SchemaError, match="run contend migrate"):
+        await make_store()
+
+
+async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url: str) -> None:
+    # a database left by the contend that had schema version 1, with an expert in it
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, VERSION_TABLE.replace("{s}", "contend"))
+    for statement in MIGRATIONS[0].statements:
+        await sql(pg_url, statement.replace("{s}", "contend"))
+    await sql(pg_url, "INSERT INTO contend.contend_schema_version VALUES (1, 'first')")
+    await sql(
+        pg_url,
+        "INSERT INTO contend.experts (id, session, info, lease_deadline, heartbeat_at, "
+        """started_at) VALUES ('old', 's', '{"id": "old"}', 1, 1, 1)""",
+    )
+    await sql(
+        pg_url,
+        "INSERT INTO contend.tasks (id, type, queue, state, priority, args, kwargs, "
+        "max_attempts, run_at, created_at, updated_at) "
+        "VALUES ('t1', 't', 'default', 'pending', 0, '[]', '{}', 3, 1, 1, 1)",
+    )
+    with pytest.raises(SchemaError, match=r"at version 1.*run contend migrate"):
+        await make_store()
+    # migrate() works on a store that was never opened (open() would refuse)
+    assert await PostgresStore(pg_url).migrate() == [m.version for m in MIGRATIONS[1:]]
+    store = await make_store()
+    (old,) = await store.list_experts()
+    assert (old.info.id, old.metrics) == ("old", {})
+    assert await store.expire() == 0  # ages the old task: it has waited since 1970
+    assert [v.id for v in await store.peek(["default"], Capabilities(), 10)] == ["t1"]
+
+
+async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, "CREATE TABLE contend.orders (id int)")
+    with pytest.raises(SchemaError, match="not a contend store"):
+        await make_store()
+
+
+async def test_schemas_keep_stores_apart(make_store: StoreFactory, pg_url: str) -> None:
+    a = await make_store(pg_url + "?schema=team_a")
+    b = await make_store(pg_url + "?schema=team_b")
+    await a.submit([TaskSpec.build("t")])
+    assert len(await a.list_tasks()) == 1
+    assert await b.list_tasks() == []
+    assert a.channel != b.channel
+
+
+async def test_contend_migrate_on_the_command_line(pg_url: str) -> None:
+    def migrate() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "contend", "migrate", "--store", pg_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    first = await asyncio.to_thread(migrate)
+    assert first.returncode == 0, first.stderr
+    versions = ", ".join(str(m.version) for m in MIGRATIONS)
+    assert first.stdout.strip() == f"applied schema version(s) {versions}"
+    again = await asyncio.to_thread(migrate)
+    assert (again.returncode, again.stdout.strip()) == (0, "up to date")
