@@ -18,6 +18,7 @@ import pytest
 from contend.store.port import Store
 from contend.store.registry import open_store
 from contend.testing.etcd_server import EtcdServer, EtcdUnavailable, find_etcd
+from contend.testing.postgres import NoServer, fresh_database
 
 HERE = Path(__file__).parent
 APP = "tests.acceptance.sample_app:app"
@@ -126,13 +127,29 @@ def etcd_server() -> Iterator[EtcdServer]:
     server.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Every acceptance test runs on the embedded store and on a real etcd."""
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Every crash test runs on the embedded store, a real etcd and a real PostgreSQL (a fresh
+    database of the server this machine runs; without one the test fails under CI=true)."""
     if request.param == "etcd":
         server: EtcdServer = request.getfixturevalue("etcd_server")
-        return f"{server.url}/acceptance-{uuid.uuid4().hex[:12]}"
-    return f"sqlite:///{tmp_path / 'contend.db'}"
+        yield f"{server.url}/acceptance-{uuid.uuid4().hex[:12]}"
+    elif request.param == "postgres":
+        try:
+            async with fresh_database() as url:
+                yield url
+        except NoServer as exc:
+            if os.environ.get("CI") == "true":
+                raise  # under CI a missing PostgreSQL is a failure
+            pytest.skip(f"not under CI and {exc}")
+    else:
+        yield f"sqlite:///{tmp_path / 'contend.db'}"
 
 
 @pytest.fixture

@@ -54,8 +54,10 @@ async def expert(app: App, **config: Any) -> AsyncIterator[Expert]:
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> App:
-    return App(f"sqlite:///{tmp_path / 'rt.db'}")
+async def app(tmp_path: Path) -> AsyncIterator[App]:
+    app = App(f"sqlite:///{tmp_path / 'rt.db'}")
+    yield app
+    await app.aclose()
 
 
 async def test_async_and_sync_tasks_run_and_results_come_back(app: App) -> None:
@@ -193,6 +195,7 @@ async def test_an_expert_that_cannot_renew_stops_everything_within_its_lease(app
         assert time.monotonic() - t0 <= 0.9 + 0.3 + 0.1
         assert e.stats.leases_lost >= 1
         faulty.heal()
+    await app2.aclose()
 
 
 async def test_the_same_expert_id_cannot_be_live_twice(app: App) -> None:

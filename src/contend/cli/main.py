@@ -70,6 +70,19 @@ def _int_in(name: str, lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def _int_list(name: str) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes integers like 1,2,4") from None
+        if not values or any(not 1 <= v <= 64 for v in values):
+            raise argparse.ArgumentTypeError(f"{name} takes 1 to 64 processes, like 1,2,4")
+        return values
+
+    return parse
+
+
 def _json_arg(name: str, kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
@@ -653,6 +666,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tasks", type=_positive_int("--tasks", 10_000_000), default=20_000)
     b.add_argument("--out", default="docs/benchmarks.md")
     b.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
+    b.add_argument(
+        "--processes",
+        type=_int_list("--processes"),
+        default=[1, 2],
+        help="expert process counts to drain with, e.g. 1,2,4 (default 1,2)",
+    )
+    b.add_argument(
+        "--concurrency",
+        type=_positive_int("--concurrency", 10_000),
+        default=32,
+        help="each bench expert's concurrency (default 32)",
+    )
     b.set_defaults(func=cmd_bench)
     return p
 

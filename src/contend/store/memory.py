@@ -484,7 +484,7 @@ class MemoryStore:
         qs = set(queues)
         loot = sorted(
             (
-                (-row.spec.priority, row.run_at, tid)
+                (-row.aged, row.run_at, tid)
                 for tid, row in self._tasks.items()
                 if row.owner == victim
                 and row.state == C
