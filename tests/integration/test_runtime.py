@@ -362,3 +362,26 @@ async def _beats(e: Expert, n: int) -> bool:
 
 async def _standing_down(e: Expert) -> bool:
     return not e.competition.active
+
+
+async def test_claims_the_expert_does_not_know_of_are_released(app: App) -> None:
+    @app.task(queue="other")
+    async def elsewhere() -> None:
+        return None
+
+    async with expert(app, name="forgetful", queues=["default"], lease_ttl=0.9) as e:
+        store = await app.store()
+        handle = await app.submit(elsewhere)
+        assert e._session is not None
+        # a claim made in this expert's name whose reply never reached it
+        (lost,) = await store.claim(
+            "forgetful", e._session, ["other"], Capabilities(), limit=1, lease_ttl=0.9
+        )
+
+        async def released() -> bool:
+            task = await store.get(handle.id)
+            return task.state == TaskState.PENDING and task.owner is None
+
+        await eventually(released, timeout=5)
+        task = await store.get(handle.id)
+        assert task.attempts == 0 and task.fence == lost.fence

@@ -17,6 +17,7 @@ from typing import Any
 
 from contend.demo import tasks as demo
 from contend.domain.task import TaskState
+from contend.errors import ConfigError
 from contend.store.port import Store
 from contend.store.registry import open_store
 
@@ -135,6 +136,12 @@ async def run_demo(args: argparse.Namespace) -> int:
     store = await open_store(url)
     started = time.monotonic()
     try:
+        existing = sum(sum(q.values()) for q in (await store.stats()).counts.values())
+        if existing:
+            raise ConfigError(
+                f"the demo needs an empty store, and {url} already holds {existing} task(s); "
+                "leave out --store to use a new SQLite file"
+            )
         specs = _workload(demo, args.tasks)
         run.total = len(specs)
         _say(f"contend demo: {args.experts} experts contend for {run.total} tasks on {url}")

@@ -180,6 +180,8 @@ class Expert:
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefetched: deque[Claimed] = deque()
+        self._unknown_held: set[str] = set()
+        self._inflight: set[str] = set()  # ids of outcomes being committed right now
         self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
@@ -324,12 +326,38 @@ class Expert:
             kept = [c for c in self._prefetched if held.get(c.id) == c.fence]
             self.stats.stolen_from_me += len(self._prefetched) - len(kept)
             self._prefetched = deque(kept)
+            await self._release_orphans(held)
             try:
                 await self._store.expire()
                 await self._refresh_cluster()
                 self.stats.heartbeats += 1
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
+
+    async def _release_orphans(self, held: dict[str, int]) -> None:
+        """Tasks the store says this expert holds but it does not know of — a claim whose
+        reply was lost and retried — would be renewed for ever and never run. One heartbeat
+        of grace (the reply of a claim may be on its way), then they are released."""
+        assert self._store is not None and self._session is not None
+        known = set(self._runs) | {c.id for c in self._prefetched}
+        known |= {o.task_id for o in self._outbox} | self._inflight
+        unknown = {tid for tid in held if tid not in known}
+        orphans = [(tid, held[tid]) for tid in sorted(unknown & self._unknown_held)]
+        self._unknown_held = unknown - {tid for tid, _ in orphans}
+        if not orphans:
+            return
+        try:
+            results = await self._store.release(self.name, orphans)
+        except ContendError as exc:
+            log.warning("expert %s: could not release orphaned claims: %s", self.name, exc)
+            return
+        n = sum(1 for r in results if r is None)
+        log.warning(
+            "expert %s released %d task(s) it held in the store without knowing of them "
+            "(a claim reply was lost)",
+            self.name,
+            n,
+        )
 
     async def _lose_lease(self, why: str) -> None:
         """Seed 002: release everything held at once and commit nothing of it."""
@@ -789,6 +817,14 @@ class Expert:
         batch, self._outbox = self._outbox, []
         if not batch:
             return
+        self._inflight = {o.task_id for o in batch}
+        try:
+            await self._commit(batch)
+        finally:
+            self._inflight = set()
+
+    async def _commit(self, batch: list[Completion | Failure]) -> None:
+        assert self._store is not None
         if not self._lease_safe():
             self._outbox[:0] = batch
             await self._lose_lease("no renewal within the lease")
@@ -808,7 +844,7 @@ class Expert:
                 await asyncio.sleep(0.05 * 2**attempt * (1 + random.random()))
         else:
             log.error(
-                "expert %s: giving up on %d commit(s); their leases will lapse",
+                "expert %s: giving up on %d commit(s); they will be released and run again",
                 self.name,
                 len(batch),
             )
