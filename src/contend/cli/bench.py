@@ -85,7 +85,7 @@ class Bench:
                     "--name",
                     f"bench-{i}",
                     "--concurrency",
-                    str(concurrency),
+                    str(concurrency or self.concurrency),
                     stdin=asyncio.subprocess.DEVNULL,
                 )
             )
@@ -98,10 +98,14 @@ class Bench:
                 p.send_signal(signal.SIGTERM)
         await asyncio.gather(*(p.wait() for p in procs))
 
-    @staticmethod
-    async def wait_live(store: Store, n: int) -> None:
+    async def wait_live(
+        self, store: Store, n: int, procs: list[asyncio.subprocess.Process]
+    ) -> None:
         deadline = time.monotonic() + 30
         while len([e for e in await store.list_experts() if e.alive]) < n:
+            dead = [p.returncode for p in procs if p.returncode is not None]
+            if dead:
+                raise RuntimeError(f"a bench expert exited with {dead[0]} (see its output above)")
             if time.monotonic() > deadline:
                 raise RuntimeError("experts did not start within 30s")
             await asyncio.sleep(0.05)
@@ -142,7 +146,7 @@ class Bench:
         url, store = await self.fresh()
         procs = await self.experts(url, processes)
         try:
-            await self.wait_live(store, processes)
+            await self.wait_live(store, processes, procs)
             specs = [bt.app.build_spec(bt.noop) for _ in range(self.n)]
             await store.submit(specs)  # one transaction: every task visible at once
             t0 = await store.now()
@@ -164,7 +168,7 @@ class Bench:
         procs = await self.experts(url, 1, concurrency=8)
         samples: list[float] = []
         try:
-            await self.wait_live(store, 1)
+            await self.wait_live(store, 1, procs)
             count = 100 if self.args.quick else 300
             for _ in range(count):
                 # a random gap so the submit lands anywhere in the expert's wait cycle
@@ -192,7 +196,7 @@ class Bench:
         url, store = await self.fresh()
         (proc,) = await self.experts(url, 1)
         try:
-            await self.wait_live(store, 1)
+            await self.wait_live(store, 1, [proc])
             first = 1_000
             await store.submit([bt.app.build_spec(bt.noop) for _ in range(first)])
             await self.wait_done(store, first)
