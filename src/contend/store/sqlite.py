@@ -553,11 +553,21 @@ class SQLiteStore:
             f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids} "
             "AND (requirements IS NULL OR contend_fits(requirements))"
         )
-        best = f"SELECT id FROM tasks WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?"
+        # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
+        # then sorts every pending task; walking the claim order's own index stops at LIMIT
+        best = (
+            f"SELECT id FROM tasks INDEXED BY tasks_claimable WHERE {where} "
+            "ORDER BY eff_priority DESC, run_at, id LIMIT ?"
+        )
         if not low_lane:
             return f"id IN ({best})"
-        oldest = f"SELECT id FROM tasks WHERE {where} ORDER BY run_at, id LIMIT ?"
-        return f"(id IN ({best}) OR id IN ({oldest}))"
+        oldest = (
+            f"SELECT id FROM tasks INDEXED BY tasks_oldest WHERE {where} "
+            "ORDER BY run_at, id LIMIT ?"
+        )
+        # one IN over a compound query, so the outer statement looks ids up by key (an OR of
+        # two INs would make SQLite scan the whole table)
+        return f"id IN (SELECT id FROM ({best}) UNION SELECT id FROM ({oldest}))"
 
     async def peek(
         self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
