@@ -688,26 +688,44 @@ class PostgresStore:
         }
 
     @staticmethod
-    def _candidates(*, lock: bool, only_ids: bool = False) -> str:
+    def _candidates(*, lock: bool, queues: int, only_ids: bool = False) -> str:
         """CTEs ``best`` and ``oldest``: the claimable tasks by effective priority (``%(best)s``
         of them), and those due the longest (``%(lane)s``, the low-priority lane). With *lock*
         each takes its rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where
         they are limited, or a concurrent claimer's rows would use up the limit), and only
-        while the ``live`` CTE has the session."""
-        where = (
-            ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
-            + "state = 'pending' AND queue = ANY(%(queues)s) AND run_at <= {now} "
-            + ("AND id = ANY(%(ids)s) " if only_ids else "")
-            + f"AND {FITS}"
-        )
+        while the ``live`` CTE has the session.
+
+        One arm per queue (parameters ``q0``, ``q1``, …): with ``queue = ANY(array)`` the
+        planner cannot walk the index in claim order and sorts every pending task instead."""
         tail = " FOR UPDATE SKIP LOCKED" if lock else ""
-        return (
-            f"best AS (SELECT id FROM {{s}}.tasks WHERE {where}"
-            f" ORDER BY eff_priority DESC, run_at, id LIMIT %(best)s{tail}),"
-            f" oldest AS (SELECT id FROM {{s}}.tasks WHERE {where}"
-            f" ORDER BY run_at, id LIMIT %(lane)s{tail}),"
-            " picked AS (SELECT id FROM best UNION SELECT id FROM oldest)"
-        )
+        ctes = []
+        for kind, order, limit in (
+            ("best", "eff_priority DESC, run_at, id", "%(best)s"),
+            ("oldest", "run_at, id", "%(lane)s"),
+        ):
+            arms = []
+            for n in range(queues):
+                where = (
+                    ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
+                    + f"state = 'pending' AND queue = %(q{n})s AND run_at <= {{now}} "
+                    + ("AND id = ANY(%(ids)s) " if only_ids else "")
+                    + f"AND {FITS}"
+                )
+                ctes.append(
+                    f"{kind}_{n} AS (SELECT id, eff_priority, run_at FROM {{s}}.tasks"
+                    f" WHERE {where} ORDER BY {order} LIMIT {limit}{tail})"
+                )
+                arms.append(f"SELECT * FROM {kind}_{n}")
+            ctes.append(
+                f"{kind} AS (SELECT id FROM ({' UNION ALL '.join(arms)}) u"
+                f" ORDER BY {order} LIMIT {limit})"
+            )
+        ctes.append("picked AS (SELECT id FROM best UNION SELECT id FROM oldest)")
+        return ", ".join(ctes)
+
+    @staticmethod
+    def _queues(queues: Sequence[str]) -> dict[str, str]:
+        return {f"q{n}": q for n, q in enumerate(dict.fromkeys(queues))}
 
     async def peek(
         self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
@@ -717,7 +735,7 @@ class PostgresStore:
             return []
         lane = min(check_limit(low_lane), limit)
         sql = self._sql(
-            f"WITH {self._candidates(lock=False)}"
+            f"WITH {self._candidates(lock=False, queues=len(set(queues)))}"
             " SELECT t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
             " FROM {s}.tasks t JOIN picked USING (id)"
             " ORDER BY t.eff_priority DESC, t.run_at, t.id"
@@ -727,7 +745,10 @@ class PostgresStore:
             await cur.execute(
                 sql,
                 self._p(
-                    queues=list(queues), best=limit - lane, lane=lane, **self._caps(capabilities)
+                    **self._queues(queues),
+                    best=limit - lane,
+                    lane=lane,
+                    **self._caps(capabilities),
                 ),
             )
             return [
@@ -760,7 +781,7 @@ class PostgresStore:
             "WITH live AS ("
             "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
             "   AND lease_deadline >= {now} FOR SHARE"
-            f"), {self._candidates(lock=True, only_ids=ids is not None)}"
+            f"), {self._candidates(lock=True, queues=max(1, len(set(queues))), only_ids=ids is not None)}"
             ", claimed AS ("
             "  UPDATE {s}.tasks t SET state = %(state)s, owner = %(expert)s, fence = t.fence + 1,"
             "   attempts = t.attempts + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
@@ -783,7 +804,7 @@ class PostgresStore:
             await cur.execute(
                 sql,
                 self._p(
-                    queues=list(queues),
+                    **self._queues(queues),
                     ids=ids,
                     best=limit - lane,
                     lane=lane,
