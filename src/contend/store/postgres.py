@@ -237,7 +237,7 @@ class PostgresStore:
         pool: AsyncConnectionPool[AsyncConnection[TupleRow]] = AsyncConnectionPool(
             self._dsn,
             kwargs=self._connect_kwargs(self._dsn),
-            min_size=1,
+            min_size=min(2, self._pool_size),
             max_size=self._pool_size,
             open=False,
             timeout=self._retry_deadline,
