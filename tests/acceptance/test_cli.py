@@ -14,3 +14,31 @@ def test_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
     for line in ("submit:", "drain:", "latency", "peak memory"):
         assert line in done.stdout
     assert not (tmp_path / "b.md").exists()
+
+
+def test_manage_a_task_from_the_cli(tmp_path: Path) -> None:
+    import json
+
+    from tests.acceptance.conftest import APP
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    sub = run_cli("submit", APP, "echo", "--store", url, "--args", '["hi"]', "--key", "k1")
+    assert sub.returncode == 0, sub.stderr
+    task_id = sub.stdout.strip()
+    again = run_cli("submit", APP, "echo", "--store", url, "--args", '["hi"]', "--key", "k1")
+    assert again.stdout.strip() == task_id  # the idempotency key returns the same task
+    cancelled = run_cli("tasks", "cancel", task_id, "--store", url, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["state"] == "cancelled"
+    twice = run_cli("tasks", "cancel", task_id, "--store", url)
+    assert (
+        twice.returncode == 1 and f"cannot cancel task {task_id}: it is cancelled" in twice.stderr
+    )
+    retried = run_cli("tasks", "retry", task_id, "--store", url)
+    assert retried.stdout.strip() == f"{task_id} pending"
+    shown = run_cli("tasks", "show", task_id, "--store", url)
+    assert "cancelled" in shown.stdout and "retried" in shown.stdout  # the history
+    status = run_cli("status", "--store", url, "--json")
+    data = json.loads(status.stdout)
+    assert data["queues"]["default"]["pending"] == 1
+    assert data["competition"]["success_rate"] is None

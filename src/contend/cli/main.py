@@ -396,26 +396,26 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
     return await _with_store(args, run)
 
 
-async def cmd_tasks_retry(args: argparse.Namespace) -> int:
+async def _manage(args: argparse.Namespace, action: str) -> int:
+    """``tasks retry`` and ``tasks cancel``: one store call, the task's new state printed."""
+
     async def run(store: Store) -> int:
-        task = await store.retry(args.id)
-        _print_json(_task_summary(task.to_json())) if args.json else print(
-            f"{task.id} {task.state}"
-        )
+        task = await (store.retry if action == "retry" else store.cancel)(args.id)
+        if args.json:
+            _print_json(_task_summary(task.to_json()))
+        else:
+            print(f"{task.id} {task.state}")
         return 0
 
     return await _with_store(args, run)
+
+
+async def cmd_tasks_retry(args: argparse.Namespace) -> int:
+    return await _manage(args, "retry")
 
 
 async def cmd_tasks_cancel(args: argparse.Namespace) -> int:
-    async def run(store: Store) -> int:
-        task = await store.cancel(args.id)
-        _print_json(_task_summary(task.to_json())) if args.json else print(
-            f"{task.id} {task.state}"
-        )
-        return 0
-
-    return await _with_store(args, run)
+    return await _manage(args, "cancel")
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
