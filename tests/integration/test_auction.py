@@ -45,3 +45,22 @@ async def test_the_next_bidder_claims_when_the_winner_never_does(tmp_path: Path)
     (claim,) = [e for e in done.history if e.event == "claimed"]
     # 'spare' ranks second: it may claim one grace period after the close, not before
     assert claim.at >= opened.closes_at + 0.3
+
+
+async def test_auto_mode_auctions_a_type_once_its_runs_are_long(tmp_path: Path) -> None:
+    from contend import Expert
+
+    app = App(f"sqlite:///{tmp_path / 'auto.db'}")
+
+    @app.task(mode="auto")
+    async def sometimes() -> None:
+        return None
+
+    e = Expert(app, auction_threshold=1.0)
+    assert e._auction_types() == set()  # nothing known yet: raced
+    for _ in range(3):
+        e.competition.tracker.record("sometimes", True, 0.2)
+    assert e._auction_types() == set()  # short runs: raced
+    for _ in range(10):
+        e.competition.tracker.record("sometimes", True, 5.0)
+    assert e._auction_types() == {"sometimes"}  # long runs pay for an auction
