@@ -181,6 +181,7 @@ class Expert:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefetched: deque[Claimed] = deque()
         self._unknown_held: set[str] = set()
+        self._housekeeping_due = asyncio.Event()
         self._inflight: set[str] = set()  # ids of outcomes being committed right now
         self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
@@ -213,16 +214,18 @@ class Expert:
             self.config.lease_ttl,
         )
         heart = asyncio.create_task(self._heartbeat_loop(), name="contend-heartbeat")
+        keeper = asyncio.create_task(self._housekeeping_loop(), name="contend-housekeeping")
         committer = asyncio.create_task(self._commit_loop(), name="contend-committer")
         try:
             await self._claim_loop()
             await self._drain()
         finally:
             heart.cancel()
+            keeper.cancel()
             self._outbox_ready.set()
-            for result in await asyncio.gather(heart, return_exceptions=True):
+            for result in await asyncio.gather(heart, keeper, return_exceptions=True):
                 if isinstance(result, Exception):
-                    log.error("expert %s: heartbeat crashed: %r", self.name, result)
+                    log.error("expert %s: a background loop crashed: %r", self.name, result)
             await self._stop_committer(committer)
             await self._deregister()
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -293,8 +296,10 @@ class Expert:
     async def _heartbeat_loop(self) -> None:
         assert self._store is not None
         every = self.config.heartbeat_every
+        sent = time.monotonic()
         while True:
-            await asyncio.sleep(every)
+            # on a fixed cadence, whatever the last renewal or housekeeping cost
+            await asyncio.sleep(max(0.0, sent + every - time.monotonic()))
             if not self._lease_safe():
                 await self._lose_lease("no renewal within the lease")
                 continue
@@ -327,6 +332,15 @@ class Expert:
             self.stats.stolen_from_me += len(self._prefetched) - len(kept)
             self._prefetched = deque(kept)
             await self._release_orphans(held)
+            self._housekeeping_due.set()
+
+    async def _housekeeping_loop(self) -> None:
+        """Expire lapsed leases, age pending tasks, refresh the view of rivals — after each
+        renewal, but apart from it: slow housekeeping on a big store never delays a renewal."""
+        assert self._store is not None
+        while True:
+            await self._housekeeping_due.wait()
+            self._housekeeping_due.clear()
             try:
                 await self._store.expire()
                 await self._refresh_cluster()
