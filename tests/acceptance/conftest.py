@@ -120,7 +120,7 @@ def etcd_server() -> Iterator[EtcdServer]:
     except EtcdUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {exc}")
-        pytest.skip(str(exc))
+        pytest.skip(f"{exc} (not under CI: there this is a failure)")
     server = EtcdServer(binary)
     server.start()
     yield server

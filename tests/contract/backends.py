@@ -169,7 +169,7 @@ async def postgres_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     except NoServer as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {exc}")
-        pytest.skip(str(exc))
+        pytest.skip(f"{exc} (not under CI: there this is a failure)")
 
     async def new_store() -> Store:
         store = make_store(url, clock=clock)
@@ -204,7 +204,7 @@ def _etcd_server() -> EtcdServer:
         except EtcdUnavailable as exc:
             if os.environ.get("CI") == "true":
                 pytest.fail(f"CI=true and {exc}")
-            pytest.skip(str(exc))
+            pytest.skip(f"{exc} (not under CI: there this is a failure)")
         _etcd = EtcdServer(binary)
         _etcd.start()
         atexit.register(_etcd.close)

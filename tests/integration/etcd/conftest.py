@@ -16,7 +16,7 @@ def _binary() -> str:
     except EtcdUnavailable as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {exc}")
-        pytest.skip(str(exc))
+        pytest.skip(f"{exc} (not under CI: there this is a failure)")
 
 
 @pytest.fixture(scope="session")
