@@ -1,0 +1,85 @@
+"""A throwaway PostgreSQL cluster the tests start, restart and stop themselves.
+
+initdb refuses to run as root, so as root the commands run as the ``postgres`` user. The data
+directory and the socket live in a temporary directory removed on close.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class ClusterUnavailable(RuntimeError):
+    pass
+
+
+def _bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or (
+        [p] if (p := shutil.which(name)) else []
+    )
+    if not found:
+        raise ClusterUnavailable(f"no {name} binary (install PostgreSQL's server package)")
+    return found[-1]
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="contend-pg-"))
+        self.data = self.root / "data"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._as_postgres = os.geteuid() == 0
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        cmd = list(args)
+        if self._as_postgres:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise ClusterUnavailable(f"{' '.join(args[:2])} failed: {done.stderr[-2000:]}")
+
+    def _ctl(self, action: str) -> None:
+        self._run(
+            _bin("pg_ctl"),
+            action,
+            "-D",
+            str(self.data),
+            "-w",
+            "-t",
+            "60",
+            "-m",
+            "fast",
+            "-l",
+            str(self.root / "server.log"),
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+        )
+
+    def start(self) -> None:
+        if self._as_postgres:
+            shutil.chown(self.root, "postgres")
+        self._run(
+            _bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+        )
+        self._ctl("start")
+
+    def restart(self) -> None:
+        self._ctl("restart")
+
+    def close(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
