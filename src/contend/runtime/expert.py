@@ -1,6 +1,6 @@
 """The expert: a worker that contends for tasks, runs them under a lease and commits with its fence.
 
-Per slot it moves ``IDLE → CLAIMING → EXECUTING → IDLE`` (seed 002). Three loops share one
+Per slot it moves ``IDLE → CLAIMING → EXECUTING → IDLE`` (seed 002). Four loops share one
 event loop:
 
 * the **claim loop** waits for work (a store push or a cheap change check), scores what it
@@ -8,7 +8,12 @@ event loop:
 * the **heartbeat** renews the session — one call keeps every held task's lease alive — and
   learns which tasks the store still considers its own; anything else is stopped at once. When
   renewal fails for longer than the lease, the expert stops every task and commits nothing;
+* **housekeeping**, after each renewal but apart from it, expires lapsed leases, ages pending
+  tasks and refreshes the view of rivals (their load, records and tiers);
 * the **committer** groups finished tasks into one fenced ``complete``/``fail`` call.
+
+Competition policy (fitness, race delays, tiers) lives in ``runtime.competition``; prefetching,
+work stealing and auctions are in the claim loop's helpers below.
 """
 
 from __future__ import annotations
