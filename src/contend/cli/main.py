@@ -32,16 +32,7 @@ class UsageError(ConfigError):
 
 # -- argument helpers ----------------------------------------------------------------------
 def _positive_int(name: str, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if not 1 <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{name} must be between 1 and {hi}, got {value}")
-        return value
-
-    return parse
+    return _int_in(name, 1, hi)
 
 
 def _seconds(name: str, lo: float, hi: float) -> Callable[[str], float]:
