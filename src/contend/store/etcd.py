@@ -43,15 +43,19 @@ a ``/`` in a name can never be read as a separator)::
                                   auctions and bids of tasks that are no longer pending.
     {p}leader/{queue}             reserved for central-dispatch leader election
 
-The claim is one ``Txn`` per task: it compares the task key's ``mod_revision`` with the one
-read, that ``c/{task}`` does not exist (``version = 0``) and that the expert's session key
-still holds its session; then it puts the task (fence + 1, attempts + 1), puts ``c/`` and
-``h/`` on the expert's lease, puts ``a/`` and deletes the pending-index key. The fence is a
+A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
+``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
+its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` and
+``h/`` on the expert's lease, puts ``a/`` and deletes the pending-index keys. The tasks of one
+claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took one of them, each
+task of that ``Txn`` is tried again in a ``Txn`` of its own, so the others are still won. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
 reports (one more per claim), it survives a restore from a snapshot, and it is small enough to
 hand to external systems. Every owner write reads the task and its claim, checks fence, owner,
 state and claim, and commits with a Txn comparing both ``mod_revision`` values; a claim key
-that vanished with its lease makes the write fail as ``FencedOut("the lease lapsed")``.
+that vanished with its lease makes the write fail as ``FencedOut("the lease lapsed")``. The
+writes of one batch (``complete``, ``fail``, ``start``, ``release``) share a Txn in the same
+way, and fall back to one Txn per task when any of them moved.
 
 Leases: one etcd lease per expert session. ``register_expert`` grants it; ``renew`` sends one
 keep-alive on a long-lived ``LeaseKeepAlive`` stream (aetcd's ``refresh()`` opens a new stream
@@ -142,6 +146,8 @@ WRITE_RETRIES = 20
 #: Effective priorities are stored as AGED_BASE − priority on 8 digits (a range read then
 #: yields the highest first); priorities are within ±1,000,000 and ageing adds a few dozen.
 AGED_BASE = 10_000_000
+#: The most operations one task's claim puts in a transaction (4 puts, 3 index deletes).
+CLAIM_OPS = 7
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
 #: Expert records whose session ended this long ago are removed by expire().
@@ -1019,12 +1025,9 @@ class EtcdStore:
         session_key = self._k("l", _enc(expert))
         lost = False
 
-        async def one(tid: str, t: Any, a: Any, c: Any) -> None:
-            """One claim transaction; the transactions of a round run concurrently."""
-            nonlocal lost
+        def prepare(tid: str, t: Any) -> tuple[list[Any], list[Any], _Rec]:
+            """(compares, operations, new record) that claim one task read as *t*."""
             rec = _Rec.loads(t.value)
-            assert rec.pending_key is not None
-            order = self._order(rec.pending_key)
             ops = self._leave_pending(rec)
             rec.state = str(R if start else C)
             rec.owner = expert
@@ -1035,12 +1038,8 @@ class EtcdStore:
             rec.updated_at = now
             rec.event(now, "claimed", expert)
             claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
-            resp = await self._commit(
-                [
-                    _mod_is(t.key, t.mod_revision),
-                    _absent(self._claim_key(tid)),
-                    _value_is(session_key, session_value),
-                ],
+            return (
+                [_mod_is(t.key, t.mod_revision), _absent(self._claim_key(tid))],
                 [
                     _put(t.key, rec.dumps()),
                     _put(self._claim_key(tid), claim, lease),
@@ -1048,12 +1047,13 @@ class EtcdStore:
                     _put(self._active_key(tid), expert),
                     *ops,
                 ],
-                [_get(session_key)],
+                rec,
             )
-            if resp is not None and not resp.succeeded:
-                kvs = resp.responses[0].response_range.kvs
-                lost = lost or not kvs or kvs[0].value != session_value
-                return  # another expert won this one, or the session ended
+
+        def finish(tid: str, t: Any, a: Any, c: Any, rec: _Rec) -> None:
+            """Record a claim that landed."""
+            pending_key = _Rec.loads(t.value).pending_key
+            assert pending_key is not None
             args, kwargs = json.loads(a.value)
             claimed = Claimed(
                 id=tid,
@@ -1069,10 +1069,51 @@ class EtcdStore:
                 lease_deadline=now + ttl,
                 priority=rec.priority,
             )
-            won.append((order, claimed))
+            won.append((self._order(pending_key), claimed))
+
+        def session_lost(resp: Any) -> bool:
+            kvs = resp.responses[0].response_range.kvs
+            return not kvs or kvs[0].value != session_value
+
+        async def one(tid: str, t: Any, a: Any, c: Any) -> None:
+            """One claim transaction for one task (the fallback when a batch lost a race)."""
+            nonlocal lost
+            cmp, ops, rec = prepare(tid, t)
+            resp = await self._commit(
+                [*cmp, _value_is(session_key, session_value)], ops, [_get(session_key)]
+            )
+            if resp is not None and not resp.succeeded:
+                lost = lost or session_lost(resp)
+                return  # another expert won this one, or the session ended
+            finish(tid, t, a, c, rec)
+
+        async def many(group: list[tuple[str, Any, Any, Any]]) -> None:
+            """Claim a group of tasks in one transaction: every task's revision and absent
+            claim key, and the live session, are compared at once. When any task moved
+            meanwhile, each task of the group is tried on its own."""
+            nonlocal lost
+            if len(group) == 1:
+                await one(*group[0])
+                return
+            plans = [prepare(tid, t) for tid, t, _, _ in group]
+            resp = await self._commit(
+                [*(x for p in plans for x in p[0]), _value_is(session_key, session_value)],
+                [x for p in plans for x in p[1]],
+                [_get(session_key)],
+            )
+            if resp is None or resp.succeeded:
+                for (tid, t, a, c), (_, _, rec) in zip(group, plans, strict=True):
+                    finish(tid, t, a, c, rec)
+                return
+            if session_lost(resp):
+                lost = True
+                return
+            await asyncio.gather(*(one(*g) for g in group))
 
         # Rounds: try as many candidates as claims are still wanted, in order, until enough
-        # were won or the candidates ran out.
+        # were won or the candidates ran out. The tries of a round are grouped into as few
+        # transactions as etcd's operation limit allows, committed concurrently.
+        per_txn = max(1, (self._max_ops - 1) // CLAIM_OPS)
         rest = cands
         while rest and len(won) < limit and not lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
@@ -1087,15 +1128,17 @@ class EtcdStore:
                     )
                 ]
             )
-            tries = []
+            tries: list[tuple[str, Any, Any, Any]] = []
             for n, tid in enumerate(batch):
                 t, a, c = reads[3 * n : 3 * n + 3]
                 if t is None or a is None:
                     continue
                 rec = _Rec.loads(t.value)
                 if rec.state == "pending" and rec.pending_key is not None and rec.run_at <= now:
-                    tries.append(one(tid, t, a, c))
-            await asyncio.gather(*tries)
+                    tries.append((tid, t, a, c))
+            await asyncio.gather(
+                *(many(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
+            )
         if lost:
             # Claims won in the same round vanished with the lease; expire() returns them.
             self._sessions.pop(session, None)
@@ -1218,17 +1261,10 @@ class EtcdStore:
                 (t, c), first = first, None
             else:
                 t, c = await self._read_many([tkey, ckey])
-            if t is None:
-                return FencedOut(task_id, fence, "no such task")
-            rec = _Rec.loads(t.value)
-            if rec.fence != fence:
-                return FencedOut(task_id, fence, f"the task is at fence {rec.fence}")
-            if rec.owner != expert:
-                return FencedOut(task_id, fence, f"{expert} does not own it (owner: {rec.owner})")
-            if rec.state not in states:
-                return FencedOut(task_id, fence, f"the task is {rec.state}")
-            if c is None or json.loads(c.value)["fence"] != fence:
-                return FencedOut(task_id, fence, "the lease lapsed")
+            checked = self._check_owner(expert, task_id, fence, states, t, c)
+            if isinstance(checked, FencedOut):
+                return checked
+            rec = checked
             now = self._clock()
             ops = apply(rec, now)
             resp = await self._commit(
@@ -1238,6 +1274,24 @@ class EtcdStore:
                 return None
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 
+    @staticmethod
+    def _check_owner(
+        expert: str, task_id: str, fence: int, states: frozenset[str], t: Any, c: Any
+    ) -> _Rec | FencedOut:
+        """The task record when *expert* may write it at *fence*, else why not."""
+        if t is None:
+            return FencedOut(task_id, fence, "no such task")
+        rec = _Rec.loads(t.value)
+        if rec.fence != fence:
+            return FencedOut(task_id, fence, f"the task is at fence {rec.fence}")
+        if rec.owner != expert:
+            return FencedOut(task_id, fence, f"{expert} does not own it (owner: {rec.owner})")
+        if rec.state not in states:
+            return FencedOut(task_id, fence, f"the task is {rec.state}")
+        if c is None or json.loads(c.value)["fence"] != fence:
+            return FencedOut(task_id, fence, "the lease lapsed")
+        return rec
+
     async def _owner_writes(
         self,
         expert: str,
@@ -1245,21 +1299,65 @@ class EtcdStore:
         states: frozenset[str],
         apply: Callable[[int], Callable[[_Rec, float], list[Any]]],
     ) -> list[FencedOut | None]:
-        """Owner writes of a batch: one read for all, then one transaction per task, run
-        concurrently. *apply(n)* gives the operations of the n-th item."""
+        """Owner writes of a batch: one read for all, then the writes that pass the checks
+        grouped into as few transactions as etcd's operation limit allows (each compares
+        every task's and claim's revision), committed concurrently. When a group's
+        transaction fails because one of its tasks moved, each of its tasks is written on
+        its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
         reads = await self._read_many(
             [k for tid, _ in items for k in (self._task_key(tid), self._claim_key(tid))]
         )
-        return list(
-            await asyncio.gather(
+        out: list[FencedOut | None] = [None] * len(items)
+        groups: list[list[tuple[int, list[Any], list[Any]]]] = [[]]
+        n_cmp = n_ops = 0
+        in_group: set[str] = set()
+        now = self._clock()
+        for n, (tid, fence) in enumerate(items):
+            t, c = reads[2 * n], reads[2 * n + 1]
+            checked = self._check_owner(expert, tid, fence, states, t, c)
+            if isinstance(checked, FencedOut):
+                out[n] = checked
+                continue
+            ops = apply(n)(checked, now)
+            cmp = [_mod_is(t.key, t.mod_revision), _mod_is(c.key, c.mod_revision)]
+            # A key may appear once per transaction: a repeated task starts a new group.
+            if groups[-1] and (
+                tid in in_group
+                or n_cmp + len(cmp) > self._max_ops
+                or n_ops + len(ops) > self._max_ops
+            ):
+                groups.append([])
+                n_cmp = n_ops = 0
+                in_group = set()
+            groups[-1].append((n, cmp, ops))
+            in_group.add(tid)
+            n_cmp += len(cmp)
+            n_ops += len(ops)
+
+        async def write(group: list[tuple[int, list[Any], list[Any]]]) -> None:
+            if len(group) > 1:
+                resp = await self._commit(
+                    [x for _, cmp, _ in group for x in cmp],
+                    [x for _, _, ops in group for x in ops],
+                )
+                if resp is None or resp.succeeded:
+                    return
+            elif group:
+                n, cmp, ops = group[0]
+                resp = await self._commit(cmp, ops)
+                if resp is None or resp.succeeded:
+                    return
+            results = await asyncio.gather(
                 *(
-                    self._owner_write(
-                        expert, tid, fence, states, apply(n), (reads[2 * n], reads[2 * n + 1])
-                    )
-                    for n, (tid, fence) in enumerate(items)
+                    self._owner_write(expert, items[n][0], items[n][1], states, apply(n))
+                    for n, _, _ in group
                 )
             )
-        )
+            for (n, _, _), res in zip(group, results, strict=True):
+                out[n] = res
+
+        await asyncio.gather(*(write(g) for g in groups))
+        return out
 
     def _unown(self, rec: _Rec, expert: str) -> list[Any]:
         """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
