@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import time
@@ -185,6 +186,7 @@ def parse_etcd_url(url: str) -> tuple[str, int, str]:
     return parts.hostname, port or 2379, (prefix or "contend") + "/"
 
 
+@functools.lru_cache(maxsize=8192)
 def _enc(name: str) -> str:
     return quote(name, safe="")
 
@@ -324,6 +326,9 @@ class EtcdStore:
         self._rev = 0  # the highest etcd revision this instance has seen
         self._forgot_at = -math.inf
         self._watch_task: asyncio.Task[None] | None = None
+        # stats(): task key -> ((mod, create revision, version), queue, state, updated, run_at)
+        self._stat_cache: dict[bytes, tuple[tuple[int, int, int], str, str, float, float]] = {}
+        self._stat_rev = 0  # the lowest revision of the last stats() read
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -806,16 +811,61 @@ class EtcdStore:
         counts: dict[str, dict[str, int]] = {}
         done = 0
         oldest: float | None = None
-        for kv in await self._scan(self._k("t", "")):
-            rec = _Rec.loads(kv.value)
-            q = counts.setdefault(rec.queue, {})
-            q[rec.state] = q.get(rec.state, 0) + 1
-            if rec.state == "succeeded" and rec.updated_at > now - 60:
+        for _, queue, state, updated_at, run_at in await self._stat_rows():
+            q = counts.setdefault(queue, {})
+            q[state] = q.get(state, 0) + 1
+            if state == "succeeded" and updated_at > now - 60:
                 done += 1
-            if rec.state == "pending" and rec.run_at <= now:
-                age = now - rec.run_at
+            elif state == "pending" and run_at <= now:
+                age = now - run_at
                 oldest = age if oldest is None else max(oldest, age)
         return StoreStats(now, counts, await self.list_experts(), done, oldest)
+
+    async def _stat_rows(self) -> list[tuple[tuple[int, int, int], str, str, float, float]]:
+        """(revisions, queue, state, updated_at, run_at) of every task, for stats(). Polled
+        often (progress displays, the benchmark) while few tasks change between two calls:
+        the keys are read without values, and only the records whose revisions moved since
+        the last call are read again; many moved records are read in one scan instead."""
+        prefix = self._k("t", "")
+        keys: list[Any] = []
+        start, end, low = prefix, _prefix_end(prefix), None
+        while True:
+            resp = await self._range(start, end, limit=5000, keys_only=True)
+            low = resp.header.revision if low is None else min(low, resp.header.revision)
+            keys.extend(resp.kvs)
+            if not resp.more or not resp.kvs:
+                break
+            start = resp.kvs[-1].key + b"\0"
+        cache = self._stat_cache
+        if low is not None and low < self._stat_rev:  # another cluster behind the same URL
+            cache.clear()
+        self._stat_rev = max(self._stat_rev, low or 0)
+
+        def row(kv: Any) -> tuple[tuple[int, int, int], str, str, float, float]:
+            rec = json.loads(kv.value)
+            revs = (kv.mod_revision, kv.create_revision, kv.version)
+            return revs, rec["queue"], rec["state"], rec["updated_at"], rec["run_at"]
+
+        def revs(kv: Any) -> tuple[int, int, int]:
+            return kv.mod_revision, kv.create_revision, kv.version
+
+        stale = [kv.key for kv in keys if (r := cache.get(kv.key)) is None or r[0] != revs(kv)]
+        fresh: dict[bytes, tuple[tuple[int, int, int], str, str, float, float]] = {}
+        if len(stale) > max(256, len(keys) // 4):
+            for kv in await self._scan(prefix):
+                fresh[kv.key] = row(kv)
+        else:
+            gone = set()
+            for key, kv in zip(stale, await self._read_many(stale), strict=True):
+                if kv is None:
+                    gone.add(key)
+                else:
+                    fresh[key] = row(kv)
+            for kv in keys:
+                if kv.key not in fresh and kv.key not in gone:
+                    fresh[kv.key] = cache[kv.key]
+        self._stat_cache = fresh
+        return list(fresh.values())
 
     async def list_experts(self) -> list[ExpertRecord]:
         resp = await self._txn(
@@ -1024,10 +1074,13 @@ class EtcdStore:
         won: list[tuple[tuple[str, str, str], Claimed]] = []
         session_key = self._k("l", _enc(expert))
         lost = False
+        orders: dict[str, tuple[str, str, str]] = {}  # task id -> its claim order
 
         def prepare(tid: str, t: Any) -> tuple[list[Any], list[Any], _Rec]:
             """(compares, operations, new record) that claim one task read as *t*."""
             rec = _Rec.loads(t.value)
+            assert rec.pending_key is not None
+            orders[tid] = self._order(rec.pending_key)
             ops = self._leave_pending(rec)
             rec.state = str(R if start else C)
             rec.owner = expert
@@ -1052,8 +1105,6 @@ class EtcdStore:
 
         def finish(tid: str, t: Any, a: Any, c: Any, rec: _Rec) -> None:
             """Record a claim that landed."""
-            pending_key = _Rec.loads(t.value).pending_key
-            assert pending_key is not None
             args, kwargs = json.loads(a.value)
             claimed = Claimed(
                 id=tid,
@@ -1069,7 +1120,7 @@ class EtcdStore:
                 lease_deadline=now + ttl,
                 priority=rec.priority,
             )
-            won.append((self._order(pending_key), claimed))
+            won.append((orders[tid], claimed))
 
         def session_lost(resp: Any) -> bool:
             kvs = resp.responses[0].response_range.kvs
