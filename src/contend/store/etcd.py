@@ -149,6 +149,8 @@ WRITE_RETRIES = 20
 AGED_BASE = 10_000_000
 #: The most operations one task's claim puts in a transaction (4 puts, 3 index deletes).
 CLAIM_OPS = 7
+#: How many claimed tasks' keys one store instance remembers, to write them without a read.
+OWNED_CACHE = 16_384
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
 #: Expert records whose session ended this long ago are removed by expire().
@@ -329,6 +331,8 @@ class EtcdStore:
         # stats(): task key -> ((mod, create revision, version), queue, state, updated, run_at)
         self._stat_cache: dict[bytes, tuple[tuple[int, int, int], str, str, float, float]] = {}
         self._stat_rev = 0  # the lowest revision of the last stats() read
+        # task id -> (task, claim) KeyValues as this instance's claim wrote them
+        self._owned: dict[str, tuple[Any, Any]] = {}
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -961,11 +965,16 @@ class EtcdStore:
         priority, plus the ``low_lane`` due the longest; more of the best after them, to try
         when rivals win some."""
         low_lane = max(0, min(low_lane, limit))
-        best = await self._candidates(queues, caps, limit, now)
+        if low_lane:  # both indexes read at once: one round trip less
+            best, oldest = await asyncio.gather(
+                self._candidates(queues, caps, limit, now),
+                self._longest_waiting(queues, caps, low_lane, now),
+            )
+        else:
+            best, oldest = await self._candidates(queues, caps, limit, now), []
         chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
-        if low_lane:
-            for tid, _ in await self._longest_waiting(queues, caps, low_lane, now):
-                chosen.setdefault(tid)
+        for tid, _ in oldest:
+            chosen.setdefault(tid)
         first = list(chosen)
         order = {f[0]: self._order(f[1]) for f in best}
         if any(t not in order for t in first):  # the oldest may lie beyond the best read
@@ -1103,8 +1112,10 @@ class EtcdStore:
                 rec,
             )
 
-        def finish(tid: str, t: Any, a: Any, c: Any, rec: _Rec) -> None:
-            """Record a claim that landed."""
+        def finish(tid: str, t: Any, a: Any, c: Any, rec: _Rec, ops: list[Any], rev: int) -> None:
+            """Record a claim that landed at revision *rev* (0: unknown, a lost reply)."""
+            if rev:
+                self._remember_owned(tid, ops[0].request_put, ops[1].request_put, rev)
             args, kwargs = json.loads(a.value)
             claimed = Claimed(
                 id=tid,
@@ -1136,7 +1147,7 @@ class EtcdStore:
             if resp is not None and not resp.succeeded:
                 lost = lost or session_lost(resp)
                 return  # another expert won this one, or the session ended
-            finish(tid, t, a, c, rec)
+            finish(tid, t, a, c, rec, ops, resp.header.revision if resp is not None else 0)
 
         async def many(group: list[tuple[str, Any, Any, Any]]) -> None:
             """Claim a group of tasks in one transaction: every task's revision and absent
@@ -1153,8 +1164,9 @@ class EtcdStore:
                 [_get(session_key)],
             )
             if resp is None or resp.succeeded:
-                for (tid, t, a, c), (_, _, rec) in zip(group, plans, strict=True):
-                    finish(tid, t, a, c, rec)
+                rev = resp.header.revision if resp is not None else 0
+                for (tid, t, a, c), (_, ops, rec) in zip(group, plans, strict=True):
+                    finish(tid, t, a, c, rec, ops, rev)
                 return
             if session_lost(resp):
                 lost = True
@@ -1325,6 +1337,15 @@ class EtcdStore:
                 return None
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 
+    def _remember_owned(self, tid: str, task_put: Any, claim_put: Any, rev: int) -> None:
+        """Keep the task and claim keys as a claim of this instance put them at *rev*."""
+        self._owned[tid] = (
+            rpc.KeyValue(key=task_put.key, value=task_put.value, mod_revision=rev),
+            rpc.KeyValue(key=claim_put.key, value=claim_put.value, mod_revision=rev),
+        )
+        while len(self._owned) > OWNED_CACHE:  # tasks lost to expiry are never written again
+            del self._owned[next(iter(self._owned))]
+
     @staticmethod
     def _check_owner(
         expert: str, task_id: str, fence: int, states: frozenset[str], t: Any, c: Any
@@ -1355,20 +1376,37 @@ class EtcdStore:
         every task's and claim's revision), committed concurrently. When a group's
         transaction fails because one of its tasks moved, each of its tasks is written on
         its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
+        # What this instance's own claim wrote stands in for a read: the transaction compares
+        # both revisions, so a task that changed since makes it fail and be re-read below.
+        known = [self._owned.pop(tid, None) for tid, _ in items]
+        for n, (tid, fence) in enumerate(items):
+            pair = known[n]
+            if pair is not None and isinstance(
+                self._check_owner(expert, tid, fence, states, pair[0], pair[1]), FencedOut
+            ):
+                known[n] = None  # decide refusals on what etcd holds now
+        unknown = [n for n, k in enumerate(known) if k is None]
         reads = await self._read_many(
-            [k for tid, _ in items for k in (self._task_key(tid), self._claim_key(tid))]
+            [
+                k
+                for n in unknown
+                for k in (self._task_key(items[n][0]), self._claim_key(items[n][0]))
+            ]
         )
+        for i, n in enumerate(unknown):
+            known[n] = (reads[2 * i], reads[2 * i + 1])
         out: list[FencedOut | None] = [None] * len(items)
         groups: list[list[tuple[int, list[Any], list[Any]]]] = [[]]
         n_cmp = n_ops = 0
         in_group: set[str] = set()
         now = self._clock()
         for n, (tid, fence) in enumerate(items):
-            t, c = reads[2 * n], reads[2 * n + 1]
+            t, c = known[n] or (None, None)
             checked = self._check_owner(expert, tid, fence, states, t, c)
             if isinstance(checked, FencedOut):
                 out[n] = checked
                 continue
+            assert t is not None and c is not None  # the checks passed
             ops = apply(n)(checked, now)
             cmp = [_mod_is(t.key, t.mod_revision), _mod_is(c.key, c.mod_revision)]
             # A key may appear once per transaction: a repeated task starts a new group.
@@ -1510,6 +1548,7 @@ class EtcdStore:
                 _put(self._data_key(rec.id, "checkpoint"), state_json),
             ]
 
+        self._owned.pop(task_id, None)  # the task key moves: the next write reads it
         res = await self._owner_write(expert, task_id, fence, _OWNED_S, apply)
         if res is not None:
             raise res

@@ -582,3 +582,46 @@ async def test_a_dead_expert_s_many_tasks_return_in_one_expire(store: EtcdStore)
     took = time.monotonic() - started
     assert len(await store.peek(Q, ANY, 200)) == 150
     assert took < 10, took
+
+
+# -- batched transactions ----------------------------------------------------------------------
+async def test_a_claim_batch_spans_several_transactions(store_url: str) -> None:
+    store = EtcdStore(store_url, max_txn_ops=16)  # two tasks per claim transaction
+    await store.open()
+    try:
+        await store.submit([spec() for _ in range(7)])
+        session = await store.register_expert(ExpertInfo("e"), 10)
+        got = await store.claim("e", session, Q, ANY, limit=10, lease_ttl=10)
+        assert len({c.id for c in got}) == 7
+        assert all(c.fence == 1 and c.attempt == 1 for c in got)
+        assert await store.claim("e", session, Q, ANY, limit=10, lease_ttl=10) == []
+        out = await store.complete(
+            "e", [Completion(c.id, c.fence, json.dumps(n)) for n, c in enumerate(got)]
+        )
+        assert out == [None] * 7
+        for n, c in enumerate(got):
+            task = await store.get(c.id)
+            assert task.state == TaskState.SUCCEEDED and task.result == n
+    finally:
+        await store.close()
+
+
+async def test_a_completion_batch_fences_out_only_the_task_that_moved(
+    store: EtcdStore, store_url: str
+) -> None:
+    await store.submit([spec() for _ in range(5)])
+    session = await store.register_expert(ExpertInfo("e"), 10)
+    got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=10)
+    assert len(got) == 5
+    other = EtcdStore(store_url)  # another process cancels one of them meanwhile
+    await other.open()
+    try:
+        await other.cancel(got[2].id)
+    finally:
+        await other.close()
+    out = await store.complete("e", [Completion(c.id, c.fence, "1") for c in got])
+    assert [o is None for o in out] == [True, True, False, True, True]
+    assert isinstance(out[2], FencedOut)
+    states = [(await store.get(c.id)).state for c in got]
+    assert states == [TaskState.SUCCEEDED] * 2 + [TaskState.CANCELLED] + [TaskState.SUCCEEDED] * 2
+    assert (await store.renew("e", session, 10, Heartbeat())) == {}
