@@ -268,7 +268,7 @@ AGEING = 1.0
 
 def aged_priority(priority: int, age_seconds: float, ageing: float = AGEING) -> int:
     """:func:`effective_priority` in whole steps, as stores keep it for ordering."""
-    return priority + math.floor(ageing * math.log1p(max(0.0, age_seconds)))
+    return math.floor(effective_priority(priority, age_seconds, ageing))
 
 
 def next_promotion(priority: int, aged: int, created_at: float, ageing: float = AGEING) -> float:

@@ -467,19 +467,7 @@ class Expert:
     async def _prefetch(self, store: Store, room: int) -> None:
         """Claim a few tasks ahead, unstarted (``claimed``): they start the moment a slot frees,
         unless an idle expert steals them first."""
-        assert self._session is not None
-        got = await store.claim(
-            self.name,
-            self._session,
-            self.queues,
-            self.config.capabilities,
-            limit=room,
-            lease_ttl=self.config.lease_ttl,
-            start=False,
-        )
-        self.stats.claim_attempts += len(got)
-        self.stats.claims_won += len(got)
-        self._prefetched.extend(got)
+        self._prefetched.extend(await self._claim(store, room, start=False))
 
     async def _start_prefetched(self, store: Store, free: int) -> list[Claimed]:
         batch = [self._prefetched.popleft() for _ in range(min(free, len(self._prefetched)))]
@@ -585,20 +573,33 @@ class Expert:
         self._lane_credit -= slots
         return slots
 
-    async def _claim_ids(self, store: Store, ids: list[str], free: int) -> list[Claimed]:
+    async def _claim(
+        self,
+        store: Store,
+        limit: int,
+        *,
+        task_ids: list[str] | None = None,
+        start: bool = True,
+        low_lane: int = 0,
+    ) -> list[Claimed]:
+        """The one place this expert claims, and counts attempts: a claim of named tasks
+        attempts up to *limit* of them (what it does not get, a rival won); a claim of whatever
+        is best never loses a race."""
         assert self._session is not None
-        if not ids:
+        if task_ids is not None and not task_ids:
             return []
         got = await store.claim(
             self.name,
             self._session,
             self.queues,
             self.config.capabilities,
-            limit=free,
+            limit=limit,
             lease_ttl=self.config.lease_ttl,
-            task_ids=ids,
+            task_ids=task_ids,
+            start=start,
+            low_lane=low_lane,
         )
-        self.stats.claim_attempts += min(len(ids), free)
+        self.stats.claim_attempts += len(got) if task_ids is None else min(len(task_ids), limit)
         self.stats.claims_won += len(got)
         return got
 
@@ -608,18 +609,7 @@ class Expert:
         auctioned = self._auction_types()
         lane = self._lane_slots(free)
         if not auctioned and not comp.race_matters(self.load):
-            got = await store.claim(
-                self.name,
-                self._session,
-                self.queues,
-                self.config.capabilities,
-                limit=free,
-                lease_ttl=self.config.lease_ttl,
-                low_lane=lane,
-            )
-            self.stats.claim_attempts += len(got)
-            self.stats.claims_won += len(got)
-            return got
+            return await self._claim(store, free, low_lane=lane)
         # look deep enough that equally fit experts do not all reach for the same few tasks
         depth = max(16, free * 3)
         views = await store.peek(self.queues, self.config.capabilities, depth, low_lane=lane)
@@ -645,7 +635,7 @@ class Expert:
         # tasks a fitter rival took in the meantime cost no lost race.
         slack = first + comp.window * 0.1
         ids = [tid for d, _, tid in plan if d <= slack]
-        return claimed + await self._claim_ids(store, ids, free)
+        return claimed + await self._claim(store, free, task_ids=ids)
 
     async def _bid_and_claim(self, store: Store, lots: list[TaskView], free: int) -> list[Claimed]:
         """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
@@ -676,7 +666,7 @@ class Expert:
             else:
                 wake = at if now >= auction.closes_at else auction.closes_at
                 self._auction_wake = min(self._auction_wake or wake, wake)
-        return await self._claim_ids(store, entitled, free)
+        return await self._claim(store, free, task_ids=entitled)
 
     # -- executing -------------------------------------------------------------------------
     def _launch(self, claimed: Claimed) -> None:

@@ -28,9 +28,6 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState
 from contend.errors import FencedOut
 
-# A store counts these per expert and reports them in stats.
-COMPETITION_COUNTERS = ("claim_attempts", "claims_won", "tasks_done")
-
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
