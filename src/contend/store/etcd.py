@@ -27,9 +27,10 @@ a ``/`` in a name can never be read as a separator)::
                                   the task's q/ key up
     {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
                                   owner's etcd lease, so it vanishes when that lease ends
-    {p}h/{expert}/{task}          the fence, on the same lease: what renew() reports as held
-    {p}a/{task}                   the owner, no lease: every claimed/running task. expire()
-                                  looks for an a/ key without its c/ key.
+    {p}a/{expert}/{task}          "{fence} {session}", no lease: every claimed/running task,
+                                  under its owner. renew() reports the owner's keys of its
+                                  session as held; expire() looks for an a/ key without its
+                                  c/ key (the claim vanished with a lease).
     {p}k/{idempotency key}        the task id the key was first used for
     {p}w/{dependency}/{task}      an edge: task waits for dependency
     {p}s/{task}                   the task ended and its waiters still have to be told; the
@@ -45,8 +46,8 @@ a ``/`` in a name can never be read as a separator)::
 
 A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
 ``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
-its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` and
-``h/`` on the expert's lease, puts ``a/`` and deletes the pending-index keys. The tasks of one
+its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
+expert's lease, puts ``a/`` and deletes the pending-index keys. The tasks of one
 claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took one of them, each
 task of that ``Txn`` is tried again in a ``Txn`` of its own, so the others are still won. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
@@ -139,7 +140,7 @@ from contend.store.port import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a/{expert}/{task} replaces h/{expert}/{task} and a/{task}
 #: Keep at most this many history events in a task record (it is rewritten at every change).
 HISTORY_LIMIT = 50
 #: How many times an owner write re-reads and retries when the task changed under it.
@@ -147,8 +148,8 @@ WRITE_RETRIES = 20
 #: Effective priorities are stored as AGED_BASE − priority on 8 digits (a range read then
 #: yields the highest first); priorities are within ±1,000,000 and ageing adds a few dozen.
 AGED_BASE = 10_000_000
-#: The most operations one task's claim puts in a transaction (4 puts, 3 index deletes).
-CLAIM_OPS = 7
+#: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
+CLAIM_OPS = 6
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
 OWNED_CACHE = 16_384
 #: How many sessions' lease ids and records one store instance keeps cached.
@@ -348,10 +349,7 @@ class EtcdStore:
         return self._k("c", _enc(tid))
 
     def _held_key(self, expert: str, tid: str) -> bytes:
-        return self._k("h", _enc(expert), _enc(tid))
-
-    def _active_key(self, tid: str) -> bytes:
-        return self._k("a", _enc(tid))
+        return self._k("a", _enc(expert), _enc(tid))
 
     def _pending_key(self, rec: _Rec) -> str:
         inv = AGED_BASE - rec.aged
@@ -1105,8 +1103,7 @@ class EtcdStore:
                 [
                     _put(t.key, rec.dumps()),
                     _put(self._claim_key(tid), claim, lease),
-                    _put(self._held_key(expert, tid), str(rec.fence), lease),
-                    _put(self._active_key(tid), expert),
+                    _put(self._held_key(expert, tid), f"{rec.fence} {session}"),
                     *ops,
                 ],
                 rec,
@@ -1227,7 +1224,7 @@ class EtcdStore:
             return []
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         # The victim's live claims are its held keys (they vanish with its lease).
-        base = self._k("h", _enc(victim), "")
+        base = self._k("a", _enc(victim), "")
         held = [
             _unenc(kv.key[len(base) :].decode()) for kv in await self._scan(base, keys_only=True)
         ]
@@ -1272,8 +1269,7 @@ class EtcdStore:
                     _put(t.key, rec.dumps()),
                     _put(c.key, claim, lease),
                     _delete(self._held_key(victim, tid)),
-                    _put(self._held_key(thief, tid), str(rec.fence), lease),
-                    _put(self._active_key(tid), thief),
+                    _put(self._held_key(thief, tid), f"{rec.fence} {session}"),
                 ],
                 [_get(session_key)],
             )
@@ -1451,11 +1447,7 @@ class EtcdStore:
     def _unown(self, rec: _Rec, expert: str) -> list[Any]:
         """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
         rec.owner, rec.session, rec.lease_deadline = None, None, None
-        return [
-            _delete(self._claim_key(rec.id)),
-            _delete(self._held_key(expert, rec.id)),
-            _delete(self._active_key(rec.id)),
-        ]
+        return [_delete(self._claim_key(rec.id)), _delete(self._held_key(expert, rec.id))]
 
     def _enter_pending(self, rec: _Rec) -> list[Any]:
         """Make *rec* pending: its keys in the priority, age and promotion indexes."""
@@ -1523,15 +1515,19 @@ class EtcdStore:
         )
         resp = await self._txn(
             [_value_is(lkey, session_value)],
-            [_put(ekey, json.dumps(d)), _get(self._k("h", _enc(expert), ""), prefix=True)],
+            [_put(ekey, json.dumps(d)), _get(self._k("a", _enc(expert), ""), prefix=True)],
         )
         if not resp.succeeded:
             self._drop_session(session, lease)
             raise LeaseLost(f"expert {expert}: session {session} is not live")
         self._records[session] = d
-        held = resp.responses[1].response_range.kvs
-        base = len(self._k("h", _enc(expert), ""))
-        return {_unenc(kv.key[base:].decode()): int(kv.value) for kv in held}
+        base = len(self._k("a", _enc(expert), ""))
+        held: dict[str, int] = {}
+        for kv in resp.responses[1].response_range.kvs:
+            fence, _, owner_session = kv.value.decode().partition(" ")
+            if owner_session == session:  # not a lapsed claim of an earlier session
+                held[_unenc(kv.key[base:].decode())] = int(fence)
+        return held
 
     def _drop_session(self, session: str, lease: int) -> None:
         self._sessions.pop(session, None)
@@ -1683,28 +1679,30 @@ class EtcdStore:
             ],
         )
         active, claims = (r.response_range.kvs for r in resp.responses)
-        a_base, c_base = len(self._k("a", "")), len(self._k("c", ""))
+        c_base = len(self._k("c", ""))
         claimed = {kv.key[c_base:] for kv in claims}
         lapsed = [
-            _unenc(kv.key[a_base:].decode()) for kv in active if kv.key[a_base:] not in claimed
+            (_unenc(kv.key.rsplit(b"/", 1)[1].decode()), kv.key)
+            for kv in active
+            if kv.key.rsplit(b"/", 1)[1] not in claimed
         ]
         ended: list[str] = []
 
-        async def one(tid: str) -> bool:
+        async def one(tid: str, akey: bytes) -> bool:
             """Return one lapsed task to pending (or dead); False when it changed meanwhile."""
             tkey, ckey = self._task_key(tid), self._claim_key(tid)
             t = (await self._read_many([tkey]))[0]
             if t is None:
-                await self._txn([], [_delete(self._active_key(tid))])
+                await self._txn([], [_delete(akey)])
                 return False
             rec = _Rec.loads(t.value)
             if rec.state not in _OWNED_S:
-                await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(self._active_key(tid))])
+                await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(akey)])
                 return False
             now = self._clock()
             prev = rec.owner
-            ops = [_delete(self._active_key(tid))]
-            if prev is not None:
+            ops = [_delete(akey)]
+            if prev is not None and self._held_key(prev, tid) != akey:
                 ops.append(_delete(self._held_key(prev, tid)))
             rec.owner, rec.session, rec.lease_deadline, rec.updated_at = None, None, None, now
             if after_failure(rec.attempts, rec.max_attempts) == P:
@@ -1724,7 +1722,7 @@ class EtcdStore:
 
         moved = 0
         for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
-            moved += sum(await asyncio.gather(*(one(t) for t in lapsed[i : i + 64])))
+            moved += sum(await asyncio.gather(*(one(t, k) for t, k in lapsed[i : i + 64])))
         await self._settle_many(ended)
         # Repair: endings whose waiters were not settled (a crash right after the ending).
         s_base = len(self._k("s", ""))
@@ -1850,8 +1848,6 @@ class EtcdStore:
             ops: list[Any] = []
             if prev is not None:
                 ops += self._unown(rec, prev)
-            else:
-                ops.append(_delete(self._active_key(task_id)))
             ops += self._leave_pending(rec)
             rec.state, rec.updated_at = "cancelled", now
             rec.event(now, "cancelled", prev)

@@ -299,6 +299,23 @@ async def test_renew_keeps_claims_alive(store: EtcdStore) -> None:
     assert rec.alive and rec.load == 1
 
 
+async def test_a_restarted_expert_does_not_hold_its_former_session_s_claims(
+    store: EtcdStore,
+) -> None:
+    a, b = spec(), spec()
+    await store.submit([a, b])
+    s1 = await store.register_expert(ExpertInfo("e"), 5)
+    (old,) = await store.claim("e", s1, Q, ANY, limit=1, lease_ttl=5)
+    await store.deregister_expert("e", s1)  # its claim vanishes with the lease; expire() has
+    s2 = await store.register_expert(ExpertInfo("e"), 5)  # not run yet when it comes back
+    (new,) = await store.claim("e", s2, Q, ANY, limit=1, lease_ttl=5)
+    assert new.id != old.id
+    assert await store.renew("e", s2, 5, Heartbeat()) == {new.id: new.fence}
+    assert await store.expire() == 1
+    assert (await store.get(old.id)).state == TaskState.PENDING
+    assert await store.renew("e", s2, 5, Heartbeat()) == {new.id: new.fence}
+
+
 async def test_release_gives_the_attempt_back(store: EtcdStore) -> None:
     t = spec()
     await store.submit([t])
