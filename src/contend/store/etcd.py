@@ -1149,26 +1149,46 @@ class EtcdStore:
         async def many(group: list[tuple[str, Any, Any, Any]]) -> None:
             """Claim a group of tasks in one transaction: every task's revision and absent
             claim key, and the live session, are compared at once. When any task moved
-            meanwhile, each task of the group is tried on its own."""
+            meanwhile (a rival claimed it), the failed transaction's reads tell which: the
+            tasks still as read are tried again together, the others are left to the rival."""
             nonlocal lost
-            if len(group) == 1:
-                await one(*group[0])
-                return
-            plans = [prepare(tid, t) for tid, t, _, _ in group]
-            resp = await self._commit(
-                [*(x for p in plans for x in p[0]), _value_is(session_key, session_value)],
-                [x for p in plans for x in p[1]],
-                [_get(session_key)],
-            )
-            if resp is None or resp.succeeded:
-                rev = resp.header.revision if resp is not None else 0
-                for (tid, t, a, c), (_, ops, rec) in zip(group, plans, strict=True):
-                    finish(tid, t, a, c, rec, ops, rev)
-                return
-            if session_lost(resp):
-                lost = True
-                return
-            await asyncio.gather(*(one(*g) for g in group))
+            while group:
+                if len(group) == 1:
+                    await one(*group[0])
+                    return
+                plans = [prepare(tid, t) for tid, t, _, _ in group]
+                resp = await self._commit(
+                    [*(x for p in plans for x in p[0]), _value_is(session_key, session_value)],
+                    [x for p in plans for x in p[1]],
+                    [
+                        _get(session_key),
+                        *(
+                            _get(k, keys_only=True)
+                            for tid, t, _, _ in group
+                            for k in (t.key, self._claim_key(tid))
+                        ),
+                    ],
+                )
+                if resp is None or resp.succeeded:
+                    rev = resp.header.revision if resp is not None else 0
+                    for (tid, t, a, c), (_, ops, rec) in zip(group, plans, strict=True):
+                        finish(tid, t, a, c, rec, ops, rev)
+                    return
+                if session_lost(resp):
+                    lost = True
+                    return
+                now_kvs = [r.response_range.kvs for r in resp.responses[1:]]
+                still = [
+                    g
+                    for n, g in enumerate(group)
+                    if now_kvs[2 * n]
+                    and now_kvs[2 * n][0].mod_revision == g[1].mod_revision
+                    and not now_kvs[2 * n + 1]
+                ]
+                if len(still) == len(group):  # cannot tell what moved: one at a time
+                    await asyncio.gather(*(one(*g) for g in group))
+                    return
+                group = still
 
         # Rounds: try as many candidates as claims are still wanted, in order, until enough
         # were won or the candidates ran out. The tries of a round are grouped into as few

@@ -623,6 +623,34 @@ async def test_a_claim_batch_spans_several_transactions(store_url: str) -> None:
         await store.close()
 
 
+async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
+    store: EtcdStore, store_url: str
+) -> None:
+    tasks = [spec() for _ in range(5)]
+    await store.submit(tasks)
+    session = await store.register_expert(ExpertInfo("e"), 10)
+    rival = EtcdStore(store_url)
+    await rival.open()
+    commits = 0
+    real_commit = store._commit
+
+    async def commit_after_a_rival(*args: object) -> object:
+        nonlocal commits
+        commits += 1
+        if commits == 1:  # between this claim's read and its transaction, a rival wins one
+            rs = await rival.register_expert(ExpertInfo("rival"), 10)
+            await rival.claim("rival", rs, Q, ANY, limit=1, lease_ttl=10, task_ids=[tasks[2].id])
+        return await real_commit(*args)  # type: ignore[arg-type]
+
+    store._commit = commit_after_a_rival  # type: ignore[method-assign]
+    try:
+        got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=10)
+    finally:
+        await rival.close()
+    assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
+    assert commits == 2  # the batch, then the four still free in one more transaction
+
+
 async def test_a_completion_batch_fences_out_only_the_task_that_moved(
     store: EtcdStore, store_url: str
 ) -> None:
