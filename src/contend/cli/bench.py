@@ -122,7 +122,7 @@ class Bench:
                 raise RuntimeError(f"only {done}/{n} tasks done after {timeout}s")
             # The end time comes from the store, not from this poll; a slow poll keeps the
             # benchmark's own reads (stats() reads every task on etcd) out of the measurement.
-            await asyncio.sleep(float(os.environ.get("POLL", "0.5")))
+            await asyncio.sleep(0.5)
 
     # -- measurements ----------------------------------------------------------------------
     async def submit(self) -> None:
@@ -234,6 +234,9 @@ async def _purge(store: Store) -> None:
     if purge is None:
         raise RuntimeError(f"{store.url}: this backend cannot be emptied for a benchmark")
     await purge()
+    compact = getattr(store, "compact_history", None)
+    if compact is not None:  # etcd: start each measurement from a compacted history
+        await compact()
 
 
 def _backend(url: str | None) -> str:

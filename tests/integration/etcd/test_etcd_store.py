@@ -417,6 +417,30 @@ async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
         await writer.close()
 
 
+async def test_compacted_history_keeps_the_store_and_its_watch_working(store_url: str) -> None:
+    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        first = spec()
+        await writer.submit([first])
+        await waiter.wait_for_change(0)  # the watch starts at the waiter's last revision
+        for _ in range(20):  # history the compaction drops
+            await writer.submit([spec()])
+        rev = await writer.compact_history()
+        assert rev > 0 and await writer.compact_history() >= rev  # twice is harmless
+        waiting = asyncio.create_task(waiter.wait_for_change(30))
+        await writer.submit([spec()])
+        await asyncio.wait_for(waiting, 10)
+        assert (await waiter.get(first.id)).state == TaskState.PENDING
+        session = await waiter.register_expert(ExpertInfo("e"), 10)
+        got = await waiter.claim("e", session, Q, ANY, limit=50, lease_ttl=10)
+        assert len(got) == 22
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
 async def test_a_write_before_the_watch_started_is_not_missed(store_url: str) -> None:
     waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
     await waiter.open()
