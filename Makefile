@@ -3,5 +3,5 @@ demo:            ## install into .venv and run the demo on the embedded SQLite s
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
 	scripts/test.sh
-bench:           ## run the benchmarks and rewrite docs/benchmarks.md
-	scripts/venv.sh dev && .venv/bin/contend bench
+bench:           ## run every backend's benchmark and rewrite docs/benchmarks.md
+	scripts/bench.sh

@@ -146,3 +146,26 @@ async def lapse_overdue_sessions(store: EtcdStore, now: float) -> int:
         if e.alive and e.lease_deadline < now and await store.end_session(e.info.id):
             ended += 1
     return ended
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m contend.testing.etcd_server CMD ARG...``: run CMD against a throwaway etcd
+    (``{url}`` in an argument becomes the server's URL), then stop the server and delete its
+    data. The benchmark uses it; so can a quick manual try."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m contend.testing.etcd_server CMD ARG... ({url} is replaced)")
+        return 2
+    server = EtcdServer()
+    server.start()
+    try:
+        print(f"etcd {server.binary} at {server.url}", flush=True)
+        return subprocess.call([a.replace("{url}", server.url) for a in args])
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
