@@ -248,6 +248,9 @@ def _value_is(key: bytes, value: bytes) -> Any:
     return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 @dataclass(slots=True)
 class _Rec:
     """A task record as stored under ``t/{id}`` (payloads live under ``d/{id}/``)."""
@@ -279,9 +282,7 @@ class _Rec:
     history: list[list[Any]]
 
     def dumps(self) -> bytes:
-        return json.dumps(
-            {name: getattr(self, name) for name in self.__slots__}, separators=(",", ":")
-        ).encode()
+        return _COMPACT.encode({name: getattr(self, name) for name in self.__slots__}).encode()
 
     @classmethod
     def loads(cls, data: bytes) -> _Rec:
@@ -333,7 +334,7 @@ class EtcdStore:
         self._stat_cache: dict[bytes, tuple[tuple[int, int, int], str, str, float, float]] = {}
         self._stat_rev = 0  # the lowest revision of the last stats() read
         # task id -> (task, claim) KeyValues as this instance's claim wrote them
-        self._owned: dict[str, tuple[Any, Any]] = {}
+        self._owned: dict[str, tuple[Any, Any, _Rec]] = {}
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -1114,7 +1115,7 @@ class EtcdStore:
         def finish(tid: str, t: Any, a: Any, c: Any, rec: _Rec, ops: list[Any], rev: int) -> None:
             """Record a claim that landed at revision *rev* (0: unknown, a lost reply)."""
             if rev:
-                self._remember_owned(tid, ops[0].request_put, ops[1].request_put, rev)
+                self._remember_owned(tid, ops[0].request_put, ops[1].request_put, rev, rec)
             args, kwargs = json.loads(a.value)
             claimed = Claimed(
                 id=tid,
@@ -1356,11 +1357,13 @@ class EtcdStore:
                 return None
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
 
-    def _remember_owned(self, tid: str, task_put: Any, claim_put: Any, rev: int) -> None:
-        """Keep the task and claim keys as a claim of this instance put them at *rev*."""
+    def _remember_owned(self, tid: str, task_put: Any, claim_put: Any, rev: int, rec: _Rec) -> None:
+        """Keep the task and claim keys as a claim of this instance put them at *rev*, and
+        the record it wrote (not to be changed after)."""
         self._owned[tid] = (
             rpc.KeyValue(key=task_put.key, value=task_put.value, mod_revision=rev),
             rpc.KeyValue(key=claim_put.key, value=claim_put.value, mod_revision=rev),
+            rec,
         )
         while len(self._owned) > OWNED_CACHE:  # tasks lost to expiry are never written again
             del self._owned[next(iter(self._owned))]
@@ -1397,16 +1400,17 @@ class EtcdStore:
         its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
         # What this instance's own claim wrote stands in for a read: the transaction compares
         # both revisions, so a task that changed since makes it fail and be re-read below.
-        known = [self._owned.pop(tid, None) for tid, _ in items]
+        known: list[tuple[Any, Any] | None] = []
         checks: dict[int, _Rec] = {}
         for n, (tid, fence) in enumerate(items):
-            pair = known[n]
-            if pair is not None:
-                checked = self._check_owner(expert, tid, fence, states, pair[0], pair[1])
-                if isinstance(checked, FencedOut):
-                    known[n] = None  # decide refusals on what etcd holds now
-                else:
-                    checks[n] = checked
+            mine = self._owned.pop(tid, None)
+            if mine is not None and (
+                mine[2].fence == fence and mine[2].owner == expert and mine[2].state in states
+            ):
+                known.append((mine[0], mine[1]))  # the claim key holds the same fence
+                checks[n] = mine[2]
+            else:
+                known.append(None)  # decide refusals on what etcd holds now
         unknown = [n for n, k in enumerate(known) if k is None]
         reads = await self._read_many(
             [
