@@ -12,6 +12,8 @@ a ``/`` in a name can never be read as a separator)::
     {p}d/{task}/args              [args, kwargs]          written once at submit
     {p}d/{task}/result            the result JSON         written by complete()
     {p}d/{task}/checkpoint        the checkpoint JSON     written by checkpoint()
+                                  (args and result of up to INLINE_MAX characters travel in
+                                  the task record instead, which saves a key per task)
     {p}q/{queue}/{inv}/{due}/{task}
                                   the priority index: one key per pending task. {inv} is
                                   10_000_000 - effective priority on 8 digits and {due} the due
@@ -150,6 +152,8 @@ WRITE_RETRIES = 20
 AGED_BASE = 10_000_000
 #: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
 CLAIM_OPS = 6
+#: Payloads up to this many characters are kept in the task record, not in a d/ key of their own.
+INLINE_MAX = 1024
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
 OWNED_CACHE = 16_384
 #: How many sessions' lease ids and records one store instance keeps cached.
@@ -280,6 +284,11 @@ class _Rec:
     aged: int  # the effective priority: grows as the task waits (expire() raises it)
     promote_at: float  # when it gains its next step
     history: list[list[Any]]
+    # Small payloads travel in the record (one key less to write and read per task); a payload
+    # larger than INLINE_MAX, and every payload of a record written before, lives under d/.
+    args: str | None = None  # "[args, kwargs]" JSON text
+    result: str | None = None  # the result JSON text, once succeeded
+    checkpointed: bool | None = None  # a d/{id}/checkpoint exists (None: not known, look)
 
     def dumps(self) -> bytes:
         return _COMPACT.encode({name: getattr(self, name) for name in self.__slots__}).encode()
@@ -658,10 +667,13 @@ class EtcdStore:
             if spec.id in awaited and failed is None:
                 rec.has_waiters = True
             cmp.append(_absent(self._task_key(spec.id)))
+            payload = f"[{spec.args_json},{spec.kwargs_json}]"
+            rec.checkpointed = False
+            if len(payload) <= INLINE_MAX:
+                rec.args = payload
+            else:
+                ops.append(_put(self._data_key(spec.id, "args"), payload))
             ops.append(_put(self._task_key(spec.id), rec.dumps()))
-            ops.append(
-                _put(self._data_key(spec.id, "args"), f"[{spec.args_json},{spec.kwargs_json}]")
-            )
             groups.append((spec.id, cmp, ops))
         for ids, cmp, ops in self._pack(groups):
             if not (await self._txn(cmp, ops)).succeeded:
@@ -756,24 +768,50 @@ class EtcdStore:
             out[r.id] = found if found is not None else (r.lease_deadline or r.updated_at)
         return out
 
+    async def _payloads(
+        self, recs: Sequence[_Rec], *, result: bool = True
+    ) -> list[tuple[tuple[list[JSON], dict[str, JSON]] | None, JSON, JSON]]:
+        """(args, result, checkpoint) of each record: from the record where it is kept there,
+        else from its d/ key, all such keys read in one round trip."""
+        keys: list[bytes] = []
+        for rec in recs:
+            if rec.args is None:
+                keys.append(self._data_key(rec.id, "args"))
+            if result and rec.state == "succeeded" and rec.result is None:
+                keys.append(self._data_key(rec.id, "result"))
+            if rec.checkpointed is not False:
+                keys.append(self._data_key(rec.id, "checkpoint"))
+        kvs = await self._read_many(keys)
+        found = {k: kv.value for k, kv in zip(keys, kvs, strict=True) if kv is not None}
+        out: list[tuple[tuple[list[JSON], dict[str, JSON]] | None, JSON, JSON]] = []
+        for rec in recs:
+            a = rec.args if rec.args is not None else found.get(self._data_key(rec.id, "args"))
+            r = None
+            if result and rec.state == "succeeded":
+                r = (
+                    rec.result
+                    if rec.result is not None
+                    else found.get(self._data_key(rec.id, "result"))
+                )
+            c = found.get(self._data_key(rec.id, "checkpoint"))
+            args = json.loads(a) if a is not None else None
+            out.append(
+                (
+                    (args[0], args[1]) if args else None,
+                    json.loads(r) if r is not None else None,
+                    json.loads(c) if c is not None else None,
+                )
+            )
+        return out
+
     async def get(self, task_id: str, *, history: bool = False) -> Task:
-        ids = [self._task_key(task_id)] + [
-            self._data_key(task_id, w) for w in ("args", "result", "checkpoint")
-        ]
-        t, a, r, c = await self._read_many(ids)
+        t = (await self._read_many([self._task_key(task_id)]))[0]
         if t is None:
             raise TaskNotFound(task_id)
         rec = _Rec.loads(t.value)
         deadline = (await self._deadlines([rec])).get(rec.id)
-        args = json.loads(a.value) if a is not None else None
-        return self._view(
-            rec,
-            (args[0], args[1]) if args else None,
-            json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
-            json.loads(c.value) if c is not None else None,
-            history,
-            deadline,
-        )
+        ((args, result, checkpoint),) = await self._payloads([rec])
+        return self._view(rec, args, result, checkpoint, history, deadline)
 
     async def list_tasks(
         self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
@@ -789,25 +827,12 @@ class EtcdStore:
                 recs.append(rec)
         recs.sort(key=lambda r: r.id)
         recs = recs[:limit]
-        data = await self._read_many(
-            [self._data_key(r.id, w) for r in recs for w in ("args", "result", "checkpoint")]
-        )
+        data = await self._payloads(recs)
         deadlines = await self._deadlines(recs)
-        out = []
-        for n, rec in enumerate(recs):
-            a, r, c = data[3 * n : 3 * n + 3]
-            args = json.loads(a.value) if a is not None else None
-            out.append(
-                self._view(
-                    rec,
-                    (args[0], args[1]) if args else None,
-                    json.loads(r.value) if r is not None and rec.state == "succeeded" else None,
-                    json.loads(c.value) if c is not None else None,
-                    False,
-                    deadlines.get(rec.id),
-                )
-            )
-        return out
+        return [
+            self._view(rec, args, result, checkpoint, False, deadlines.get(rec.id))
+            for rec, (args, result, checkpoint) in zip(recs, data, strict=True)
+        ]
 
     async def stats(self) -> StoreStats:
         now = self._clock()
@@ -1116,7 +1141,7 @@ class EtcdStore:
             """Record a claim that landed at revision *rev* (0: unknown, a lost reply)."""
             if rev:
                 self._remember_owned(tid, ops[0].request_put, ops[1].request_put, rev, rec)
-            args, kwargs = json.loads(a.value)
+            args, kwargs = a
             claimed = Claimed(
                 id=tid,
                 type=rec.type,
@@ -1126,7 +1151,7 @@ class EtcdStore:
                 fence=rec.fence,
                 attempt=rec.attempts,
                 max_attempts=rec.max_attempts,
-                checkpoint=json.loads(c.value) if c is not None else None,
+                checkpoint=c,
                 timeout=rec.timeout,
                 lease_deadline=now + ttl,
                 priority=rec.priority,
@@ -1200,26 +1225,21 @@ class EtcdStore:
         rest = cands
         while rest and len(won) < limit and not lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
-            reads = await self._read_many(
-                [
-                    k
-                    for tid in batch
-                    for k in (
-                        self._task_key(tid),
-                        self._data_key(tid, "args"),
-                        self._data_key(tid, "checkpoint"),
-                    )
-                ]
-            )
-            tries: list[tuple[str, Any, Any, Any]] = []
-            for n, tid in enumerate(batch):
-                t, a, c = reads[3 * n : 3 * n + 3]
-                if t is None or a is None:
+            reads = await self._read_many([self._task_key(tid) for tid in batch])
+            ready: list[tuple[str, Any, _Rec]] = []
+            for tid, t in zip(batch, reads, strict=True):
+                if t is None:
                     continue
                 rec = _Rec.loads(t.value)
                 if rec.state == "pending" and rec.pending_key is not None and rec.run_at <= now:
-                    tries.append((tid, t, a, c))
-                    parsed[tid] = rec
+                    ready.append((tid, t, rec))
+            tries: list[tuple[str, Any, Any, Any]] = []
+            payloads = await self._payloads([rec for _, _, rec in ready], result=False)
+            for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
+                if a is None:  # not written yet: the submission is still going on
+                    continue
+                tries.append((tid, t, a, c))
+                parsed[tid] = rec
             await asyncio.gather(
                 *(many(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
             )
@@ -1301,10 +1321,8 @@ class EtcdStore:
                 kvs = resp.responses[0].response_range.kvs
                 lost = lost or not kvs or kvs[0].value != session_value
                 return None  # the victim started it, or someone else stole it first
-            a, ck = await self._read_many(
-                [self._data_key(tid, "args"), self._data_key(tid, "checkpoint")]
-            )
-            args, kwargs = json.loads(a.value) if a is not None else ([], {})
+            ((a, _, ck),) = await self._payloads([rec], result=False)
+            args, kwargs = a if a is not None else ([], {})
             return Claimed(
                 id=tid,
                 type=rec.type,
@@ -1314,7 +1332,7 @@ class EtcdStore:
                 fence=rec.fence,
                 attempt=rec.attempts,
                 max_attempts=rec.max_attempts,
-                checkpoint=json.loads(ck.value) if ck is not None else None,
+                checkpoint=ck,
                 timeout=rec.timeout,
                 lease_deadline=now + ttl,
                 priority=rec.priority,
@@ -1569,6 +1587,7 @@ class EtcdStore:
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
         def apply(rec: _Rec, now: float) -> list[Any]:
             rec.updated_at = now
+            rec.checkpointed = True
             return [
                 _put(self._task_key(rec.id), rec.dumps()),
                 _put(self._data_key(rec.id, "checkpoint"), state_json),
@@ -1590,8 +1609,11 @@ class EtcdStore:
                 rec.state, rec.updated_at = "succeeded", now
                 rec.event(now, "succeeded", expert)
                 out += self._ended(rec)
+                if len(item.result_json) <= INLINE_MAX:
+                    rec.result = item.result_json
+                else:
+                    out.append(_put(self._data_key(rec.id, "result"), item.result_json))
                 out.append(_put(self._task_key(rec.id), rec.dumps()))
-                out.append(_put(self._data_key(rec.id, "result"), item.result_json))
                 return out
 
             return ops

@@ -154,6 +154,42 @@ async def test_big_batch_is_split_into_transactions(store_url: str) -> None:
         await store.close()
 
 
+async def test_small_payloads_ride_in_the_record_and_big_ones_in_keys_of_their_own(
+    store: EtcdStore,
+) -> None:
+    big = "x" * 5_000  # more than INLINE_MAX
+    small, large = TaskSpec.build("work", ["s"]), TaskSpec.build("work", [big], {"k": big})
+    await store.submit([small, large])
+    s = await store.register_expert(ExpertInfo("e"), 10)
+    got = {c.id: c for c in await store.claim("e", s, Q, ANY, limit=2, lease_ttl=10)}
+    assert got[small.id].args == ["s"]
+    assert got[large.id].args == [big] and got[large.id].kwargs == {"k": big}
+    await store.checkpoint("e", large.id, got[large.id].fence, json.dumps({"at": big}))
+    results = [json.dumps("done"), json.dumps([big, 1])]
+    assert await store.complete(
+        "e",
+        [
+            Completion(t.id, got[t.id].fence, r)
+            for t, r in zip([small, large], results, strict=True)
+        ],
+    ) == [None, None]
+    for t, r in zip([small, large], results, strict=True):
+        task = await store.get(t.id)
+        assert task.state == TaskState.SUCCEEDED and task.result == json.loads(r)
+    listed = {t.id: t for t in await store.list_tasks()}
+    assert listed[large.id].result == [big, 1] and listed[large.id].args == [big]
+    assert listed[large.id].checkpoint == {"at": big} and listed[small.id].checkpoint is None
+    # a checkpoint survives a lapsed claim: the next owner resumes from it
+    again = TaskSpec.build("work", [])
+    await store.submit([again])
+    s1 = await store.register_expert(ExpertInfo("e1"), 1)
+    (c,) = await store.claim("e1", s1, Q, ANY, limit=1, lease_ttl=1)
+    await store.checkpoint("e1", again.id, c.fence, json.dumps(7))
+    await expire_until(store, 1)
+    (c2,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=10)
+    assert c2.id == again.id and c2.checkpoint == 7
+
+
 async def test_requirements_and_delay_filter_claimable(store: EtcdStore) -> None:
     gpu = spec(requirements=["gpu"])
     later = spec(delay=3600)
