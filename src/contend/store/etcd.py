@@ -85,6 +85,7 @@ import contextlib
 import functools
 import json
 import math
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -152,6 +153,8 @@ WRITE_RETRIES = 20
 AGED_BASE = 10_000_000
 #: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
 CLAIM_OPS = 6
+#: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
+CONTENDED_FOR = 2.0
 #: Payloads up to this many characters are kept in the task record, not in a d/ key of their own.
 INLINE_MAX = 1024
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
@@ -344,6 +347,7 @@ class EtcdStore:
         self._stat_rev = 0  # the lowest revision of the last stats() read
         # task id -> (task, claim) KeyValues as this instance's claim wrote them
         self._owned: dict[str, tuple[Any, Any, _Rec]] = {}
+        self._contended_until = 0.0  # monotonic time: rivals won claims of this instance
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -984,10 +988,13 @@ class EtcdStore:
         limit: int,
         low_lane: int,
         now: float,
+        spread: bool = False,
     ) -> list[str]:
         """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
         priority, plus the ``low_lane`` due the longest; more of the best after them, to try
-        when rivals win some."""
+        when rivals win some. With *spread* (rivals have been winning this instance's races),
+        the best are taken from a random place among the equally good candidates read, so that
+        experts reading the same head of the index do not all reach for the same tasks."""
         low_lane = max(0, min(low_lane, limit))
         if low_lane:  # both indexes read at once: one round trip less
             best, oldest = await asyncio.gather(
@@ -996,6 +1003,12 @@ class EtcdStore:
             )
         else:
             best, oldest = await self._candidates(queues, caps, limit, now), []
+        if spread and best:
+            top = self._order(best[0][1])[0]
+            level = next((n for n, f in enumerate(best) if self._order(f[1])[0] != top), len(best))
+            if level > limit:  # more equally good tasks than wanted: start somewhere in them
+                shift = random.randrange(level)
+                best = best[shift:level] + best[:shift] + best[level:]
         chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
         for tid, _ in oldest:
             chosen.setdefault(tid)
@@ -1080,7 +1093,14 @@ class EtcdStore:
         if task_ids is None:
             (lease, session_value), cands = await asyncio.gather(
                 self._session(expert, session),
-                self._choose(queues, capabilities, limit, low_lane, now),
+                self._choose(
+                    queues,
+                    capabilities,
+                    limit,
+                    low_lane,
+                    now,
+                    spread=time.monotonic() < self._contended_until,
+                ),
             )
         else:
             ids = list(dict.fromkeys(task_ids))
@@ -1170,7 +1190,10 @@ class EtcdStore:
                 [*cmp, _value_is(session_key, session_value)], ops, [_get(session_key)]
             )
             if resp is not None and not resp.succeeded:
-                lost = lost or session_lost(resp)
+                if session_lost(resp):
+                    lost = True
+                else:
+                    self._contended_until = time.monotonic() + CONTENDED_FOR
                 return  # another expert won this one, or the session ended
             finish(tid, t, a, c, rec, ops, resp.header.revision if resp is not None else 0)
 
@@ -1213,6 +1236,7 @@ class EtcdStore:
                     and now_kvs[2 * n][0].mod_revision == g[1].mod_revision
                     and not now_kvs[2 * n + 1]
                 ]
+                self._contended_until = time.monotonic() + CONTENDED_FOR
                 if len(still) == len(group):  # cannot tell what moved: one at a time
                     await asyncio.gather(*(one(*g) for g in group))
                     return

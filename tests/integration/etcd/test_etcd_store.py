@@ -709,6 +709,28 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
         await rival.close()
     assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
     assert commits == 2  # the batch, then the four still free in one more transaction
+    assert store._contended_until > time.monotonic()  # its next claims spread out
+
+
+async def test_a_contended_claimer_spreads_over_equally_good_tasks(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    same = [spec() for _ in range(40)]
+    urgent = spec(priority=5)
+    await store.submit([*same, urgent])
+    session = await store.register_expert(ExpertInfo("e"), 10)
+    (first,) = await store.claim("e", session, Q, ANY, limit=1, lease_ttl=10)
+    assert first.id == urgent.id  # uncontended: the best first
+    (second,) = await store.claim("e", session, Q, ANY, limit=1, lease_ttl=10)
+    assert second.id == same[0].id  # and first in, first out
+    store._contended_until = time.monotonic() + 60  # as after a rival won a batch
+    monkeypatch.setattr("contend.store.etcd.random.randrange", lambda n: 10)
+    got = await store.claim("e", session, Q, ANY, limit=3, lease_ttl=10)
+    assert [c.id for c in got] == [t.id for t in same[11:14]]  # from a place among equals
+    late = spec(priority=9)
+    await store.submit([late])
+    (top,) = await store.claim("e", session, Q, ANY, limit=1, lease_ttl=10)
+    assert top.id == late.id  # never past a better task: only equals are spread over
 
 
 async def test_a_completion_batch_fences_out_only_the_task_that_moved(
