@@ -1200,8 +1200,8 @@ class EtcdStore:
         async def many(group: list[tuple[str, Any, Any, Any]]) -> None:
             """Claim a group of tasks in one transaction: every task's revision and absent
             claim key, and the live session, are compared at once. When any task moved
-            meanwhile (a rival claimed it), the failed transaction's reads tell which: the
-            tasks still as read are tried again together, the others are left to the rival."""
+            meanwhile (a rival claimed it), one read tells which: the tasks still as read are
+            tried again together, the others are left to the rival."""
             nonlocal lost
             while group:
                 if len(group) == 1:
@@ -1211,14 +1211,7 @@ class EtcdStore:
                 resp = await self._commit(
                     [*(x for p in plans for x in p[0]), _value_is(session_key, session_value)],
                     [x for p in plans for x in p[1]],
-                    [
-                        _get(session_key),
-                        *(
-                            _get(k, keys_only=True)
-                            for tid, t, _, _ in group
-                            for k in (t.key, self._claim_key(tid))
-                        ),
-                    ],
+                    [_get(session_key)],
                 )
                 if resp is None or resp.succeeded:
                     rev = resp.header.revision if resp is not None else 0
@@ -1228,13 +1221,16 @@ class EtcdStore:
                 if session_lost(resp):
                     lost = True
                     return
-                now_kvs = [r.response_range.kvs for r in resp.responses[1:]]
+                # Which tasks moved: one read (a lost race is rare once claims spread out).
+                now_kvs = await self._read_many(
+                    [k for tid, t, _, _ in group for k in (t.key, self._claim_key(tid))]
+                )
                 still = [
                     g
                     for n, g in enumerate(group)
-                    if now_kvs[2 * n]
-                    and now_kvs[2 * n][0].mod_revision == g[1].mod_revision
-                    and not now_kvs[2 * n + 1]
+                    if now_kvs[2 * n] is not None
+                    and now_kvs[2 * n].mod_revision == g[1].mod_revision
+                    and now_kvs[2 * n + 1] is None
                 ]
                 self._contended_until = time.monotonic() + CONTENDED_FOR
                 if len(still) == len(group):  # cannot tell what moved: one at a time
