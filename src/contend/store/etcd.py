@@ -153,6 +153,11 @@ WRITE_RETRIES = 20
 AGED_BASE = 10_000_000
 #: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
 CLAIM_OPS = 6
+#: Index value bytes that say "no requirements" (no need to parse them for a capability check).
+_REQ_NONE = b'"req":null'
+_REQ_NONE_ONLY = frozenset({b'{"req": null}', b'{"req":null}'})
+#: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
+SPREAD_DEPTH = 6
 #: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
 CONTENDED_FOR = 2.0
 #: Payloads up to this many characters are kept in the task record, not in a d/ key of their own.
@@ -934,24 +939,30 @@ class EtcdStore:
         return inv, due, tid
 
     async def _candidates(
-        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
-    ) -> list[tuple[str, str, dict[str, Any]]]:
-        """(task id, pending key, index value) of due tasks *caps* can run, best first."""
-        found: list[tuple[str, str, dict[str, Any]]] = []
+        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float, want: int = 0
+    ) -> list[tuple[str, str]]:
+        """(task id, pending key) of due tasks *caps* can run, best first: at least *limit*
+        (or *want*) of each queue where there are that many, read in pages."""
+        found: list[tuple[str, str]] = []
+        want = max(want, limit)
+        page = max(64, 2 * limit, want)
+        now_us, skip = _micros(now), len(self._p)
         for queue in dict.fromkeys(queues):
             prefix = self._k("q", _enc(queue), "")
             start, end = prefix, _prefix_end(prefix)
             taken = 0
-            while taken < limit:
-                resp = await self._range(start, end, limit=max(64, 2 * limit))
+            while taken < want:
+                resp = await self._range(start, end, limit=page)
                 for kv in resp.kvs:
-                    meta = json.loads(kv.value)
-                    if meta["run_at"] > now or not caps.satisfies(
-                        Requirements.from_json(meta["req"])
+                    key = kv.key[skip:].decode()
+                    _, due, tid = key.rsplit("/", 3)[1:]  # the due time is in the key
+                    if int(due) > now_us:
+                        continue
+                    if _REQ_NONE not in kv.value and not caps.satisfies(
+                        Requirements.from_json(json.loads(kv.value)["req"])
                     ):
                         continue
-                    key = kv.key[len(self._p) :].decode()
-                    found.append((_unenc(key.rsplit("/", 1)[1]), key, meta))
+                    found.append((_unenc(tid), key))
                     taken += 1
                 if not resp.more or not resp.kvs:
                     break
@@ -971,7 +982,9 @@ class EtcdStore:
             while taken < limit:
                 resp = await self._range(start, end, limit=max(64, 2 * limit))
                 for kv in resp.kvs:
-                    if caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"])):
+                    if kv.value in _REQ_NONE_ONLY or caps.satisfies(
+                        Requirements.from_json(json.loads(kv.value)["req"])
+                    ):
                         due, tid = kv.key[len(prefix) :].decode().split("/")
                         found.append((_unenc(tid), int(due) / 1_000_000))
                         taken += 1
@@ -996,18 +1009,19 @@ class EtcdStore:
         the best are taken from a random place among the equally good candidates read, so that
         experts reading the same head of the index do not all reach for the same tasks."""
         low_lane = max(0, min(low_lane, limit))
+        want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
         if low_lane:  # both indexes read at once: one round trip less
             best, oldest = await asyncio.gather(
-                self._candidates(queues, caps, limit, now),
+                self._candidates(queues, caps, limit, now, want),
                 self._longest_waiting(queues, caps, low_lane, now),
             )
         else:
-            best, oldest = await self._candidates(queues, caps, limit, now), []
+            best, oldest = await self._candidates(queues, caps, limit, now, want), []
         if spread and best:
             top = self._order(best[0][1])[0]
             level = next((n for n, f in enumerate(best) if self._order(f[1])[0] != top), len(best))
-            if level > limit:  # more equally good tasks than wanted: start somewhere in them
-                shift = random.randrange(level)
+            if level > limit:  # more equally good tasks than wanted: take a stripe of them
+                shift = limit * random.randrange(level // limit)
                 best = best[shift:level] + best[:shift] + best[level:]
         chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
         for tid, _ in oldest:
