@@ -1,13 +1,14 @@
 """The etcd v3 store: many hosts share one etcd cluster; a claim is one etcd transaction.
 
 URL: ``etcd://host:port`` or ``etcd://host:port/prefix`` (every key lives under ``prefix/``,
-default ``contend/``). Options: ``timeout`` (seconds per RPC, default 5), ``max_txn_ops``
-(etcd's ``--max-txn-ops``, default 128).
+default ``contend/``). Options, in the URL's query (``etcd://host:2379/app?max_txn_ops=1024``)
+or as keyword arguments: ``timeout`` (seconds per RPC, default 5) and ``max_txn_ops`` (the
+cluster's ``--max-txn-ops``, default 128: how many operations one transaction may carry).
 
 Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
 a ``/`` in a name can never be read as a separator)::
 
-    {p}meta                       {"schema": 1}; written once by the first open()
+    {p}meta                       {"schema": 2}; written once by the first open()
     {p}t/{task}                   the task record, JSON, without its payloads
     {p}d/{task}/args              [args, kwargs]          written once at submit
     {p}d/{task}/result            the result JSON         written by complete()
@@ -91,7 +92,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from aetcd import rpc
 
@@ -183,7 +184,7 @@ _CHANNEL_OPTIONS = (
 
 
 def parse_etcd_url(url: str) -> tuple[str, int, str]:
-    """``etcd://host:port[/prefix]`` -> (host, port, key prefix ending in ``/``)."""
+    """``etcd://host:port[/prefix][?options]`` -> (host, port, key prefix ending in ``/``)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -193,12 +194,38 @@ def parse_etcd_url(url: str) -> tuple[str, int, str]:
         raise ConfigError(f"not an etcd URL: {url!r}")
     if not parts.hostname:
         raise ConfigError(f"etcd URL {url!r} names no host; write etcd://host:2379")
-    if parts.query or parts.fragment or parts.username or parts.password:
-        raise ConfigError(f"etcd URL {url!r}: options, fragments and credentials are not supported")
+    if parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"etcd URL {url!r}: fragments and credentials are not supported")
     prefix = parts.path.strip("/")
     if any(not seg for seg in prefix.split("/")) and prefix:
         raise ConfigError(f"etcd URL {url!r}: the key prefix has an empty segment")
     return parts.hostname, port or 2379, (prefix or "contend") + "/"
+
+
+#: Options an etcd URL may carry (``?max_txn_ops=1024&timeout=10``), with their parsers.
+URL_OPTIONS: dict[str, Callable[[str], float | int]] = {"timeout": float, "max_txn_ops": int}
+
+
+def etcd_url_options(url: str) -> dict[str, float | int]:
+    """The options in an etcd URL's query; ConfigError for an unknown or malformed one."""
+    out: dict[str, float | int] = {}
+    query = urlsplit(url).query
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise ConfigError(f"etcd URL {url!r}: malformed options ({exc})") from exc
+    for name, value in pairs:
+        parse = URL_OPTIONS.get(name)
+        if parse is None:
+            known = ", ".join(URL_OPTIONS)
+            raise ConfigError(f"etcd URL {url!r}: unknown option {name!r} (known: {known})")
+        if name in out:
+            raise ConfigError(f"etcd URL {url!r}: option {name!r} given twice")
+        try:
+            out[name] = parse(value)
+        except ValueError as exc:
+            raise ConfigError(f"etcd URL {url!r}: option {name}={value!r} is not a number") from exc
+    return out
 
 
 @functools.lru_cache(maxsize=8192)
@@ -319,11 +346,21 @@ class EtcdStore:
         url: str,
         *,
         clock: Callable[[], float] = time.time,
-        timeout: float = 5.0,
-        max_txn_ops: int = 128,
+        timeout: float | None = None,
+        max_txn_ops: int | None = None,
     ) -> None:
         self.url = url
         self.host, self.port, prefix = parse_etcd_url(url)
+        options = etcd_url_options(url)
+        for name, given in (("timeout", timeout), ("max_txn_ops", max_txn_ops)):
+            if given is not None and name in options and options[name] != given:
+                raise ConfigError(
+                    f"etcd {name} is {options[name]!r} in the URL but {given!r} as an argument"
+                )
+        timeout = timeout if timeout is not None else options.get("timeout", 5.0)
+        max_txn_ops = (
+            max_txn_ops if max_txn_ops is not None else int(options.get("max_txn_ops", 128))
+        )
         self._p = prefix.encode()
         self._clock = clock
         if not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:

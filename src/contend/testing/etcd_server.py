@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,8 +54,14 @@ def _free_port() -> int:
 
 
 class EtcdServer:
-    def __init__(self, binary: str | None = None, data_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | None = None,
+        data_dir: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary or find_etcd()
+        self.extra_args = list(extra_args)  # more etcd flags, e.g. --max-txn-ops=1024
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="contend-etcd-")
         self.client_port = _free_port()
@@ -85,6 +92,7 @@ class EtcdServer:
                 "--election-timeout=100",
                 "--logger=zap",
                 "--log-level=warn",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -149,16 +157,24 @@ async def lapse_overdue_sessions(store: EtcdStore, now: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m contend.testing.etcd_server CMD ARG...``: run CMD against a throwaway etcd
-    (``{url}`` in an argument becomes the server's URL), then stop the server and delete its
-    data. The benchmark uses it; so can a quick manual try."""
+    """``python -m contend.testing.etcd_server [ETCD_FLAG... --] CMD ARG...``: run CMD against
+    a throwaway etcd started with the given flags (``{url}`` in an argument becomes the server's
+    URL), then stop the server and delete its data. The benchmark uses it; so can a quick
+    manual try."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print("usage: python -m contend.testing.etcd_server CMD ARG... ({url} is replaced)")
+    flags: list[str] = []
+    if "--" in args:
+        at = args.index("--")
+        flags, args = args[:at], args[at + 1 :]
+    if not args or any(not f.startswith("--") for f in flags):
+        print(
+            "usage: python -m contend.testing.etcd_server [ETCD_FLAG... --] CMD ARG... "
+            "({url} is replaced)"
+        )
         return 2
-    server = EtcdServer()
+    server = EtcdServer(extra_args=flags)
     server.start()
     try:
         print(f"etcd {server.binary} at {server.url}", flush=True)

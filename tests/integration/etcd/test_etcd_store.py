@@ -69,9 +69,28 @@ def test_url_parsing() -> None:
     assert parse_etcd_url("etcd://h:1234") == ("h", 1234, "contend/")
     assert parse_etcd_url("etcd://h/app/one") == ("h", 2379, "app/one/")
     assert parse_etcd_url("etcd://[::1]:2380/x") == ("::1", 2380, "x/")
-    for bad in ("etcd://", "etcd://h:99999", "etcd://h:1?x=1", "etcd://h:1/a//b", "redis://h"):
+    for bad in ("etcd://", "etcd://h:99999", "etcd://h:1/a//b", "redis://h", "etcd://u:p@h"):
         with pytest.raises(ConfigError):
             parse_etcd_url(bad)
+
+
+def test_url_options() -> None:
+    store = EtcdStore("etcd://h:1/app?max_txn_ops=1024&timeout=2.5")
+    assert (store._max_ops, store._timeout, store._p) == (1024, 2.5, b"app/")
+    assert EtcdStore("etcd://h:1", max_txn_ops=512)._max_ops == 512
+    assert EtcdStore("etcd://h:1?max_txn_ops=512", max_txn_ops=512)._max_ops == 512
+    for url, message in [
+        ("etcd://h:1?x=1", "unknown option 'x'"),
+        ("etcd://h:1?max_txn_ops=lots", "is not a number"),
+        ("etcd://h:1?max_txn_ops=8", "max_txn_ops must be an integer >= 16"),
+        ("etcd://h:1?timeout=0", "timeout must be a positive number"),
+        ("etcd://h:1?timeout=1&timeout=2", "given twice"),
+        ("etcd://h:1?timeout", "malformed options"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            EtcdStore(url)
+    with pytest.raises(ConfigError, match="in the URL but 256 as an argument"):
+        EtcdStore("etcd://h:1?max_txn_ops=512", max_txn_ops=256)
 
 
 def test_registry_builds_an_etcd_store() -> None:
