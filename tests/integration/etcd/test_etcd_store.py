@@ -7,11 +7,12 @@ and poll ``expire()`` with a deadline instead of advancing a fake clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -58,6 +59,19 @@ async def expire_until(store: EtcdStore, count: int, within: float = 10.0) -> No
         return moved >= count
 
     await eventually(check, within, f"{count} task(s) expired")
+
+
+@contextlib.asynccontextmanager
+async def open_stores(url: str, n: int) -> AsyncIterator[list[EtcdStore]]:
+    """*n* store instances on one prefix, as separate processes would have: opened, then closed."""
+    stores = [EtcdStore(url) for _ in range(n)]
+    try:
+        for s in stores:
+            await s.open()
+        yield stores
+    finally:
+        for s in stores:
+            await s.close()
 
 
 def spec(**kw: object) -> TaskSpec:
@@ -272,10 +286,7 @@ async def test_claim_without_live_session_raises_lease_lost(store: EtcdStore) ->
 
 # -- fencing -----------------------------------------------------------------------------------
 async def test_stale_owner_is_fenced_out(store_url: str) -> None:
-    a_store, b_store = EtcdStore(store_url), EtcdStore(store_url)
-    await a_store.open()
-    await b_store.open()
-    try:
+    async with open_stores(store_url, 2) as (a_store, b_store):
         t = spec()
         await a_store.submit([t])
         a = await a_store.register_expert(ExpertInfo("a"), 1)
@@ -302,9 +313,6 @@ async def test_stale_owner_is_fenced_out(store_url: str) -> None:
         (again,) = await b_store.complete("b", [Completion(t.id, theirs.fence, '"twice"')])
         assert isinstance(again, FencedOut)
         assert (await b_store.get(t.id)).result == "fresh"
-    finally:
-        await a_store.close()
-        await b_store.close()
 
 
 async def test_cancel_fences_out_the_owner(store: EtcdStore) -> None:
@@ -449,10 +457,7 @@ async def test_failed_dependency_kills_waiters_and_cycles_are_refused(store: Etc
 
 # -- wake-ups ----------------------------------------------------------------------------------
 async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
-    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
-    await waiter.open()
-    await writer.open()
-    try:
+    async with open_stores(store_url, 2) as (waiter, writer):
         # The first call starts the watch, from the last revision this client saw: nothing
         # written after that point can be missed, even before the watch exists.
         await waiter.wait_for_change(0)
@@ -467,16 +472,10 @@ async def test_watch_wakes_a_waiting_expert(store_url: str) -> None:
         started = time.monotonic()
         await waiter.wait_for_change(0.3)
         assert 0.25 <= time.monotonic() - started < 3
-    finally:
-        await waiter.close()
-        await writer.close()
 
 
 async def test_compacted_history_keeps_the_store_and_its_watch_working(store_url: str) -> None:
-    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
-    await waiter.open()
-    await writer.open()
-    try:
+    async with open_stores(store_url, 2) as (waiter, writer):
         first = spec()
         await writer.submit([first])
         await waiter.wait_for_change(0)  # the watch starts at the waiter's last revision
@@ -491,24 +490,15 @@ async def test_compacted_history_keeps_the_store_and_its_watch_working(store_url
         session = await waiter.register_expert(ExpertInfo("e"), 10)
         got = await waiter.claim("e", session, Q, ANY, limit=50, lease_ttl=10)
         assert len(got) == 22
-    finally:
-        await waiter.close()
-        await writer.close()
 
 
 async def test_a_write_before_the_watch_started_is_not_missed(store_url: str) -> None:
-    waiter, writer = EtcdStore(store_url), EtcdStore(store_url)
-    await waiter.open()
-    await writer.open()
-    try:
+    async with open_stores(store_url, 2) as (waiter, writer):
         assert await waiter.peek(Q, ANY, 10) == []  # the waiter has looked: nothing to do
         await writer.submit([spec()])  # then work arrives, before it waits for the first time
         started = time.monotonic()
         await waiter.wait_for_change(30)
         assert time.monotonic() - started < 5
-    finally:
-        await waiter.close()
-        await writer.close()
 
 
 # -- restarts ----------------------------------------------------------------------------------
