@@ -51,8 +51,8 @@ A claim compares, for each task, the task key's ``mod_revision`` with the one re
 ``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
 its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
 expert's lease, puts ``a/`` and deletes the pending-index keys. The tasks of one
-claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took one of them, each
-task of that ``Txn`` is tried again in a ``Txn`` of its own, so the others are still won. The fence is a
+claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took some of them, one
+read tells which, and the others are claimed together in the next ``Txn``. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
 reports (one more per claim), it survives a restore from a snapshot, and it is small enough to
 hand to external systems. Every owner write reads the task and its claim, checks fence, owner,
@@ -154,9 +154,8 @@ WRITE_RETRIES = 20
 AGED_BASE = 10_000_000
 #: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
 CLAIM_OPS = 6
-#: Index value bytes that say "no requirements" (no need to parse them for a capability check).
+#: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 _REQ_NONE = b'"req":null'
-_REQ_NONE_ONLY = frozenset({b'{"req": null}', b'{"req":null}'})
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
 SPREAD_DEPTH = 6
 #: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
@@ -747,15 +746,14 @@ class EtcdStore:
 
     @staticmethod
     def _index_value(rec: _Rec) -> bytes:
-        return json.dumps(
+        return _COMPACT.encode(
             {
                 "type": rec.type,
                 "req": rec.req,
                 "created_at": rec.created_at,
                 "run_at": rec.run_at,
                 "priority": rec.priority,
-            },
-            separators=(",", ":"),
+            }
         ).encode()
 
     def _view(
@@ -1019,7 +1017,7 @@ class EtcdStore:
             while taken < limit:
                 resp = await self._range(start, end, limit=max(64, 2 * limit))
                 for kv in resp.kvs:
-                    if kv.value in _REQ_NONE_ONLY or caps.satisfies(
+                    if _REQ_NONE in kv.value or caps.satisfies(
                         Requirements.from_json(json.loads(kv.value)["req"])
                     ):
                         due, tid = kv.key[len(prefix) :].decode().split("/")
@@ -1465,15 +1463,23 @@ class EtcdStore:
         if t is None:
             return FencedOut(task_id, fence, "no such task")
         rec = _Rec.loads(t.value)
-        if rec.fence != fence:
-            return FencedOut(task_id, fence, f"the task is at fence {rec.fence}")
-        if rec.owner != expert:
-            return FencedOut(task_id, fence, f"{expert} does not own it (owner: {rec.owner})")
-        if rec.state not in states:
-            return FencedOut(task_id, fence, f"the task is {rec.state}")
+        refused = EtcdStore._refusal(expert, fence, states, rec)
+        if refused is not None:
+            return FencedOut(task_id, fence, refused)
         if c is None or json.loads(c.value)["fence"] != fence:
             return FencedOut(task_id, fence, "the lease lapsed")
         return rec
+
+    @staticmethod
+    def _refusal(expert: str, fence: int, states: frozenset[str], rec: _Rec) -> str | None:
+        """Why the record *rec* does not let *expert* write at *fence*, or None."""
+        if rec.fence != fence:
+            return f"the task is at fence {rec.fence}"
+        if rec.owner != expert:
+            return f"{expert} does not own it (owner: {rec.owner})"
+        if rec.state not in states:
+            return f"the task is {rec.state}"
+        return None
 
     async def _owner_writes(
         self,
@@ -1493,9 +1499,7 @@ class EtcdStore:
         checks: dict[int, _Rec] = {}
         for n, (tid, fence) in enumerate(items):
             mine = self._owned.pop(tid, None)
-            if mine is not None and (
-                mine[2].fence == fence and mine[2].owner == expert and mine[2].state in states
-            ):
+            if mine is not None and self._refusal(expert, fence, states, mine[2]) is None:
                 known.append((mine[0], mine[1]))  # the claim key holds the same fence
                 checks[n] = mine[2]
             else:
@@ -1572,7 +1576,7 @@ class EtcdStore:
         """Make *rec* pending: its keys in the priority, age and promotion indexes."""
         rec.state = "pending"
         rec.pending_key = self._pending_key(rec)
-        req = json.dumps({"req": rec.req}).encode()
+        req = _COMPACT.encode({"req": rec.req}).encode()
         return [
             _put(self._k(rec.pending_key), self._index_value(rec)),
             _put(self._oldest_key(rec), req),
