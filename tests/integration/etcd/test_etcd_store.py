@@ -802,6 +802,50 @@ async def test_a_contended_claimer_spreads_over_equally_good_tasks(
     assert top.id == late.id  # never past a better task: only equals are spread over
 
 
+async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd counts every key of a range it reads: claims must not read the whole backlog, and
+    the bound they stop at must never hide a better task (new, urgent, released back)."""
+    backlog = [spec() for _ in range(1500)]
+    for i in range(0, len(backlog), 500):
+        await store.submit(backlog[i : i + 500])
+    session = await store.register_expert(ExpertInfo("e"), 30)
+    counts: list[int] = []
+    real_range = store._range
+
+    async def counting(key: bytes, end: bytes | None = None, **kw: object) -> object:
+        resp = await real_range(key, end, **kw)  # type: ignore[arg-type]
+        if key.startswith(store._k("q", "")):
+            counts.append(int(resp.count))  # the keys etcd walked for this read
+        return resp
+
+    monkeypatch.setattr(store, "_range", counting)
+
+    async def claim(n: int) -> list[str]:
+        return [c.id for c in await store.claim("e", session, Q, ANY, limit=n, lease_ttl=30)]
+
+    assert await claim(8) == [t.id for t in backlog[:8]]
+    assert counts == [1500]  # the first read has no bound yet
+    taken = 8
+    for n in (8, 8, 20, 8, 8):
+        counts.clear()
+        assert await claim(n) == [t.id for t in backlog[taken : taken + n]]
+        taken += n
+        assert max(counts) < 400, counts  # a window, not the 1,500-task backlog
+    urgent = spec(priority=3)
+    await store.submit([urgent])
+    assert await claim(2) == [urgent.id, backlog[taken].id]
+    taken += 1
+    (c,) = [x for x in await store.list_tasks(state=TaskState.RUNNING) if x.id == backlog[0].id]
+    assert await store.release("e", [(c.id, c.fence)]) == [None]
+    assert await claim(2) == [backlog[0].id, backlog[taken].id]
+    taken += 1
+    # a claimer that drained past its window reads on to the end of the index
+    store._windows = {k: dataclasses.replace(w, span=1) for k, w in store._windows.items() if w}
+    assert await claim(30) == [t.id for t in backlog[taken : taken + 30]]
+
+
 async def test_a_completion_batch_fences_out_only_the_task_that_moved(
     store: EtcdStore, store_url: str
 ) -> None:
