@@ -355,20 +355,21 @@ _ID_BITS = 112  # task ids are 28 hex digits: 112 bits
 
 @dataclass(slots=True)
 class _Window:
-    """Where the next read of one queue's priority index may stop: *span* past *last*, the
-    last key the previous read reached. Positions within a priority level are numbers made of
-    the due time and the task id (``_position``); *span* adapts so that a window holds a
-    page or a few: doubled when a read ran past the bound, halved when it held many pages."""
+    """Where the next read of one index (a queue's priority or age index) may stop: *span*
+    past *last*, the last key the previous read reached. Positions within a level are numbers
+    made of the due time and the task id (``_position``); *span* adapts so that a window holds
+    a page or a few: doubled when a read ran past the bound, halved when it held many pages."""
 
     last: bytes  # the whole key, prefix included
     span: int
 
     def segments(self, prefix: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """The ranges to read in turn: up to the bound, then on to *end*."""
         level, pos = _position(self.last[len(prefix) :])
         due, tid = divmod(pos + self.span, 1 << _ID_BITS)
-        if due >= 10**17:
+        bound = prefix + f"{level}{due:017d}/{tid:028x}".encode()
+        if due >= 10**17 or bound >= end:
             return [(prefix, end)]
-        bound = prefix + f"{level}/{due:017d}/{tid:028x}".encode()
         return [(prefix, bound), (bound, end)]
 
     @staticmethod
@@ -401,10 +402,12 @@ class _Window:
 
 
 def _position(suffix: bytes) -> tuple[str, int]:
-    """(priority level, position within it) of a priority-index key without its queue prefix:
-    ``{inv}/{due}/{id}`` -> (inv, due << 112 | id), the id read as hex where it is 28 hex
-    digits (contend's own ids) and as 0 otherwise."""
-    level, due, tid = suffix.decode().split("/", 2)
+    """(level, position within it) of an index key without its queue prefix: the priority
+    index's ``{inv}/{due}/{id}`` -> ("{inv}/", due << 112 | id), the age index's ``{due}/{id}``
+    -> ("", due << 112 | id); the id read as hex where it is 28 hex digits (contend's own ids)
+    and as 0 otherwise."""
+    *head, due, tid = suffix.decode().split("/")
+    level = "".join(f"{h}/" for h in head)
     try:
         num = int(tid, 16) if len(tid) == 28 else 0
     except ValueError:
@@ -1060,55 +1063,60 @@ class EtcdStore:
         inv, due, tid = pending_key.rsplit("/", 3)[1:]
         return inv, due, tid
 
+    async def _read_index(
+        self, prefix: bytes, end: bytes, page: int, want: int, keep: Callable[[Any], bool]
+    ) -> list[Any]:
+        """The KeyValues of an index range (*prefix* up to *end*) that *keep* accepts, in key
+        order: at least *want* where there are that many, read in pages of *page*.
+
+        etcd counts every key of a range it reads, whatever the limit, so a read of a whole
+        index costs time in proportion to the backlog (about 50 ms at 100,000 tasks). Each
+        index's read therefore stops at a bound a little past where the last one ended (its
+        ``_Window``); only when fewer keys lie before the bound does it read on to *end*."""
+        window = self._windows.get(prefix)
+        segments = [(prefix, end)] if window is None else window.segments(prefix, end)
+        out: list[Any] = []
+        first_count, spilled, first, last = 0, False, b"", b""
+        for n, (start, stop) in enumerate(segments):
+            spilled, first = n > 0, b""
+            while len(out) < want:
+                resp = await self._range(start, stop, limit=page)
+                first_count = first_count or int(resp.count)
+                out.extend(kv for kv in resp.kvs if keep(kv))
+                if resp.kvs:
+                    first, last = first or resp.kvs[0].key, resp.kvs[-1].key
+                if not resp.more or not resp.kvs:
+                    break
+                start = resp.kvs[-1].key + b"\0"
+            if len(out) >= want:
+                break
+        self._windows[prefix] = _Window.after(
+            window, len(prefix), last, first, spilled, first_count, page, len(out) >= want
+        )
+        return out
+
     async def _candidates(
         self, queues: Sequence[str], caps: Capabilities, limit: int, now: float, want: int = 0
     ) -> list[tuple[str, str]]:
         """(task id, pending key) of due tasks *caps* can run, best first: at least *limit*
-        (or *want*) of each queue where there are that many, read in pages.
-
-        etcd counts every key of a range it reads, whatever the limit: a read of the whole
-        index costs time in proportion to the backlog (about 50 ms at 100,000 tasks). So each
-        queue's read stops at a bound a little past where the last one ended (``_Window``); only
-        when fewer keys than a page lie before it is the rest of the index read."""
+        (or *want*) of each queue where there are that many."""
         found: list[tuple[str, str]] = []
         want = max(want, limit)
-        page = max(64, 2 * limit, want)
         now_us, skip = _micros(now), len(self._p)
+
+        def keep(kv: Any) -> bool:
+            due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
+            return due <= now_us and (
+                _REQ_NONE in kv.value
+                or caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"]))
+            )
+
         for queue in dict.fromkeys(queues):
             prefix = self._k("q", _enc(queue), "")
-            window = self._windows.get(prefix)
-            end = _prefix_end(prefix)
-            # Ranges to read in turn: up to the window's bound, then (if need be) the rest.
-            segments = [(prefix, end)] if window is None else window.segments(prefix, end)
-            taken, first_count, spilled, last = 0, 0, False, b""
-            for n, (start, stop) in enumerate(segments):
-                spilled = n > 0
-                seg_first = b""
-                while taken < want:
-                    resp = await self._range(start, stop, limit=page)
-                    first_count = first_count or int(resp.count)
-                    for kv in resp.kvs:
-                        key = kv.key[skip:].decode()
-                        _, due, tid = key.rsplit("/", 3)[1:]  # the due time is in the key
-                        if int(due) > now_us:
-                            continue
-                        if _REQ_NONE not in kv.value and not caps.satisfies(
-                            Requirements.from_json(json.loads(kv.value)["req"])
-                        ):
-                            continue
-                        found.append((_unenc(tid), key))
-                        taken += 1
-                    if resp.kvs:
-                        seg_first = seg_first or resp.kvs[0].key
-                        last = resp.kvs[-1].key
-                    if not resp.more or not resp.kvs:
-                        break
-                    start = resp.kvs[-1].key + b"\0"
-                if taken >= want:
-                    break
-            self._windows[prefix] = _Window.after(
-                window, len(prefix), last, seg_first, spilled, first_count, page, taken >= want
-            )
+            page = max(64, 2 * limit, want)
+            for kv in await self._read_index(prefix, _prefix_end(prefix), page, want, keep):
+                key = kv.key[skip:].decode()
+                found.append((_unenc(key.rsplit("/", 1)[1]), key))
         found.sort(key=lambda f: self._order(f[1]))
         return found
 
@@ -1117,22 +1125,18 @@ class EtcdStore:
     ) -> list[tuple[str, float]]:
         """(task id, due time) of the due tasks *caps* can run that are due the longest."""
         found: list[tuple[str, float]] = []
+
+        def keep(kv: Any) -> bool:
+            return _REQ_NONE in kv.value or caps.satisfies(
+                Requirements.from_json(json.loads(kv.value)["req"])
+            )
+
         for queue in dict.fromkeys(queues):
             prefix = self._k("o", _enc(queue), "")
             end = prefix + f"{_micros(now) + 1:017d}".encode()  # due now at the latest
-            start, taken = prefix, 0
-            while taken < limit:
-                resp = await self._range(start, end, limit=max(64, 2 * limit))
-                for kv in resp.kvs:
-                    if _REQ_NONE in kv.value or caps.satisfies(
-                        Requirements.from_json(json.loads(kv.value)["req"])
-                    ):
-                        due, tid = kv.key[len(prefix) :].decode().split("/")
-                        found.append((_unenc(tid), int(due) / 1_000_000))
-                        taken += 1
-                if not resp.more or not resp.kvs:
-                    break
-                start = resp.kvs[-1].key + b"\0"
+            for kv in await self._read_index(prefix, end, max(64, 2 * limit), limit, keep):
+                due, tid = kv.key[len(prefix) :].decode().split("/")
+                found.append((_unenc(tid), int(due) / 1_000_000))
         found.sort(key=lambda f: (f[1], f[0]))
         return found[:limit]
 

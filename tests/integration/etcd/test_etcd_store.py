@@ -816,23 +816,24 @@ async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
 
     async def counting(key: bytes, end: bytes | None = None, **kw: object) -> object:
         resp = await real_range(key, end, **kw)  # type: ignore[arg-type]
-        if key.startswith(store._k("q", "")):
+        if key.startswith((store._k("q", ""), store._k("o", ""))):  # both indexes
             counts.append(int(resp.count))  # the keys etcd walked for this read
         return resp
 
     monkeypatch.setattr(store, "_range", counting)
 
-    async def claim(n: int) -> list[str]:
-        return [c.id for c in await store.claim("e", session, Q, ANY, limit=n, lease_ttl=30)]
+    async def claim(n: int, low_lane: int = 0) -> list[str]:
+        got = await store.claim("e", session, Q, ANY, limit=n, lease_ttl=30, low_lane=low_lane)
+        return [c.id for c in got]
 
-    assert await claim(8) == [t.id for t in backlog[:8]]
-    assert counts == [1500]  # the first read has no bound yet
+    assert await claim(8, 1) == [t.id for t in backlog[:8]]
+    assert counts == [1500, 1500]  # the first read of each index has no bound yet
     taken = 8
-    for n in (8, 8, 20, 8, 8):
+    for n, lane in ((8, 0), (8, 0), (20, 2), (8, 1), (8, 1), (8, 0)):
         counts.clear()
-        assert await claim(n) == [t.id for t in backlog[taken : taken + n]]
+        assert await claim(n, lane) == [t.id for t in backlog[taken : taken + n]]
         taken += n
-        assert max(counts) < 400, counts  # a window, not the 1,500-task backlog
+        assert max(counts) < 400, counts  # windows, not the 1,500-task backlog
     urgent = spec(priority=3)
     await store.submit([urgent])
     assert await claim(2) == [urgent.id, backlog[taken].id]
