@@ -220,7 +220,8 @@ async def etcd_harness(tmp_path: Path) -> AsyncIterator[Harness]:
     etcd does after that much real time. The TTL is long enough that no lease runs out by itself.
 
     Claims hang on the session's lease (``session_leases``): a claimed task's lease is its
-    owner's session, renewed by its heartbeats and ended with it (deregistering revokes it)."""
+    owner's session, renewed by its heartbeats and ended with it (deregistering revokes it).
+    Waiting tasks age by the claim's reckoning (``ages_when_read``), not by expire()."""
     from contend.store.etcd import EtcdStore
 
     clock = FakeClock()
@@ -239,7 +240,14 @@ async def etcd_harness(tmp_path: Path) -> AsyncIterator[Harness]:
 
     try:
         first = await new_store()
-        yield Harness("etcd", first, advance, new_store, ttl=10.0, extra={"session_leases": True})
+        yield Harness(
+            "etcd",
+            first,
+            advance,
+            new_store,
+            ttl=10.0,
+            extra={"session_leases": True, "ages_when_read": True},
+        )
     finally:
         for store in opened:
             await store.close()

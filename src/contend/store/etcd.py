@@ -17,17 +17,15 @@ a ``/`` in a name can never be read as a separator)::
                                   the task record instead, which saves a key per task)
     {p}q/{queue}/{inv}/{due}/{task}
                                   the priority index: one key per pending task. {inv} is
-                                  10_000_000 - effective priority on 8 digits and {due} the due
-                                  time in microseconds on 17 digits, so a range read of
-                                  q/{queue}/ yields the highest effective priority first and
-                                  FIFO within one. The value holds what a scorer needs (type,
-                                  requirements, created_at). The effective priority starts at the
-                                  task's priority and grows as it waits (domain.aged_priority).
+                                  10_000_000 - priority on 8 digits and {due} the due time in
+                                  microseconds on 17 digits, so a range read of q/{queue}/{inv}/
+                                  yields one priority's tasks first in, first out. The value
+                                  holds what a scorer needs (type, requirements, priority,
+                                  created_at).
+    {p}v/{queue}/{inv}            a priority level that may hold pending tasks: put with every
+                                  q/ key, dropped by expire() once its level is empty
     {p}o/{queue}/{due}/{task}     the age index of the same tasks: the ones due the longest
                                   first (the low-priority lane, next_due, backlog)
-    {p}g/{when}/{task}            the promotion index: when a pending task gains its next step
-                                  of effective priority; expire() reads what is due and moves
-                                  the task's q/ key up
     {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
                                   owner's etcd lease, so it vanishes when that lease ends
     {p}a/{expert}/{task}          "{fence} {session}", no lease: every claimed/running task,
@@ -45,9 +43,14 @@ a ``/`` in a name can never be read as a separator)::
     {p}b/{task}/{expert}          a bid: {"score", "at"}. Bids outlive their bidder (the grace
                                   period lets the next bidder claim); expire() drops the
                                   auctions and bids of tasks that are no longer pending.
-    {p}m/{job}                    {"by", "until"}: the store instance doing a housekeeping job
-                                  that one instance at a time does (m/ageing: promotions)
     {p}leader/{queue}             reserved for central-dispatch leader election
+
+Ageing is computed when claims read, not written: a claim reads the head of each priority
+level of a queue (``v/`` lists them) and ranks what it read by effective priority (priority
+plus the age term, domain.aged_priority, from the created_at in the index value), then due
+time, then id. So a waiting task's keys never move: no rewrite of every pending task as it
+ages. Within a level only the head is read: among tasks of one priority, one due later but
+created earlier (a delayed task) ranks first only once it is within a page of the head.
 
 A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
 ``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
@@ -110,7 +113,6 @@ from contend.domain.task import (
     TaskState,
     aged_priority,
     can_move,
-    next_promotion,
 )
 from contend.errors import (
     ConfigError,
@@ -147,16 +149,16 @@ from contend.store.port import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2  # 2: a/{expert}/{task} replaces h/{expert}/{task} and a/{task}
+SCHEMA_VERSION = 3  # 3: records are arrays; q/ keys by priority, v/ levels, no g/ index
 #: Keep at most this many history events in a task record (it is rewritten at every change).
 HISTORY_LIMIT = 50
 #: How many times an owner write re-reads and retries when the task changed under it.
 WRITE_RETRIES = 20
-#: Effective priorities are stored as AGED_BASE − priority on 8 digits (a range read then
-#: yields the highest first); priorities are within ±1,000,000 and ageing adds a few dozen.
-AGED_BASE = 10_000_000
-#: The most operations one task's claim puts in a transaction (3 puts, 3 index deletes).
-CLAIM_OPS = 6
+#: Priorities are stored as PRIORITY_BASE − priority on 8 digits (a range read then yields
+#: the highest first); priorities are within ±1,000,000.
+PRIORITY_BASE = 10_000_000
+#: The most operations one task's claim puts in a transaction (3 puts, 2 index deletes).
+CLAIM_OPS = 5
 #: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 _REQ_NONE = b'"req":null'
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
@@ -169,10 +171,8 @@ INLINE_MAX = 1024
 OWNED_CACHE = 16_384
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
-#: A housekeeping job's holder (m/{job}) that has not renewed it for this long is taken over.
-JOB_HOLD = 30.0
-#: How many times a batch of promotions is planned again after claims raced it.
-PROMOTE_TRIES = 3
+#: expire() looks for priority levels left empty this often (seconds, store clock).
+LEVEL_SWEEP = 60.0
 #: Expert records whose session ended this long ago are removed by expire().
 EXPERT_RETENTION = 3600.0
 
@@ -247,6 +247,28 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def _once(ops: list[Any], levels: bytes) -> list[Any]:
+    """*ops* with each put of a key under *levels* (the v/ prefix) kept once."""
+    seen: set[bytes] = set()
+    out = []
+    for op in ops:
+        if op.HasField("request_put") and op.request_put.key.startswith(levels):
+            if op.request_put.key in seen:
+                continue
+            seen.add(op.request_put.key)
+        out.append(op)
+    return out
+
+
+_RankT = tuple[int, str, str]
+
+
+def _rank(priority: int, created_at: float, due: str, tid: str, now: float) -> _RankT:
+    """Claim order, smallest first: the highest effective priority (the priority aged since
+    the task was created, in whole steps), then the earliest due time, then the id."""
+    return -aged_priority(priority, now - created_at), due, tid
+
+
 def _micros(t: float) -> int:
     return max(0, round(t * 1_000_000))
 
@@ -300,8 +322,7 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 class _Rec:
     """A task record as stored under ``t/{id}``: a JSON array of these fields in this order
     (half the size of an object, and parsed in half the time). A field added later goes last,
-    with a default, so that shorter arrays still read. Records written as JSON objects by
-    earlier versions read as well."""
+    with a default, so that shorter arrays still read."""
 
     id: str
     type: str
@@ -325,8 +346,6 @@ class _Rec:
     deps_left: int
     has_waiters: bool
     pending_key: str | None
-    aged: int  # the effective priority: grows as the task waits (expire() raises it)
-    promote_at: float  # when it gains its next step
     history: list[list[Any]]
     # Small payloads travel in the record (one key less to write and read per task); a payload
     # larger than INLINE_MAX, and every payload of a record written before, lives under d/.
@@ -339,8 +358,7 @@ class _Rec:
 
     @classmethod
     def loads(cls, data: bytes) -> _Rec:
-        value = json.loads(data)
-        return cls(*value) if isinstance(value, list) else cls(**value)
+        return cls(*json.loads(data))
 
     def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
         self.history.append([now, event, self.fence, expert, detail])
@@ -468,8 +486,7 @@ class EtcdStore:
         self._owned: dict[str, tuple[Any, Any, _Rec]] = {}
         self._contended_until = 0.0  # monotonic time: rivals won claims of this instance
         self._windows: dict[bytes, _Window | None] = {}  # queue's index prefix -> read bound
-        self._instance = uuid.uuid4().hex  # names this instance as a housekeeping job's holder
-        self._jobs: dict[bytes, int] = {}  # m/{job} key -> the revision of this instance's put
+        self._swept_at = -math.inf
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -488,14 +505,16 @@ class EtcdStore:
         return self._k("a", _enc(expert), _enc(tid))
 
     def _pending_key(self, rec: _Rec) -> str:
-        inv = AGED_BASE - rec.aged
+        inv = PRIORITY_BASE - rec.priority
         return f"q/{_enc(rec.queue)}/{inv:08d}/{_micros(rec.run_at):017d}/{_enc(rec.id)}"
 
     def _oldest_key(self, rec: _Rec) -> bytes:
         return self._k("o", _enc(rec.queue), f"{_micros(rec.run_at):017d}", _enc(rec.id))
 
-    def _promotion_key(self, rec: _Rec) -> bytes:
-        return self._k("g", f"{_micros(rec.promote_at):020d}", _enc(rec.id))
+    def _level_put(self, rec: _Rec) -> Any:
+        """The put of *rec*'s priority level key (v/). A batch of tasks of one level brings
+        it many times: _txn keeps the first (etcd refuses a key put twice in a transaction)."""
+        return _put(self._k("v", _enc(rec.queue), f"{PRIORITY_BASE - rec.priority:08d}"), b"")
 
     # -- connection --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -557,15 +576,6 @@ class EtcdStore:
             )
 
     async def close(self) -> None:
-        if self._jobs and self._channel is not None:  # hand the jobs on without JOB_HOLD's wait
-            jobs, self._jobs = self._jobs, {}
-            with contextlib.suppress(StoreError, asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(
-                        *(self._txn([_mod_is(k, rev)], [_delete(k)]) for k, rev in jobs.items())
-                    ),
-                    1.0,
-                )
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -607,6 +617,8 @@ class EtcdStore:
     async def _txn(
         self, compare: list[Any], success: list[Any], failure: Sequence[Any] = ()
     ) -> Any:
+        if len(success) > 2:
+            success = _once(success, self._k("v", ""))
         req = rpc.TxnRequest(compare=compare, success=success, failure=list(failure))
         resp = await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
         self._rev = max(self._rev, resp.header.revision)
@@ -775,8 +787,6 @@ class EtcdStore:
                 deps_left=len(left),
                 has_waiters=False,
                 pending_key=None,
-                aged=spec.priority,
-                promote_at=next_promotion(spec.priority, spec.priority, now),
                 history=[],
             )
             if failed is not None:
@@ -1058,16 +1068,15 @@ class EtcdStore:
         return sorted(out, key=lambda e: e.info.id)
 
     # -- the claim protocol ----------------------------------------------------------------
-    def _order(self, pending_key: str) -> tuple[str, str, str]:
-        """Sort key of a pending task from its index key: effective priority, due time, id."""
-        inv, due, tid = pending_key.rsplit("/", 3)[1:]
-        return inv, due, tid
+    def _rank_of(self, rec: _Rec, now: float) -> _RankT:
+        """A pending task's place in claim order (see _rank)."""
+        return _rank(rec.priority, rec.created_at, f"{_micros(rec.run_at):017d}", rec.id, now)
 
     async def _read_index(
         self, prefix: bytes, end: bytes, page: int, want: int, keep: Callable[[Any], bool]
     ) -> list[Any]:
         """The KeyValues of an index range (*prefix* up to *end*) that *keep* accepts, in key
-        order: at least *want* where there are that many, read in pages of *page*.
+        order: at least *want* where there are that many, from at least a *page* of keys.
 
         etcd counts every key of a range it reads, whatever the limit, so a read of a whole
         index costs time in proportion to the backlog (about 50 ms at 100,000 tasks). Each
@@ -1076,33 +1085,50 @@ class EtcdStore:
         window = self._windows.get(prefix)
         segments = [(prefix, end)] if window is None else window.segments(prefix, end)
         out: list[Any] = []
-        first_count, spilled, first, last = 0, False, b"", b""
+        seen = first_count = 0  # keys read, accepted or not; keys in the first range
+        spilled, first, last = False, b"", b""
+        # A whole page in key order, as an unbounded read would give, and *want* accepted.
         for n, (start, stop) in enumerate(segments):
             spilled, first = n > 0, b""
-            while len(out) < want:
+            while len(out) < want or seen < page:
                 resp = await self._range(start, stop, limit=page)
                 first_count = first_count or int(resp.count)
+                seen += len(resp.kvs)
                 out.extend(kv for kv in resp.kvs if keep(kv))
                 if resp.kvs:
                     first, last = first or resp.kvs[0].key, resp.kvs[-1].key
                 if not resp.more or not resp.kvs:
                     break
                 start = resp.kvs[-1].key + b"\0"
-            if len(out) >= want:
+            if len(out) >= want and seen >= page:
                 break
+        full = len(out) >= want and seen >= page
         self._windows[prefix] = _Window.after(
-            window, len(prefix), last, first, spilled, first_count, page, len(out) >= want
+            window, len(prefix), last, first, spilled, first_count, page, full
         )
         return out
 
+    async def _levels(self, queue: str) -> list[str]:
+        """The priority levels (``{inv}``, best first) of *queue* that may hold pending tasks."""
+        prefix = self._k("v", _enc(queue), "")
+        resp = await self._range(prefix, _prefix_end(prefix), keys_only=True)
+        return [kv.key[len(prefix) :].decode() for kv in resp.kvs]
+
     async def _candidates(
-        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float, want: int = 0
-    ) -> list[tuple[str, str]]:
-        """(task id, pending key) of due tasks *caps* can run, best first: at least *limit*
-        (or *want*) of each queue where there are that many."""
-        found: list[tuple[str, str]] = []
+        self,
+        queues: Sequence[str],
+        caps: Capabilities,
+        limit: int,
+        now: float,
+        want: int = 0,
+        views: dict[str, TaskView] | None = None,
+    ) -> list[tuple[str, _RankT]]:
+        """(task id, rank) of due tasks *caps* can run, best first: at least *limit* (or
+        *want*) of each priority level of each queue where there are that many. *views*, if
+        given, receives what the index holds of each (what a scorer needs)."""
         want = max(want, limit)
-        now_us, skip = _micros(now), len(self._p)
+        page = max(64, 2 * limit, want)
+        now_us = _micros(now)
 
         def keep(kv: Any) -> bool:
             due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
@@ -1111,13 +1137,28 @@ class EtcdStore:
                 or caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"]))
             )
 
-        for queue in dict.fromkeys(queues):
-            prefix = self._k("q", _enc(queue), "")
-            page = max(64, 2 * limit, want)
+        async def level(queue: str, inv: str) -> list[tuple[str, _RankT]]:
+            prefix = self._k("q", _enc(queue), inv, "")
+            out = []
             for kv in await self._read_index(prefix, _prefix_end(prefix), page, want, keep):
-                key = kv.key[skip:].decode()
-                found.append((_unenc(key.rsplit("/", 1)[1]), key))
-        found.sort(key=lambda f: self._order(f[1]))
+                due, tid = kv.key[len(prefix) :].decode().split("/")
+                tid = _unenc(tid)
+                v = json.loads(kv.value)
+                out.append((tid, _rank(v["priority"], v["created_at"], due, tid, now)))
+                if views is not None:
+                    req = Requirements.from_json(v["req"])
+                    views[tid] = TaskView(
+                        tid, v["type"], queue, v["priority"], req, v["created_at"]
+                    )
+            return out
+
+        qs = list(dict.fromkeys(queues))
+        levels = await asyncio.gather(*(self._levels(q) for q in qs))
+        reads = await asyncio.gather(
+            *(level(q, inv) for q, invs in zip(qs, levels, strict=True) for inv in invs)
+        )
+        found = [f for r in reads for f in r]
+        found.sort(key=lambda f: f[1])
         return found
 
     async def _longest_waiting(
@@ -1148,24 +1189,26 @@ class EtcdStore:
         low_lane: int,
         now: float,
         spread: bool = False,
+        views: dict[str, TaskView] | None = None,
     ) -> list[str]:
         """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
         priority, plus the ``low_lane`` due the longest; more of the best after them, to try
         when rivals win some. With *spread* (rivals have been winning this instance's races),
         the best are taken from a random place among the equally good candidates read, so that
-        experts reading the same head of the index do not all reach for the same tasks."""
+        experts reading the same head of the index do not all reach for the same tasks.
+        *views* receives what the priority index holds of the candidates it read."""
         low_lane = max(0, min(low_lane, limit))
         want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
         if low_lane:  # both indexes read at once: one round trip less
             best, oldest = await asyncio.gather(
-                self._candidates(queues, caps, limit, now, want),
+                self._candidates(queues, caps, limit, now, want, views),
                 self._longest_waiting(queues, caps, low_lane, now),
             )
         else:
-            best, oldest = await self._candidates(queues, caps, limit, now, want), []
+            best, oldest = await self._candidates(queues, caps, limit, now, want, views), []
         if spread and best:
-            top = self._order(best[0][1])[0]
-            level = next((n for n, f in enumerate(best) if self._order(f[1])[0] != top), len(best))
+            top = best[0][1][0]
+            level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
             if level > limit:  # more equally good tasks than wanted: take a stripe of them
                 shift = limit * random.randrange(level // limit)
                 best = best[shift:level] + best[:shift] + best[level:]
@@ -1173,13 +1216,16 @@ class EtcdStore:
         for tid, _ in oldest:
             chosen.setdefault(tid)
         first = list(chosen)
-        order = {f[0]: self._order(f[1]) for f in best}
-        if any(t not in order for t in first):  # the oldest may lie beyond the best read
-            kvs = await self._read_many([self._task_key(t) for t in first])
-            for t, kv in zip(first, kvs, strict=True):
+        order = dict(best)
+        beyond = [t for t in first if t not in order]  # the oldest may lie past the best read
+        if beyond:
+            kvs = await self._read_many([self._task_key(t) for t in beyond])
+            for t, kv in zip(beyond, kvs, strict=True):
                 rec = _Rec.loads(kv.value) if kv is not None else None
                 if rec is not None and rec.pending_key is not None:
-                    order[t] = self._order(rec.pending_key)
+                    order[t] = self._rank_of(rec, now)
+                    if views is not None:
+                        views[t] = self._task_view(rec)
         first = sorted((t for t in first if t in order), key=lambda t: order[t])
         return first + [f[0] for f in best if f[0] not in chosen]
 
@@ -1194,23 +1240,15 @@ class EtcdStore:
         check_limit(limit)
         if not queues or not limit:
             return []
-        ids = (await self._choose(queues, capabilities, limit, low_lane, self._clock()))[:limit]
-        out = []
-        for kv in await self._read_many([self._task_key(t) for t in ids]):
-            if kv is None:
-                continue
-            rec = _Rec.loads(kv.value)
-            out.append(
-                TaskView(
-                    rec.id,
-                    rec.type,
-                    rec.queue,
-                    rec.priority,
-                    Requirements.from_json(rec.req),
-                    rec.created_at,
-                )
-            )
-        return out
+        views: dict[str, TaskView] = {}  # what the indexes hold: no task record to read
+        now = self._clock()
+        ids = await self._choose(queues, capabilities, limit, low_lane, now, views=views)
+        return [views[t] for t in ids[:limit]]
+
+    @staticmethod
+    def _task_view(rec: _Rec) -> TaskView:
+        req = Requirements.from_json(rec.req)
+        return TaskView(rec.id, rec.type, rec.queue, rec.priority, req, rec.created_at)
 
     async def _session(self, expert: str, session: str) -> tuple[int, bytes]:
         """(lease id, session key value) of a live session; raises LeaseLost."""
@@ -1269,7 +1307,7 @@ class EtcdStore:
                 self._session(expert, session),
                 self._read_many([self._task_key(t) for t in ids]),
             )
-            named: list[tuple[tuple[str, str, str], str]] = []
+            named: list[tuple[_RankT, str]] = []
             for tid, kv in zip(ids, kvs, strict=True):
                 if kv is None:
                     continue
@@ -1281,21 +1319,22 @@ class EtcdStore:
                     and rec.queue in qs
                     and capabilities.satisfies(Requirements.from_json(rec.req))
                 ):
-                    named.append((self._order(rec.pending_key), tid))
+                    named.append((self._rank_of(rec, now), tid))
             cands = [tid for _, tid in sorted(named)]  # the best of the named tasks first
         ttl = json.loads(session_value).get("ttl", lease_ttl)
-        won: list[tuple[tuple[str, str, str], Claimed]] = []
+        won: list[tuple[_RankT, Claimed]] = []
         session_key = self._k("l", _enc(expert))
         lost = False
-        orders: dict[str, tuple[str, str, str]] = {}  # task id -> its claim order
+        orders: dict[str, _RankT] = {}  # task id -> its claim order
 
         parsed: dict[str, _Rec] = {}  # records parsed by the round's check, used once
+        claim_head = json.dumps({"expert": expert, "session": session})[:-1]  # c/ value, open
 
         def prepare(tid: str, t: Any) -> tuple[list[Any], list[Any], _Rec]:
             """(compares, operations, new record) that claim one task read as *t*."""
             rec = parsed.pop(tid, None) or _Rec.loads(t.value)
             assert rec.pending_key is not None
-            orders[tid] = self._order(rec.pending_key)
+            orders[tid] = self._rank_of(rec, now)
             ops = self._leave_pending(rec)
             rec.state = str(R if start else C)
             rec.owner = expert
@@ -1305,7 +1344,7 @@ class EtcdStore:
             rec.lease_deadline = now + ttl
             rec.updated_at = now
             rec.event(now, "claimed", expert)
-            claim = json.dumps({"expert": expert, "session": session, "fence": rec.fence})
+            claim = f'{claim_head},"fence":{rec.fence}}}'
             return (
                 [_mod_is(t.key, t.mod_revision), _absent(self._claim_key(tid))],
                 [
@@ -1684,14 +1723,14 @@ class EtcdStore:
         return [_delete(self._claim_key(rec.id)), _delete(self._held_key(expert, rec.id))]
 
     def _enter_pending(self, rec: _Rec) -> list[Any]:
-        """Make *rec* pending: its keys in the priority, age and promotion indexes."""
+        """Make *rec* pending: its keys in the priority and age indexes, and its level."""
         rec.state = "pending"
         rec.pending_key = self._pending_key(rec)
         req = _COMPACT.encode({"req": rec.req}).encode()
         return [
             _put(self._k(rec.pending_key), self._index_value(rec)),
             _put(self._oldest_key(rec), req),
-            _put(self._promotion_key(rec), b""),
+            self._level_put(rec),
         ]
 
     def _leave_pending(self, rec: _Rec) -> list[Any]:
@@ -1701,7 +1740,6 @@ class EtcdStore:
         ops = [
             _delete(self._k(rec.pending_key)),
             _delete(self._oldest_key(rec)),
-            _delete(self._promotion_key(rec)),
         ]
         rec.pending_key = None
         return ops
@@ -1862,75 +1900,24 @@ class EtcdStore:
 
         return await self._owner_writes(expert, items, _OWNED_S, lambda n: apply)
 
-    async def _hold_job(self, job: str, now: float) -> bool:
-        """Whether this store instance may run the housekeeping *job* now. It may when it holds
-        ``m/{job}`` or takes it over: the key is free, or its holder has not renewed it for
-        JOB_HOLD seconds (store clocks; a skewed clock only means two instances at once, which
-        the revision checks of every write make harmless)."""
-        key = self._k("m", job)
-        kv = (await self._read_many([key]))[0]
-        if kv is not None:
-            held = json.loads(kv.value)
-            if held["by"] != self._instance and held["until"] > now:
-                return False
-        value = json.dumps({"by": self._instance, "until": now + JOB_HOLD})
-        cmp = _absent(key) if kv is None else _mod_is(key, kv.mod_revision)
-        resp = await self._txn([cmp], [_put(key, value)])
-        if resp.succeeded:
-            self._jobs[key] = resp.header.revision
-        return bool(resp.succeeded)
-
-    async def _promote(self) -> None:
-        """Ageing: pending tasks whose next promotion is due gain effective priority (their
-        priority-index key moves up). The promotion index is ordered by time, so this reads
-        only what is due. One store instance at a time does it (the holder of ``m/ageing``):
-        every expert runs expire(), and the same promotions from each of them would multiply
-        the writes and collide."""
+    async def _sweep_levels(self) -> None:
+        """Drop the level keys (v/) of priority levels no pending task is at any more, so that
+        claims do not read them; once a LEVEL_SWEEP (store clock). A level key and the count of
+        its tasks are read at one revision, and the key is deleted only if it has not been put
+        again since: a task entering the level meanwhile puts it, and the delete fails."""
         now = self._clock()
-        if not await self._hold_job("ageing", now):
+        if now - self._swept_at < LEVEL_SWEEP:
             return
-        start = self._k("g", "")
-        end = self._k("g", f"{_micros(now) + 1:020d}")
-        due, seen = [], set()
-        for kv in (await self._range(start, end, keys_only=True)).kvs:
-            tid = kv.key.rsplit(b"/", 1)[1]
-            if tid not in seen:  # one entry per task and call (a transaction puts a key once)
-                seen.add(tid)
-                due.append(kv.key)
-
-        def plan(gkey: bytes, t: Any) -> tuple[list[Any], list[Any]]:
-            """(compares, operations) that promote one task, or drop a stale entry."""
-            rec = _Rec.loads(t.value) if t is not None else None
-            if t is None or rec is None or rec.state != "pending" or rec.pending_key is None:
-                return [], [_delete(gkey)]
-            old_q = self._k(rec.pending_key)
-            rec.aged = aged_priority(rec.priority, now - rec.created_at)
-            rec.promote_at = next_promotion(rec.priority, rec.aged, rec.created_at)
-            rec.pending_key = self._pending_key(rec)
-            new_q, new_g = self._k(rec.pending_key), self._promotion_key(rec)
-            ops = [_put(new_q, self._index_value(rec)), _put(new_g, b"")]
-            ops += [_delete(k) for k in (old_q, gkey) if k not in (new_q, new_g)]
-            ops.append(_put(t.key, rec.dumps()))
-            return [_mod_is(t.key, t.mod_revision)], ops
-
-        # Many promotions fall due together (tasks submitted together age together): several
-        # per transaction. Claims take the same tasks meanwhile; a transaction that lost such
-        # a race is planned again from a fresh read (a claimed task only loses its g/ entry),
-        # and after PROMOTE_TRIES the chunk goes one task at a time.
-        step = max(1, self._max_ops // 6)
-        for i in range(0, len(due), step):
-            chunk = due[i : i + step]
-            tkeys = [self._task_key(_unenc(k.decode().rsplit("/", 1)[1])) for k in chunk]
-            for _ in range(PROMOTE_TRIES):
-                plans = [
-                    plan(k, t) for k, t in zip(chunk, await self._read_many(tkeys), strict=True)
-                ]
-                cmp = [c for p in plans for c in p[0]]
-                if (await self._txn(cmp, [o for p in plans for o in p[1]])).succeeded:
-                    break
-            else:
-                for k, tkey in zip(chunk, tkeys, strict=True):
-                    await self._txn(*plan(k, (await self._read_many([tkey]))[0]))
+        self._swept_at = now
+        base = self._k("v", "")
+        for kv in await self._scan(base, keys_only=True):
+            queue, inv = kv.key[len(base) :].decode().split("/")
+            tasks = self._k("q", queue, inv, "")
+            count = rpc.RangeRequest(key=tasks, range_end=_prefix_end(tasks), count_only=True)
+            resp = await self._txn([], [_get(kv.key), rpc.RequestOp(request_range=count)])
+            level, pending = (r.response_range for r in resp.responses)
+            if level.kvs and pending.count == 0:
+                await self._txn([_mod_is(kv.key, level.kvs[0].mod_revision)], [_delete(kv.key)])
 
     async def expire(self) -> int:
         resp = await self._txn(
@@ -1993,7 +1980,7 @@ class EtcdStore:
             for kv in await self._scan(self._k("s", ""), keys_only=True)
         ]
         await self._settle_many([t for t in leftovers if t not in ended])
-        await self._promote()  # after the lapse: returned tasks catch up on their ageing too
+        await self._sweep_levels()
         await self._clear_auctions()
         await self._forget_experts()
         if moved:

@@ -27,7 +27,7 @@ from contend.errors import (
     SchemaError,
     StoreError,
 )
-from contend.store.etcd import JOB_HOLD, EtcdStore, _Rec, parse_etcd_url
+from contend.store.etcd import LEVEL_SWEEP, EtcdStore, parse_etcd_url
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
 from contend.store.registry import make_store
 from contend.testing import FakeClock
@@ -145,26 +145,6 @@ async def test_many_processes_open_a_new_prefix_at_once(store_url: str) -> None:
     finally:
         for s in stores:
             await s.close()
-
-
-async def test_task_records_written_as_objects_by_earlier_versions_still_work(
-    store: EtcdStore,
-) -> None:
-    """Records are JSON arrays now; a store filled by an earlier version holds objects."""
-    t = spec()
-    await store.submit([t])
-    key = store._task_key(t.id)
-    rec = _Rec.loads((await store._read_many([key]))[0].value)
-    assert (await store._read_many([key]))[0].value.startswith(b"[")
-    as_object = json.dumps({n: getattr(rec, n) for n in _Rec.__slots__})
-    await store._txn([], [_raw_put(key.decode(), as_object)])
-    assert (await store.get(t.id)).state == TaskState.PENDING
-    s = await store.register_expert(ExpertInfo("e"), 5)
-    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
-    assert c.id == t.id and c.args == [1]
-    assert await store.complete("e", [Completion(t.id, c.fence, '"ok"')]) == [None]
-    assert (await store.get(t.id)).result == "ok"
-    assert (await store.stats()).counts["default"]["succeeded"] == 1
 
 
 def _raw_put(key: str, value: str) -> object:
@@ -588,44 +568,42 @@ async def test_fake_clock_lapses_sessions_through_the_helper(store_url: str) -> 
         await store.close()
 
 
-async def test_one_instance_at_a_time_promotes_and_another_takes_over(store_url: str) -> None:
-    """Every expert runs expire(); ageing is done by the holder of m/ageing alone, taken over
-    when its holder closes or stops renewing it for JOB_HOLD seconds."""
+async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_writes(
+    store_url: str,
+) -> None:
+    """Claims read the head of each priority level that v/ lists; a waiting task ages by
+    the claim's reckoning, without any write; expire() drops levels left empty."""
     clock = FakeClock()
-    stores = [EtcdStore(store_url, clock=clock) for _ in range(3)]
-    a, b, c = stores
-    for s in stores:
-        await s.open()
+    store = EtcdStore(store_url, clock=clock)
+    await store.open()
     try:
         old = spec(priority=0)
-        await a.submit([old])
-
-        async def aged() -> int:
-            """The task's effective priority as its record and its index key hold it."""
-            rec = _Rec.loads((await a._read_many([a._task_key(old.id)]))[0].value)
-            index = await a._range(a._k("q", ""), a._k("r"), keys_only=True)
-            assert [kv.key.decode() for kv in index.kvs] == [a._k(str(rec.pending_key)).decode()]
-            return rec.aged
-
-        await a.expire()  # a takes the job; nothing is due yet
-        clock.advance(2.0)  # e - 1 ≈ 1.7 s: the first step is due
-        await b.expire()
-        assert await aged() == 0  # b left it to a
-        await a.expire()
-        assert await aged() == 1
-        clock.advance(5.0)  # e² - 1 ≈ 6.4 s: the second step; a stops renewing
-        await b.expire()
-        assert await aged() == 1
-        clock.advance(JOB_HOLD)  # 37 s: ln(38) ≈ 3.6
-        await b.expire()  # a's hold lapsed: b takes over
-        assert await aged() == 3
-        clock.advance(20.0)  # 57 s, past e⁴ - 1 ≈ 53.6 s
-        await b.close()  # hands the job on at once
-        await c.expire()
-        assert await aged() == 4
+        await store.submit([old])
+        clock.advance(20.0)  # e³ - 1 ≈ 19.1 s: a priority-0 task has aged to 3
+        fresh, urgent = spec(priority=2), spec(priority=5)
+        await store.submit([fresh, urgent, spec(priority=2)])  # one level key for the two
+        await store.expire()  # housekeeping: no level is empty, and no task needs a write
+        assert await store._levels("default") == ["09999995", "09999998", "10000000"]
+        assert (await store._read_many([store._task_key(old.id)]))[0].version == 1
+        s = await store.register_expert(ExpertInfo("e"), 600)
+        got = await store.claim("e", s, Q, ANY, limit=3, lease_ttl=600)
+        assert [c.id for c in got] == [urgent.id, old.id, fresh.id]
+        clock.advance(LEVEL_SWEEP)
+        await store.expire()  # one priority-2 task is left
+        assert await store._levels("default") == ["09999998"]
+        late = spec(priority=9)  # the priority-2 task left has aged to 6 meanwhile
+        await store.submit([late])
+        assert await store._levels("default") == ["09999991", "09999998"]
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
+        assert c.id == late.id
+        clock.advance(LEVEL_SWEEP / 2)
+        await store.expire()  # not yet: once a LEVEL_SWEEP
+        assert await store._levels("default") == ["09999991", "09999998"]
+        clock.advance(LEVEL_SWEEP / 2)
+        await store.expire()
+        assert await store._levels("default") == ["09999998"]
     finally:
-        for s in stores:
-            await s.close()
+        await store.close()
 
 
 async def test_named_claims_take_the_best_first_and_bad_retry_delays_are_refused(
