@@ -269,6 +269,11 @@ def _rank(priority: int, created_at: float, due: str, tid: str, now: float) -> _
     return -aged_priority(priority, now - created_at), due, tid
 
 
+def _index_json(value: bytes) -> dict[str, Any]:
+    """The JSON part of a priority-index value (after the creation time)."""
+    return dict(json.loads(value[value.index(b" ") + 1 :]))
+
+
 def _micros(t: float) -> int:
     return max(0, round(t * 1_000_000))
 
@@ -907,15 +912,9 @@ class EtcdStore:
 
     @staticmethod
     def _index_value(rec: _Rec) -> bytes:
-        return _COMPACT.encode(
-            {
-                "type": rec.type,
-                "req": rec.req,
-                "created_at": rec.created_at,
-                "run_at": rec.run_at,
-                "priority": rec.priority,
-            }
-        ).encode()
+        """``{created_at} {"type", "req"}``: the creation time first, where a claim ranking
+        candidates reads it without parsing JSON."""
+        return f"{rec.created_at!r} {_COMPACT.encode({'type': rec.type, 'req': rec.req})}".encode()
 
     def _view(
         self,
@@ -1182,11 +1181,11 @@ class EtcdStore:
         limit: int,
         now: float,
         want: int = 0,
-        views: dict[str, TaskView] | None = None,
+        views: dict[str, TaskView | tuple[str, int, bytes]] | None = None,
     ) -> list[tuple[str, _RankT]]:
         """(task id, rank) of due tasks *caps* can run, best first: at least *limit* (or
         *want*) of each priority level of each queue where there are that many. *views*, if
-        given, receives what the index holds of each (what a scorer needs)."""
+        given, receives what the index holds of each: (queue, priority, index value)."""
         want = max(want, limit)
         page = max(64, 2 * limit, want)
         now_us = _micros(now)
@@ -1195,22 +1194,24 @@ class EtcdStore:
             due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
             return due <= now_us and (
                 _REQ_NONE in kv.value
-                or caps.satisfies(Requirements.from_json(json.loads(kv.value)["req"]))
+                or caps.satisfies(Requirements.from_json(_index_json(kv.value)["req"]))
             )
 
         async def level(queue: str, inv: str) -> list[tuple[str, _RankT]]:
             prefix = self._k("q", _enc(queue), inv, "")
+            priority = PRIORITY_BASE - int(inv)
+            aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
             out = []
             for kv in await self._read_index(prefix, _prefix_end(prefix), page, want, keep):
                 due, tid = kv.key[len(prefix) :].decode().split("/")
-                tid = _unenc(tid)
-                v = json.loads(kv.value)
-                out.append((tid, _rank(v["priority"], v["created_at"], due, tid, now)))
+                tid = _unenc(tid) if "%" in tid else tid
+                created = kv.value[: kv.value.index(b" ")]
+                step = aged.get(created)
+                if step is None:
+                    step = aged[created] = aged_priority(priority, now - float(created))
+                out.append((tid, (-step, due, tid)))
                 if views is not None:
-                    req = Requirements.from_json(v["req"])
-                    views[tid] = TaskView(
-                        tid, v["type"], queue, v["priority"], req, v["created_at"]
-                    )
+                    views[tid] = (queue, priority, kv.value)
             return out
 
         qs = list(dict.fromkeys(queues))
@@ -1250,7 +1251,7 @@ class EtcdStore:
         low_lane: int,
         now: float,
         spread: bool = False,
-        views: dict[str, TaskView] | None = None,
+        views: dict[str, TaskView | tuple[str, int, bytes]] | None = None,
     ) -> list[str]:
         """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
         priority, plus the ``low_lane`` due the longest; more of the best after them, to try
@@ -1301,10 +1302,20 @@ class EtcdStore:
         check_limit(limit)
         if not queues or not limit:
             return []
-        views: dict[str, TaskView] = {}  # what the indexes hold: no task record to read
+        views: dict[str, TaskView | tuple[str, int, bytes]] = {}  # no task record to read
         now = self._clock()
         ids = await self._choose(queues, capabilities, limit, low_lane, now, views=views)
-        return [views[t] for t in ids[:limit]]
+        out = []
+        for tid in ids[:limit]:
+            v = views[tid]
+            if not isinstance(v, TaskView):  # what the priority index holds
+                queue, priority, value = v
+                created, _, rest = value.partition(b" ")
+                d = json.loads(rest)
+                req = Requirements.from_json(d["req"])
+                v = TaskView(tid, d["type"], queue, priority, req, float(created))
+            out.append(v)
+        return out
 
     @staticmethod
     def _task_view(rec: _Rec) -> TaskView:
