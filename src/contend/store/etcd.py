@@ -557,6 +557,7 @@ class EtcdStore:
         self._contended_until = 0.0  # monotonic time: rivals won claims of this instance
         self._windows: dict[bytes, _Window | None] = {}  # queue's index prefix -> read bound
         self._swept_at = -math.inf
+        self._known_levels: dict[str, list[str]] = {}  # queue -> its levels, as last listed
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -1214,12 +1215,23 @@ class EtcdStore:
                     views[tid] = (queue, priority, kv.value)
             return out
 
-        qs = list(dict.fromkeys(queues))
-        levels = await asyncio.gather(*(self._levels(q) for q in qs))
-        reads = await asyncio.gather(
-            *(level(q, inv) for q, invs in zip(qs, levels, strict=True) for inv in invs)
-        )
-        found = [f for r in reads for f in r]
+        async def queue_levels(queue: str) -> list[tuple[str, _RankT]]:
+            """Read every level v/ lists; the levels seen last time are read meanwhile."""
+            known = self._known_levels.get(queue, [])
+
+            async def levels(invs: list[str]) -> list[list[tuple[str, _RankT]]]:
+                return list(await asyncio.gather(*(level(queue, inv) for inv in invs)))
+
+            listed, reads = await asyncio.gather(self._levels(queue), levels(known))
+            reads += await levels([inv for inv in listed if inv not in known])
+            self._known_levels[queue] = listed
+            return [f for r in reads for f in r]
+
+        found = [
+            f
+            for r in await asyncio.gather(*(queue_levels(q) for q in dict.fromkeys(queues)))
+            for f in r
+        ]
         found.sort(key=lambda f: f[1])
         return found
 
