@@ -256,6 +256,19 @@ def _backend(url: str | None) -> str:
     return urlsplit(url).scheme if url else "sqlite"
 
 
+def machine_speed(seconds: float = 1.0) -> int:
+    """A fixed piece of pure-Python work (JSON round trips of a small task-like record) per
+    second, on one core: the same machine type has run 2-3x slower on some days, and this
+    figure, taken with each backend's run, tells a slow machine from a slow change."""
+    record = {"id": "01a22f58a50294aae5ac870999c8", "state": "running", "fence": 3, "h": [1.5]}
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(1000):
+            json.loads(json.dumps(record))
+        done += 1000
+    return round(done / (time.perf_counter() - start))
+
+
 async def run_bench(args: argparse.Namespace) -> int:
     bench = Bench(args)
     backend = _backend(args.store)
@@ -263,6 +276,8 @@ async def run_bench(args: argparse.Namespace) -> int:
         f"contend bench on {backend} ({os.cpu_count()} cores, Python {platform.python_version()}), "
         f"{bench.n:,} tasks per run"
     )
+    bench.results["machine_json_per_s"] = speed = machine_speed()
+    _say(f"  machine speed: {speed:,} JSON round trips/s on one core")
     try:
         # latency first, on a fresh store: after the drains the database is busy catching up
         # (WAL checkpoints, PostgreSQL's autovacuum), which is not an idle system
@@ -307,6 +322,7 @@ TARGETS: list[tuple[str, str, Callable[[float], bool], str]] = [
 ]
 
 ROWS = [
+    ("machine_json_per_s", "machine speed: JSON round trips/s, one core (higher: faster)"),
     ("submit_single_per_s", "submit, one task per call (tasks/s)"),
     ("submit_batch_per_s", "submit, batches of 1,000 (tasks/s)"),
     ("drain_1p_per_s", "drain, 1 expert process (tasks/s)"),
@@ -343,7 +359,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         "big submission in several transactions: no expert starts before it is all in), timed from",
         "that moment to the last completion as the store recorded it. *Latency*: from submit to",
         "the task's first line, one task at a time on an idle system. The benchmark client, the",
-        "experts and the database share the two cores.",
+        "experts and the database share the two cores. *Machine speed* is a fixed piece of",
+        "pure-Python work timed at the start of each backend's run: machines of this type have run",
+        "two to three times slower on some days, so compare figures taken at similar speeds.",
         "",
         "| measure | " + " | ".join(backends) + " |",
         "|---|" + "---:|" * len(backends),
