@@ -1188,7 +1188,9 @@ class EtcdStore:
         *want*) of each priority level of each queue where there are that many. *views*, if
         given, receives what the index holds of each: (queue, priority, index value)."""
         want = max(want, limit)
-        page = max(64, 2 * limit, want)
+        # A claim reads twice what it wants, to have others to try when rivals win some; a
+        # peek (which fills *views*) only what it returns.
+        page = max(64, limit if views is not None else 2 * limit, want)
         now_us = _micros(now)
 
         def keep(kv: Any) -> bool:
