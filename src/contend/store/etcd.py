@@ -415,7 +415,7 @@ class _Rec:
     depends_on: list[str]
     deps_left: int
     has_waiters: bool
-    pending_key: str | None
+    indexed: bool  # its keys are in the priority and age indexes (made from the record)
     history: list[list[Any]]
     # Small payloads travel in the record (one key less to write and read per task); a payload
     # larger than INLINE_MAX, and every payload of a record written before, lives under d/.
@@ -853,7 +853,7 @@ class EtcdStore:
                 depends_on=list(spec.depends_on),
                 deps_left=len(left),
                 has_waiters=False,
-                pending_key=None,
+                indexed=False,
                 history=[],
             )
             if failed is not None:
@@ -1298,7 +1298,7 @@ class EtcdStore:
             kvs = await self._read_many([self._task_key(t) for t in beyond])
             for t, kv in zip(beyond, kvs, strict=True):
                 rec = _Rec.loads(kv.value) if kv is not None else None
-                if rec is not None and rec.pending_key is not None:
+                if rec is not None and rec.indexed:
                     order[t] = self._rank_of(rec, now)
                     if views is not None:
                         views[t] = self._task_view(rec)
@@ -1400,7 +1400,7 @@ class EtcdStore:
                 rec = _Rec.loads(kv.value)
                 if (
                     rec.state == "pending"
-                    and rec.pending_key is not None
+                    and rec.indexed
                     and rec.run_at <= now
                     and rec.queue in qs
                     and capabilities.satisfies(Requirements.from_json(rec.req))
@@ -1419,7 +1419,7 @@ class EtcdStore:
         def prepare(tid: str, t: Any) -> tuple[list[Any], list[Any], _Rec]:
             """(compares, operations, new record) that claim one task read as *t*."""
             rec = parsed.pop(tid, None) or _Rec.loads(t.value)
-            assert rec.pending_key is not None
+            assert rec.indexed
             orders[tid] = self._rank_of(rec, now)
             ops = self._leave_pending(rec)
             rec.state = str(R if start else C)
@@ -1536,7 +1536,7 @@ class EtcdStore:
                 if t is None:
                     continue
                 rec = _Rec.loads(t.value)
-                if rec.state == "pending" and rec.pending_key is not None and rec.run_at <= now:
+                if rec.state == "pending" and rec.indexed and rec.run_at <= now:
                     ready.append((tid, t, rec))
             tries: list[tuple[str, Any, Any, Any]] = []
             payloads = await self._payloads([rec for _, _, rec in ready], result=False)
@@ -1811,24 +1811,20 @@ class EtcdStore:
     def _enter_pending(self, rec: _Rec) -> list[Any]:
         """Make *rec* pending: its keys in the priority and age indexes, and its level."""
         rec.state = "pending"
-        rec.pending_key = self._pending_key(rec)
+        rec.indexed = True
         req = _COMPACT.encode({"req": rec.req}).encode()
         return [
-            _put(self._k(rec.pending_key), self._index_value(rec)),
+            _put(self._k(self._pending_key(rec)), self._index_value(rec)),
             _put(self._oldest_key(rec), req),
             self._level_put(rec),
         ]
 
     def _leave_pending(self, rec: _Rec) -> list[Any]:
         """Take a pending *rec* out of the indexes (its new state is set by the caller)."""
-        if rec.pending_key is None:
+        if not rec.indexed:
             return []
-        ops = [
-            _delete(self._k(rec.pending_key)),
-            _delete(self._oldest_key(rec)),
-        ]
-        rec.pending_key = None
-        return ops
+        rec.indexed = False
+        return [_delete(self._k(self._pending_key(rec))), _delete(self._oldest_key(rec))]
 
     def _ended(self, rec: _Rec) -> list[Any]:
         """Operations for a task that just reached a terminal state."""
