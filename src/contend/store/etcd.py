@@ -169,6 +169,8 @@ CONTENDED_FOR = 2.0
 INLINE_MAX = 1024
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
 OWNED_CACHE = 16_384
+#: How many index windows (one per queue's priority level and age index) an instance keeps.
+WINDOW_CACHE = 4096
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
 #: expire() looks for priority levels left empty this often (seconds, store clock).
@@ -1164,6 +1166,8 @@ class EtcdStore:
             if len(out) >= want and seen >= page:
                 break
         full = len(out) >= want and seen >= page
+        if len(self._windows) >= WINDOW_CACHE and prefix not in self._windows:
+            self._windows.clear()  # levels come and go: forget them all now and then
         self._windows[prefix] = _Window.after(
             window, len(prefix), last, first, spilled, first_count, page, full
         )

@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from contend.errors import (
     SchemaError,
     StoreError,
 )
-from contend.store.etcd import LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
+from contend.store.etcd import DELETE, LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
 from contend.store.registry import make_store
 from contend.testing import FakeClock
@@ -603,6 +604,38 @@ async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_write
         await store.expire()
         assert await store._levels("default") == ["09999998"]
     finally:
+        await store.close()
+
+
+async def test_a_level_swept_while_a_task_enters_it_stays_listed(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep reads a level empty, a task enters the level, then the sweep deletes: the
+    delete compares the level key's revision, which the entering task moved, and fails."""
+    clock = FakeClock()
+    store, other = EtcdStore(store_url, clock=clock), EtcdStore(store_url, clock=clock)
+    await store.open()
+    await other.open()
+    try:
+        await store.submit([spec(priority=4)])
+        s = await store.register_expert(ExpertInfo("e"), 600)
+        assert len(await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)) == 1
+        late = spec(priority=4)  # level 4 is empty now, and this task is about to enter it
+        real_txn = store._txn
+
+        async def txn_after_a_submission(cmp: Any, ops: Any, failure: Any = ()) -> Any:
+            if ops and ops[0][0] == DELETE and ops[0][1].startswith(store._k("v", "")):
+                await other.submit([late])  # between the sweep's read and its delete
+            return await real_txn(cmp, ops, failure)
+
+        monkeypatch.setattr(store, "_txn", txn_after_a_submission)
+        await store.expire()
+        monkeypatch.undo()
+        assert await store._levels("default") == ["09999996"]
+        (got,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
+        assert got.id == late.id
+    finally:
+        await other.close()
         await store.close()
 
 
