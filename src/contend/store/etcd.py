@@ -8,7 +8,7 @@ cluster's ``--max-txn-ops``, default 128: how many operations one transaction ma
 Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
 a ``/`` in a name can never be read as a separator)::
 
-    {p}meta                       {"schema": 2}; written once by the first open()
+    {p}meta                       {"schema": 3}; written once by the first open()
     {p}t/{task}                   the task record: a JSON array of _Rec's fields
     {p}d/{task}/args              [args, kwargs]          written once at submit
     {p}d/{task}/result            the result JSON         written by complete()
@@ -19,9 +19,8 @@ a ``/`` in a name can never be read as a separator)::
                                   the priority index: one key per pending task. {inv} is
                                   10_000_000 - priority on 8 digits and {due} the due time in
                                   microseconds on 17 digits, so a range read of q/{queue}/{inv}/
-                                  yields one priority's tasks first in, first out. The value
-                                  holds what a scorer needs (type, requirements, priority,
-                                  created_at).
+                                  yields one priority's tasks first in, first out. The value,
+                                  "{created_at} {"type", "req"}", holds what a scorer needs.
     {p}v/{queue}/{inv}            a priority level that may hold pending tasks: put with every
                                   q/ key, dropped by expire() once its level is empty
     {p}o/{queue}/{due}/{task}     the age index of the same tasks: the ones due the longest
@@ -55,7 +54,7 @@ created earlier (a delayed task) ranks first only once it is within a page of th
 A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
 ``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
 its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
-expert's lease, puts ``a/`` and deletes the pending-index keys. The tasks of one
+expert's lease, puts ``a/`` and deletes the two index keys. The tasks of one
 claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took some of them, one
 read tells which, and the others are claimed together in the next ``Txn``. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
@@ -77,6 +76,11 @@ change, so the fence and the claim key, compared in every write, are the safety 
 Clocks: etcd has no time API, so ``now()``, ``created_at`` and ``run_at`` come from the client
 host's clock. They decide only when delayed tasks fall due and what is displayed; ownership never
 depends on them (it depends on etcd leases and revisions).
+
+Reads of an index (a level of the priority index, a queue's age index) stop at a bound a
+little past where the instance's last read of it ended (``_Window``), because etcd counts
+every key in a read's range whatever its limit; only when fewer than a page of keys lie
+before the bound does the read go on to the end of the index.
 
 Limits: a submission larger than one transaction (``max_txn_ops``) is written in several
 transactions; every check (unknown dependency, cycle) runs before the first one, so a refused
