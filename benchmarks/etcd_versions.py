@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = "contend.demo.bench_tasks:app"
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -38,6 +37,7 @@ def _cpu_seconds(pid: int) -> float:
 
 async def drain(url: str, n: int, processes: int, concurrency: int, etcd_pid: int) -> dict:
     """One drain with the contend on sys.path (the child's version); returns its figures."""
+    from contend.cli.bench import Bench
     from contend.demo import bench_tasks as bt
     from contend.domain.task import TaskState
     from contend.store.registry import open_store
@@ -45,20 +45,11 @@ async def drain(url: str, n: int, processes: int, concurrency: int, etcd_pid: in
     store = await open_store(url)
     await store.purge_all()  # type: ignore[attr-defined]
     await store.compact_history()  # type: ignore[attr-defined]
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "contend", "--log-level", "WARNING", "expert", APP,
-            "--store", url, "--name", f"v-{i}", "--concurrency", str(concurrency),
-            stdin=asyncio.subprocess.DEVNULL,
-        )
-        for i in range(processes)
-    ]  # fmt: skip
+    # The version's own `contend bench` starts and stops the experts (an API every version has).
+    bench = Bench(argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url))
+    procs = await bench.experts(url, processes)
     try:
-        deadline = time.monotonic() + 30
-        while len([e for e in await store.list_experts() if e.alive]) < processes:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the experts did not start within 30 s")
-            await asyncio.sleep(0.05)
+        await bench.wait_live(store, processes, procs)
         lead = 0.5 + n / 2_000  # every task falls due after the submission is all in
         specs = [bt.app.build_spec(bt.noop, delay=lead) for _ in range(n)]
         await store.submit(specs)
@@ -68,22 +59,25 @@ async def drain(url: str, n: int, processes: int, concurrency: int, etcd_pid: in
         await asyncio.sleep(t0 - await store.now())
         experts0 = sum(_cpu_seconds(p.pid) for p in procs)
         etcd0 = _cpu_seconds(etcd_pid)
-        while True:  # an index count while tasks wait; stats() (reads every task) at the end
+        # The same light wait for both versions (an earlier version's bench polled stats(),
+        # which reads every task): an index count while tasks wait, stats() at the end.
+        deadline = time.monotonic() + 600
+        while True:
             if (await store.backlog(["default"])).pending == 0:
                 counts = (await store.stats()).counts
                 if sum(q.get("succeeded", 0) for q in counts.values()) >= n:
                     break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not all {n} tasks done after 600 s")
             await asyncio.sleep(0.25)
         experts1 = sum(_cpu_seconds(p.pid) for p in procs)
         etcd1 = _cpu_seconds(etcd_pid)
         done = await store.list_tasks(state=TaskState.SUCCEEDED, limit=n)
         t1 = max(t.updated_at for t in done)
     finally:
-        for p in procs:
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-        await asyncio.gather(*(p.wait() for p in procs))
+        await Bench.stop(procs)
         await store.close()
+        shutil.rmtree(bench.tmp, ignore_errors=True)
     return {
         "rate": n / (t1 - t0),
         "experts_us": (experts1 - experts0) * 1e6 / n,

@@ -118,15 +118,13 @@ class Bench:
         so that the benchmark's own reads stay out of the measurement."""
         deadline = time.monotonic() + timeout
         while True:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"tasks not done after {timeout}s")
             if (await store.backlog(["default"])).pending == 0:
                 stats = await store.stats()
                 done = sum(q.get(str(TaskState.SUCCEEDED), 0) for q in stats.counts.values())
                 if done >= n:
                     return
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {done}/{n} tasks done after {timeout}s")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not all {n} tasks done after {timeout}s")
             await asyncio.sleep(0.25)
 
     # -- measurements ----------------------------------------------------------------------

@@ -269,15 +269,10 @@ def _once(ops: Sequence[_Op], levels: bytes) -> list[_Op]:
 _RankT = tuple[int, str, str]
 
 
-def _rank(priority: int, created_at: float, due: str, tid: str, now: float) -> _RankT:
-    """Claim order, smallest first: the highest effective priority (the priority aged since
-    the task was created, in whole steps), then the earliest due time, then the id."""
-    return -aged_priority(priority, now - created_at), due, tid
-
-
 def _index_json(value: bytes) -> dict[str, Any]:
     """The JSON part of a priority-index value (after the creation time)."""
-    return dict(json.loads(value[value.index(b" ") + 1 :]))
+    parsed: dict[str, Any] = json.loads(value[value.index(b" ") + 1 :])
+    return parsed
 
 
 def _micros(t: float) -> int:
@@ -1135,9 +1130,13 @@ class EtcdStore:
         return sorted(out, key=lambda e: e.info.id)
 
     # -- the claim protocol ----------------------------------------------------------------
-    def _rank_of(self, rec: _Rec, now: float) -> _RankT:
-        """A pending task's place in claim order (see _rank)."""
-        return _rank(rec.priority, rec.created_at, f"{_micros(rec.run_at):017d}", rec.id, now)
+    @staticmethod
+    def _rank_of(rec: _Rec, now: float) -> _RankT:
+        """A pending task's place in claim order, smallest first: the highest effective
+        priority (the priority aged since the task was created, in whole steps), then the
+        earliest due time, then the id. _candidates makes the same from index keys."""
+        due = f"{_micros(rec.run_at):017d}"
+        return -aged_priority(rec.priority, now - rec.created_at), due, rec.id
 
     async def _read_index(
         self, prefix: bytes, end: bytes, page: int, want: int, keep: Callable[[Any], bool]
@@ -1220,7 +1219,7 @@ class EtcdStore:
                 step = aged.get(created)
                 if step is None:
                     step = aged[created] = aged_priority(priority, now - float(created))
-                out.append((tid, (-step, due, tid)))
+                out.append((tid, (-step, due, tid)))  # as _rank_of
                 if views is not None:
                     views[tid] = (queue, priority, kv.value)
             return out
@@ -1332,10 +1331,11 @@ class EtcdStore:
             v = views[tid]
             if not isinstance(v, TaskView):  # what the priority index holds
                 queue, priority, value = v
-                created, _, rest = value.partition(b" ")
-                d = json.loads(rest)
-                req = Requirements.from_json(d["req"])
-                v = TaskView(tid, d["type"], queue, priority, req, float(created))
+                d = _index_json(value)
+                created = float(value[: value.index(b" ")])
+                v = TaskView(
+                    tid, d["type"], queue, priority, Requirements.from_json(d["req"]), created
+                )
             out.append(v)
         return out
 
