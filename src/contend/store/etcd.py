@@ -8,7 +8,7 @@ cluster's ``--max-txn-ops``, default 128: how many operations one transaction ma
 Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
 a ``/`` in a name can never be read as a separator)::
 
-    {p}meta                       {"schema": 3}; written once by the first open()
+    {p}meta                       {"schema": 4}; written once by the first open()
     {p}t/{task}                   the task record: a JSON array of _Rec's fields
     {p}d/{task}/args              [args, kwargs]          written once at submit
     {p}d/{task}/result            the result JSON         written by complete()
@@ -19,12 +19,16 @@ a ``/`` in a name can never be read as a separator)::
                                   the priority index: one key per pending task. {inv} is
                                   10_000_000 - priority on 8 digits and {due} the due time in
                                   microseconds on 17 digits, so a range read of q/{queue}/{inv}/
-                                  yields one priority's tasks first in, first out. The value,
-                                  "{created_at} {"type", "req"}", holds what a scorer needs.
-    {p}v/{queue}/{inv}            a priority level that may hold pending tasks: put with every
-                                  q/ key, dropped by expire() once its level is empty
-    {p}o/{queue}/{due}/{task}     the age index of the same tasks: the ones due the longest
-                                  first (the low-priority lane, next_due, backlog)
+                                  yields one priority's tasks first in, first out (and the
+                                  heads of all levels are a queue's longest waiting). The
+                                  value, "{created_at} {"type", "req"}", holds what a scorer
+                                  needs.
+    {p}v/{queue}/{inv}            a priority level that may hold pending tasks, put by every
+                                  task entering it and dropped by expire() once it is empty.
+                                  Its value is the level's floor, a "{due}/{task}" no pending
+                                  task of the level stands below: an entering task lowers it
+                                  to its own place if need be, a claim raises it past the
+                                  tasks it took (see "Floors" below)
     {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
                                   owner's etcd lease, so it vanishes when that lease ends
     {p}a/{expert}/{task}          "{fence} {session}", no lease: every claimed/running task,
@@ -51,10 +55,21 @@ time, then id. So a waiting task's keys never move: no rewrite of every pending 
 ages. Within a level only the head is read: among tasks of one priority, one due later but
 created earlier (a delayed task) ranks first only once it is within a page of the head.
 
+Floors: etcd keeps a deleted key in its index until the history is compacted, and a range
+read walks every such key in its range; a claim that read each level from its beginning would
+walk every task ever claimed since the last compaction (40 ms per claim after 50,000 tasks).
+So each read of a level starts at the level's floor, and a claim transaction raises the floor
+past the tasks it took at the head of the level, in a nested transaction that compares the
+level key's ``mod_revision`` with the one v/ listed before the claim read the level: every
+entering task puts the level key, so the raise lands only if no task entered since the read,
+and everything below the new floor was read and taken. An entering task's nested transaction
+lowers the floor to its place when it stands below it (a released task, a host whose clock is
+behind) and touches the key otherwise (``ignore_value``).
+
 A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
 ``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
 its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
-expert's lease, puts ``a/`` and deletes the two index keys. The tasks of one
+expert's lease, puts ``a/`` and deletes the index key, and raises the floors. The tasks of one
 claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took some of them, one
 read tells which, and the others are claimed together in the next ``Txn``. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
@@ -77,10 +92,9 @@ Clocks: etcd has no time API, so ``now()``, ``created_at`` and ``run_at`` come f
 host's clock. They decide only when delayed tasks fall due and what is displayed; ownership never
 depends on them (it depends on etcd leases and revisions).
 
-Reads of an index (a level of the priority index, a queue's age index) stop at a bound a
-little past where the instance's last read of it ended (``_Window``), because etcd counts
-every key in a read's range whatever its limit; only when fewer than a page of keys lie
-before the bound does the read go on to the end of the index.
+Reads of a priority level stop at a bound a page or two past the floor (``_Window``),
+because etcd counts every key in a read's range whatever its limit; only when fewer than a
+page of keys lie before the bound does the read go on to the end of the level.
 
 Limits: a submission larger than one transaction (``max_txn_ops``) is written in several
 transactions; every check (unknown dependency, cycle) runs before the first one, so a refused
@@ -153,7 +167,7 @@ from contend.store.port import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3  # 3: records are arrays; q/ keys by priority, v/ levels, no g/ index
+SCHEMA_VERSION = 4  # 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority
 #: Keep at most this many history events in a task record (it is rewritten at every change).
 HISTORY_LIMIT = 50
 #: How many times an owner write re-reads and retries when the task changed under it.
@@ -161,8 +175,10 @@ WRITE_RETRIES = 20
 #: Priorities are stored as PRIORITY_BASE − priority on 8 digits (a range read then yields
 #: the highest first); priorities are within ±1,000,000.
 PRIORITY_BASE = 10_000_000
-#: The most operations one task's claim puts in a transaction (3 puts, 2 index deletes).
-CLAIM_OPS = 5
+#: The most operations one task's claim puts in a transaction (3 puts, the index delete).
+CLAIM_OPS = 4
+#: The most priority levels whose floor one claim transaction raises.
+RISE_OPS = 8
 #: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 _REQ_NONE = b'"req":null'
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
@@ -173,7 +189,7 @@ CONTENDED_FOR = 2.0
 INLINE_MAX = 1024
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
 OWNED_CACHE = 16_384
-#: How many index windows (one per queue's priority level and age index) an instance keeps.
+#: How many read windows (one per priority level) an instance keeps.
 WINDOW_CACHE = 4096
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
@@ -253,15 +269,19 @@ def _prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-def _once(ops: Sequence[_Op], levels: bytes) -> list[_Op]:
-    """*ops* with each put of a key under *levels* (the v/ prefix) kept once."""
-    seen: set[bytes] = set()
-    out = []
+def _one_entry_per_level(ops: Sequence[_Op]) -> list[_Op]:
+    """*ops* with the entries (ENTER) of one priority level made one, at the lowest position:
+    etcd refuses a key put twice in a transaction."""
+    at: dict[bytes, int] = {}  # level key -> where its entry is in *out*
+    out: list[_Op] = []
     for op in ops:
-        if op[0] == PUT and op[1].startswith(levels):
-            if op[1] in seen:
+        if op[0] == ENTER:
+            i = at.get(op[1])
+            if i is not None:
+                if op[2] < out[i][2]:
+                    out[i] = op
                 continue
-            seen.add(op[1])
+            at[op[1]] = len(out)
         out.append(op)
     return out
 
@@ -273,6 +293,10 @@ def _index_json(value: bytes) -> dict[str, Any]:
     """The JSON part of a priority-index value (after the creation time)."""
     parsed: dict[str, Any] = json.loads(value[value.index(b" ") + 1 :])
     return parsed
+
+
+def _any(kv: Any) -> bool:
+    return True
 
 
 def _micros(t: float) -> int:
@@ -291,9 +315,10 @@ def _load(text: str | None) -> JSON:
 # Operations and compares are plain tuples, written into a TxnRequest in place by _build: five
 # times cheaper than making each protobuf message and having the request copy it. An
 # operation is (PUT, key, value, lease), (DELETE, key, range end or b"") or (GET, key, range
-# end or b"", keys_only, count_only, limit); a compare is (MOD_IS, key, revision),
-# (ABSENT, key), (PRESENT, key) or (VALUE_IS, key, value).
-PUT, DELETE, GET = 0, 1, 2
+# end or b"", keys_only, count_only, limit), (ENTER, level key, position) or (RAISE, level
+# key, revision, position) (both nested transactions on a priority level's floor); a compare
+# is (MOD_IS, key, revision), (ABSENT, key), (PRESENT, key) or (VALUE_IS, key, value).
+PUT, DELETE, GET, ENTER, RAISE = 0, 1, 2, 3, 4
 MOD_IS, ABSENT, PRESENT, VALUE_IS = 0, 1, 2, 3
 _Op = tuple[Any, ...]
 
@@ -316,6 +341,18 @@ def _get(
     limit: int = 0,
 ) -> _Op:
     return (GET, key, _prefix_end(key) if prefix else end, keys_only, count_only, limit)
+
+
+def _enter(level: bytes, position: bytes) -> _Op:
+    """A task enters a priority level at *position*: the level's floor (the value of its v/
+    key) comes down to *position* if it was above it, and the key is put either way, so that
+    its revision tells a claim that tasks entered since it read."""
+    return (ENTER, level, position)
+
+
+def _raise(level: bytes, revision: int, position: bytes) -> _Op:
+    """Move a level's floor up to *position*, if its key is still at *revision*."""
+    return (RAISE, level, revision, position)
 
 
 def _mod_is(key: bytes, revision: int) -> _Op:
@@ -368,6 +405,28 @@ def _build(compare: Sequence[_Op], success: Sequence[_Op], failure: Sequence[_Op
                 d.key = op[1]
                 if op[2]:
                     d.range_end = op[2]
+            elif kind == ENTER:  # if floor <= position: touch the key, else floor = position
+                t = add().request_txn
+                c = t.compare.add()
+                c.key = op[1]
+                c.target = rpc.Compare.VALUE
+                c.result = rpc.Compare.LESS  # floor < position + NUL: floor <= position
+                c.value = op[2] + b"\0"
+                touch = t.success.add().request_put
+                touch.key = op[1]
+                touch.ignore_value = True
+                low = t.failure.add().request_put  # also when the key is absent
+                low.key = op[1]
+                low.value = op[2]
+            elif kind == RAISE:
+                t = add().request_txn
+                c = t.compare.add()
+                c.key = op[1]
+                c.target = rpc.Compare.MOD
+                c.mod_revision = op[2]
+                up = t.success.add().request_put
+                up.key = op[1]
+                up.value = op[3]
             else:
                 r = add().request_range
                 r.key = op[1]
@@ -416,7 +475,7 @@ class _Rec:
     depends_on: list[str]
     deps_left: int
     has_waiters: bool
-    indexed: bool  # its keys are in the priority and age indexes (made from the record)
+    indexed: bool  # its key is in the priority index (made from the record)
     history: list[list[Any]]
     # Small payloads travel in the record (one key less to write and read per task); a payload
     # larger than INLINE_MAX, and every payload of a record written before, lives under d/.
@@ -444,64 +503,94 @@ _ID_BITS = 112  # task ids are 28 hex digits: 112 bits
 
 @dataclass(slots=True)
 class _Window:
-    """Where the next read of one index (a queue's priority or age index) may stop: *span*
-    past *last*, the last key the previous read reached. Positions within a level are numbers
-    made of the due time and the task id (``_position``); *span* adapts so that a window holds
-    a page or a few: doubled when a read ran past the bound, halved when it held many pages."""
+    """How far past where it starts the next read of one index level may stop: *span*
+    positions (``_position``), adapted so that a window holds a page or a few: doubled when a
+    read ran past the bound, halved when it held many pages."""
 
-    last: bytes  # the whole key, prefix included
     span: int
 
-    def segments(self, prefix: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
-        """The ranges to read in turn: up to the bound, then on to *end*."""
-        level, pos = _position(self.last[len(prefix) :])
-        due, tid = divmod(pos + self.span, 1 << _ID_BITS)
-        bound = prefix + f"{level}{due:017d}/{tid:028x}".encode()
-        if due >= 10**17 or bound >= end:
-            return [(prefix, end)]
-        return [(prefix, bound), (bound, end)]
+    def segments(self, prefix: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        """The ranges to read in turn: from *start* up to the bound, then on to *end*."""
+        due, tid = divmod(_position(start[len(prefix) :]) + self.span, 1 << _ID_BITS)
+        bound = prefix + f"{due:017d}/{tid:028x}".encode()
+        if due >= 10**17 or not start < bound < end:
+            return [(start, end)]
+        return [(start, bound), (bound, end)]
 
     @staticmethod
     def after(
         window: _Window | None,
         skip: int,
+        start: bytes,
         last: bytes,
-        first: bytes,
         spilled: bool,
         count: int,
         page: int,
         full: bool,
     ) -> _Window | None:
-        """The window for the next read, from how this one went: it read up to *last*; the
-        last range it read began with *first*; *spilled*: it had to read past the bound;
-        *count*: the keys its first range held; *full*: it found all it wanted."""
+        """The window for the next read, from how this one went: it read from *start* up to
+        *last*; *spilled*: it had to read past the bound; *count*: the keys its first range
+        held; *full*: it found all it wanted."""
         if not last or not full:
             return None  # the whole index was read and held too few: no bound needed
-        level, end = _position(last[skip:])
-        first_level, start = _position(first[skip:]) if first else (level, end)
-        width = max(1, end - start) if first_level == level else 1 << _ID_BITS
+        width = max(1, _position(last[skip:]) - _position(start[skip:]))
         if window is None:
-            return _Window(last, width)
+            return _Window(2 * width)  # two pages, as keys are spread unevenly
         span = window.span
         if spilled:
             span = max(2 * span, width)
         elif count > 4 * page:
             span = max(1, span // 2)
-        return _Window(last, span)
+        return _Window(span)
 
 
-def _position(suffix: bytes) -> tuple[str, int]:
-    """(level, position within it) of an index key without its queue prefix: the priority
-    index's ``{inv}/{due}/{id}`` -> ("{inv}/", due << 112 | id), the age index's ``{due}/{id}``
-    -> ("", due << 112 | id); the id read as hex where it is 28 hex digits (contend's own ids)
-    and as 0 otherwise."""
-    *head, due, tid = suffix.decode().split("/")
-    level = "".join(f"{h}/" for h in head)
+def _position(spot: bytes) -> int:
+    """A place within a priority level as a number: ``{due}/{id}`` -> due << 112 | id, the id
+    read as hex where it is 28 hex digits (contend's own ids) and as 0 otherwise."""
+    try:
+        due = int(spot[:17])
+    except ValueError:
+        return 0
+    tid = spot[18:46]
     try:
         num = int(tid, 16) if len(tid) == 28 else 0
     except ValueError:
         num = 0
-    return level, (int(due) << _ID_BITS) | num
+    return (due << _ID_BITS) | num
+
+
+@dataclass(slots=True)
+class _LevelRead:
+    """One read of a priority level's tasks by a claim: what it needs to raise the floor."""
+
+    prefix: bytes  # the level's task keys: q/{queue}/{inv}/
+    level: bytes  # the level key: v/{queue}/{inv}
+    start: bytes  # the floor the read began at (a spot within the level)
+    revision: int  # the lowest revision its ranges were read at
+    keys: list[bytes]  # every task key it went through, in order, from *start* on
+    floor: bytes = b""  # the floor v/ listed
+    listed_at: int = 0  # the level key's mod_revision when v/ listed it (0: not listed)
+    queue: str = ""
+    inv: str = ""
+
+    def rise(self, taken: set[str]) -> _Op | None:
+        """The operation that raises the floor past the keys *taken* (claimed in the same
+        transaction) that head this read, or None. Sound because the raise happens only if
+        the level key is as v/ listed it, at or before this read: no task has entered since
+        (every entry puts the key), so every task at or above the floor was read."""
+        if not self.listed_at or self.listed_at > self.revision or self.floor < self.start:
+            return None
+        skip = len(self.prefix)
+        for key in self.keys:
+            tid = key[skip + 18 :].decode()
+            if (_unenc(tid) if "%" in tid else tid) not in taken:
+                top = key[skip:]  # the first task left
+                break
+        else:
+            if not self.keys:
+                return None
+            top = self.keys[-1][skip:] + b"\0"  # just past the last read, every one taken
+        return _raise(self.level, self.listed_at, top) if top > self.floor else None
 
 
 class EtcdStore:
@@ -556,9 +645,9 @@ class EtcdStore:
         # task id -> (task, claim) KeyValues as this instance's claim wrote them
         self._owned: dict[str, tuple[Any, Any, _Rec]] = {}
         self._contended_until = 0.0  # monotonic time: rivals won claims of this instance
-        self._windows: dict[bytes, _Window | None] = {}  # queue's index prefix -> read bound
+        self._windows: dict[bytes, _Window | None] = {}  # a level's tasks' prefix -> read bound
         self._swept_at = -math.inf
-        self._known_levels: dict[str, list[str]] = {}  # queue -> its levels, as last listed
+        self._known_levels: dict[str, dict[str, bytes]] = {}  # queue -> {level: floor}, as listed
 
     # -- keys --------------------------------------------------------------------------------
     def _k(self, *parts: str) -> bytes:
@@ -576,17 +665,17 @@ class EtcdStore:
     def _held_key(self, expert: str, tid: str) -> bytes:
         return self._k("a", _enc(expert), _enc(tid))
 
-    def _pending_key(self, rec: _Rec) -> str:
-        inv = PRIORITY_BASE - rec.priority
-        return f"q/{_enc(rec.queue)}/{inv:08d}/{_micros(rec.run_at):017d}/{_enc(rec.id)}"
+    def _level(self, rec: _Rec) -> str:
+        """``{queue}/{inv}``: the priority level of *rec* (under q/ its tasks, under v/ its key)."""
+        return f"{_enc(rec.queue)}/{PRIORITY_BASE - rec.priority:08d}"
 
-    def _oldest_key(self, rec: _Rec) -> bytes:
-        return self._k("o", _enc(rec.queue), f"{_micros(rec.run_at):017d}", _enc(rec.id))
+    @staticmethod
+    def _spot(rec: _Rec) -> str:
+        """``{due}/{id}``: where *rec* stands within its priority level."""
+        return f"{_micros(rec.run_at):017d}/{_enc(rec.id)}"
 
-    def _level_put(self, rec: _Rec) -> Any:
-        """The put of *rec*'s priority level key (v/). A batch of tasks of one level brings
-        it many times: _txn keeps the first (etcd refuses a key put twice in a transaction)."""
-        return _put(self._k("v", _enc(rec.queue), f"{PRIORITY_BASE - rec.priority:08d}"), b"")
+    def _pending_key(self, rec: _Rec) -> bytes:
+        return self._k("q", self._level(rec), self._spot(rec))
 
     # -- connection --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -686,7 +775,7 @@ class EtcdStore:
         self, compare: Sequence[_Op], success: Sequence[_Op], failure: Sequence[_Op] = ()
     ) -> Any:
         if len(success) > 2:
-            success = _once(success, self._k("v", ""))
+            success = _one_entry_per_level(success)
         req = _build(compare, success, failure)
         resp = await self._call("a transaction", lambda: self._kv.Txn(req, timeout=self._timeout))
         self._rev = max(self._rev, resp.header.revision)
@@ -1139,48 +1228,64 @@ class EtcdStore:
         return -aged_priority(rec.priority, now - rec.created_at), due, rec.id
 
     async def _read_index(
-        self, prefix: bytes, end: bytes, page: int, want: int, keep: Callable[[Any], bool]
-    ) -> list[Any]:
-        """The KeyValues of an index range (*prefix* up to *end*) that *keep* accepts, in key
-        order: at least *want* where there are that many, from at least a *page* of keys.
+        self,
+        prefix: bytes,
+        start: bytes,
+        page: int,
+        want: int,
+        keep: Callable[[Any], bool],
+        window_of: bytes = b"",
+    ) -> tuple[list[Any], _LevelRead]:
+        """The KeyValues of a priority level's tasks (keys under *prefix*, from *start*) that
+        *keep* accepts, in key order: at least *want* where there are that many, from at least
+        a *page* of keys; and what the read went through.
 
-        etcd counts every key of a range it reads, whatever the limit, so a read of a whole
-        index costs time in proportion to the backlog (about 50 ms at 100,000 tasks). Each
-        index's read therefore stops at a bound a little past where the last one ended (its
-        ``_Window``); only when fewer keys lie before the bound does it read on to *end*."""
-        window = self._windows.get(prefix)
-        segments = [(prefix, end)] if window is None else window.segments(prefix, end)
+        etcd counts every key of a range it reads, whatever the limit, so a read to the end of
+        a level costs time in proportion to its backlog (about 50 ms at 100,000 tasks). Each
+        level's read therefore stops at a bound a little past where it starts (its
+        ``_Window``); only when fewer keys lie before the bound does it read on to the end.
+        *window_of* keeps the windows of reads of different sizes apart."""
+        end = _prefix_end(prefix)
+        wkey = prefix + window_of
+        window = self._windows.get(wkey)
+        segments = [(start, end)] if window is None else window.segments(prefix, start, end)
         out: list[Any] = []
-        seen = first_count = 0  # keys read, accepted or not; keys in the first range
-        spilled, first, last = False, b"", b""
+        keys: list[bytes] = []
+        revision = 0
+        first_count = 0  # keys in the first range
+        spilled = False
         # A whole page in key order, as an unbounded read would give, and *want* accepted.
-        for n, (start, stop) in enumerate(segments):
-            spilled, first = n > 0, b""
-            while len(out) < want or seen < page:
-                resp = await self._range(start, stop, limit=page)
+        for n, (lo, hi) in enumerate(segments):
+            spilled = n > 0
+            while len(out) < want or len(keys) < page:
+                resp = await self._range(lo, hi, limit=page)
+                revision = revision or resp.header.revision
                 first_count = first_count or int(resp.count)
-                seen += len(resp.kvs)
-                out.extend(kv for kv in resp.kvs if keep(kv))
-                if resp.kvs:
-                    first, last = first or resp.kvs[0].key, resp.kvs[-1].key
+                for kv in resp.kvs:
+                    keys.append(kv.key)
+                    if keep(kv):
+                        out.append(kv)
                 if not resp.more or not resp.kvs:
                     break
-                start = resp.kvs[-1].key + b"\0"
-            if len(out) >= want and seen >= page:
+                lo = resp.kvs[-1].key + b"\0"
+            if len(out) >= want and len(keys) >= page:
                 break
-        full = len(out) >= want and seen >= page
-        if len(self._windows) >= WINDOW_CACHE and prefix not in self._windows:
+        full = len(out) >= want and len(keys) >= page
+        if len(self._windows) >= WINDOW_CACHE and wkey not in self._windows:
             self._windows.clear()  # levels come and go: forget them all now and then
-        self._windows[prefix] = _Window.after(
-            window, len(prefix), last, first, spilled, first_count, page, full
+        last = keys[-1] if keys else b""
+        self._windows[wkey] = _Window.after(
+            window, len(prefix), start, last, spilled, first_count, page, full
         )
-        return out
+        level = self._p + b"v/" + prefix[len(self._p) + 2 : -1]
+        return out, _LevelRead(prefix, level, start[len(prefix) :], revision, keys)
 
-    async def _levels(self, queue: str) -> list[str]:
-        """The priority levels (``{inv}``, best first) of *queue* that may hold pending tasks."""
+    async def _levels(self, queue: str) -> list[tuple[str, bytes, int]]:
+        """(``{inv}``, floor, the key's mod_revision) of each priority level of *queue* that may
+        hold pending tasks, best first. No pending task of a level stands below its floor."""
         prefix = self._k("v", _enc(queue), "")
-        resp = await self._range(prefix, _prefix_end(prefix), keys_only=True)
-        return [kv.key[len(prefix) :].decode() for kv in resp.kvs]
+        resp = await self._range(prefix, _prefix_end(prefix))
+        return [(kv.key[len(prefix) :].decode(), kv.value, kv.mod_revision) for kv in resp.kvs]
 
     async def _candidates(
         self,
@@ -1190,10 +1295,12 @@ class EtcdStore:
         now: float,
         want: int = 0,
         views: dict[str, TaskView | tuple[str, int, bytes]] | None = None,
+        reads: dict[str, _LevelRead] | None = None,
     ) -> list[tuple[str, _RankT]]:
         """(task id, rank) of due tasks *caps* can run, best first: at least *limit* (or
         *want*) of each priority level of each queue where there are that many. *views*, if
-        given, receives what the index holds of each: (queue, priority, index value)."""
+        given, receives what the index holds of each: (queue, priority, index value); *reads*
+        the read of its level."""
         want = max(want, limit)
         # A claim reads twice what it wants, to have others to try when rivals win some; a
         # peek (which fills *views*) only what it returns.
@@ -1207,12 +1314,14 @@ class EtcdStore:
                 or caps.satisfies(Requirements.from_json(_index_json(kv.value)["req"]))
             )
 
-        async def level(queue: str, inv: str) -> list[tuple[str, _RankT]]:
+        async def level(queue: str, inv: str, floor: bytes) -> tuple[_LevelRead, list[Any]]:
             prefix = self._k("q", _enc(queue), inv, "")
             priority = PRIORITY_BASE - int(inv)
             aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
             out = []
-            for kv in await self._read_index(prefix, _prefix_end(prefix), page, want, keep):
+            kvs, read = await self._read_index(prefix, prefix + floor, page, want, keep)
+            read.queue, read.inv = queue, inv
+            for kv in kvs:
                 due, tid = kv.key[len(prefix) :].decode().split("/")
                 tid = _unenc(tid) if "%" in tid else tid
                 created = kv.value[: kv.value.index(b" ")]
@@ -1222,19 +1331,31 @@ class EtcdStore:
                 out.append((tid, (-step, due, tid)))  # as _rank_of
                 if views is not None:
                     views[tid] = (queue, priority, kv.value)
-            return out
+            return read, out
 
         async def queue_levels(queue: str) -> list[tuple[str, _RankT]]:
-            """Read every level v/ lists; the levels seen last time are read meanwhile."""
-            known = self._known_levels.get(queue, [])
+            """Read every level v/ lists, from its floor. The levels seen last time are read
+            from the floors seen then, meanwhile; a level whose floor came down since (a task
+            entered below it) is read again."""
+            known = self._known_levels.get(queue, {})
 
-            async def levels(invs: list[str]) -> list[list[tuple[str, _RankT]]]:
-                return list(await asyncio.gather(*(level(queue, inv) for inv in invs)))
+            async def levels(floors: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
+                got = await asyncio.gather(*(level(queue, inv, f) for inv, f in floors))
+                return dict(zip((inv for inv, _ in floors), got, strict=True))
 
-            listed, reads = await asyncio.gather(self._levels(queue), levels(known))
-            reads += await levels([inv for inv in listed if inv not in known])
-            self._known_levels[queue] = listed
-            return [f for r in reads for f in r]
+            listed, done = await asyncio.gather(self._levels(queue), levels(list(known.items())))
+            again = [(inv, f) for inv, f, _ in listed if inv not in known or f < known[inv]]
+            done.update(await levels(again))
+            self._known_levels[queue] = {inv: f for inv, f, _ in listed}
+            for inv, f, mod in listed:
+                done[inv][0].floor, done[inv][0].listed_at = f, mod
+            found = []
+            for read, out in done.values():
+                found += out
+                if reads is not None:
+                    for tid, _ in out:
+                        reads[tid] = read
+            return found
 
         found = [
             f
@@ -1243,26 +1364,6 @@ class EtcdStore:
         ]
         found.sort(key=lambda f: f[1])
         return found
-
-    async def _longest_waiting(
-        self, queues: Sequence[str], caps: Capabilities, limit: int, now: float
-    ) -> list[tuple[str, float]]:
-        """(task id, due time) of the due tasks *caps* can run that are due the longest."""
-        found: list[tuple[str, float]] = []
-
-        def keep(kv: Any) -> bool:
-            return _REQ_NONE in kv.value or caps.satisfies(
-                Requirements.from_json(json.loads(kv.value)["req"])
-            )
-
-        for queue in dict.fromkeys(queues):
-            prefix = self._k("o", _enc(queue), "")
-            end = prefix + f"{_micros(now) + 1:017d}".encode()  # due now at the latest
-            for kv in await self._read_index(prefix, end, max(64, 2 * limit), limit, keep):
-                due, tid = kv.key[len(prefix) :].decode().split("/")
-                found.append((_unenc(tid), int(due) / 1_000_000))
-        found.sort(key=lambda f: (f[1], f[0]))
-        return found[:limit]
 
     async def _choose(
         self,
@@ -1273,22 +1374,20 @@ class EtcdStore:
         now: float,
         spread: bool = False,
         views: dict[str, TaskView | tuple[str, int, bytes]] | None = None,
+        reads: dict[str, _LevelRead] | None = None,
     ) -> list[str]:
         """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
         priority, plus the ``low_lane`` due the longest; more of the best after them, to try
         when rivals win some. With *spread* (rivals have been winning this instance's races),
         the best are taken from a random place among the equally good candidates read, so that
         experts reading the same head of the index do not all reach for the same tasks.
-        *views* receives what the priority index holds of the candidates it read."""
+        *views* receives what the priority index holds of the candidates it read, *reads*
+        the read of each one's level."""
         low_lane = max(0, min(low_lane, limit))
         want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
-        if low_lane:  # both indexes read at once: one round trip less
-            best, oldest = await asyncio.gather(
-                self._candidates(queues, caps, limit, now, want, views),
-                self._longest_waiting(queues, caps, low_lane, now),
-            )
-        else:
-            best, oldest = await self._candidates(queues, caps, limit, now, want, views), []
+        best = await self._candidates(queues, caps, limit, now, want, views, reads)
+        # Each level's head is its longest waiting: those due first among all levels read.
+        oldest = sorted(best, key=lambda f: f[1][1:])[:low_lane] if low_lane else []
         if spread and best:
             top = best[0][1][0]
             level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
@@ -1298,18 +1397,8 @@ class EtcdStore:
         chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
         for tid, _ in oldest:
             chosen.setdefault(tid)
-        first = list(chosen)
         order = dict(best)
-        beyond = [t for t in first if t not in order]  # the oldest may lie past the best read
-        if beyond:
-            kvs = await self._read_many([self._task_key(t) for t in beyond])
-            for t, kv in zip(beyond, kvs, strict=True):
-                rec = _Rec.loads(kv.value) if kv is not None else None
-                if rec is not None and rec.indexed:
-                    order[t] = self._rank_of(rec, now)
-                    if views is not None:
-                        views[t] = self._task_view(rec)
-        first = sorted((t for t in first if t in order), key=lambda t: order[t])
+        first = sorted(chosen, key=lambda t: order[t])
         return first + [f[0] for f in best if f[0] not in chosen]
 
     async def peek(
@@ -1381,6 +1470,7 @@ class EtcdStore:
             return []
         now = self._clock()
         cands: list[str]  # task ids, best first
+        reads: dict[str, _LevelRead] = {}  # task id -> the read of its level
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             (lease, session_value), cands = await asyncio.gather(
@@ -1392,6 +1482,7 @@ class EtcdStore:
                     low_lane,
                     now,
                     spread=time.monotonic() < self._contended_until,
+                    reads=reads,
                 ),
             )
         else:
@@ -1418,6 +1509,7 @@ class EtcdStore:
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         won: list[tuple[_RankT, Claimed]] = []
         session_key = self._k("l", _enc(expert))
+        levels_base = len(self._k("v", ""))
         lost = False
         orders: dict[str, _RankT] = {}  # task id -> its claim order
 
@@ -1471,6 +1563,24 @@ class EtcdStore:
             )
             won.append((orders[tid], claimed))
 
+        def rises(tids: Sequence[str]) -> list[_Op]:
+            """Raise the floor of each level these tasks head (claimed in one transaction):
+            the next claims read from where the live tasks begin, not through the deleted
+            keys etcd keeps until its history is compacted. The next claim of this instance
+            reads from the raised floor (if the raise did not land, v/ lists a lower floor
+            and the level is read again from there)."""
+            taken = set(tids)
+            levels = {id(r): r for t in tids if (r := reads.get(t)) is not None}
+            return [op for r in levels.values() if (op := r.rise(taken)) is not None][:RISE_OPS]
+
+        def risen(ops: Sequence[_Op]) -> None:
+            """Remember the floors a landed claim raised (if a raise did not land, v/ lists
+            a lower floor next time, and the level is read again from there)."""
+            for op in ops:
+                if op[0] == RAISE:
+                    queue, inv = op[1][levels_base:].decode().split("/")
+                    self._known_levels.setdefault(_unenc(queue), {})[inv] = op[3]
+
         def session_lost(resp: Any) -> bool:
             kvs = resp.responses[0].response_range.kvs
             return not kvs or kvs[0].value != session_value
@@ -1479,8 +1589,9 @@ class EtcdStore:
             """One claim transaction for one task (the fallback when a batch lost a race)."""
             nonlocal lost
             cmp, ops, rec = prepare(tid, t)
+            up = rises([tid])
             resp = await self._commit(
-                [*cmp, _value_is(session_key, session_value)], ops, [_get(session_key)]
+                [*cmp, _value_is(session_key, session_value)], [*ops, *up], [_get(session_key)]
             )
             if resp is not None and not resp.succeeded:
                 if session_lost(resp):
@@ -1488,6 +1599,7 @@ class EtcdStore:
                 else:
                     self._contended_until = time.monotonic() + CONTENDED_FOR
                 return  # another expert won this one, or the session ended
+            risen(up)
             finish(tid, t, a, c, rec, ops, resp.header.revision if resp is not None else 0)
 
         async def many(group: list[tuple[str, Any, Any, Any]]) -> None:
@@ -1501,12 +1613,14 @@ class EtcdStore:
                     await one(*group[0])
                     return
                 plans = [prepare(tid, t) for tid, t, _, _ in group]
+                up = rises([g[0] for g in group])
                 resp = await self._commit(
                     [*(x for p in plans for x in p[0]), _value_is(session_key, session_value)],
-                    [x for p in plans for x in p[1]],
+                    [*(x for p in plans for x in p[1]), *up],
                     [_get(session_key)],
                 )
                 if resp is None or resp.succeeded:
+                    risen(up)
                     rev = resp.header.revision if resp is not None else 0
                     for (tid, t, a, c), (_, ops, rec) in zip(group, plans, strict=True):
                         finish(tid, t, a, c, rec, ops, rev)
@@ -1534,13 +1648,13 @@ class EtcdStore:
         # Rounds: try as many candidates as claims are still wanted, in order, until enough
         # were won or the candidates ran out. The tries of a round are grouped into as few
         # transactions as etcd's operation limit allows, committed concurrently.
-        per_txn = max(1, (self._max_ops - 1) // CLAIM_OPS)
+        per_txn = max(1, (self._max_ops - 1 - RISE_OPS) // CLAIM_OPS)
         rest = cands
         while rest and len(won) < limit and not lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
-            reads = await self._read_many([self._task_key(tid) for tid in batch])
+            records = await self._read_many([self._task_key(tid) for tid in batch])
             ready: list[tuple[str, Any, _Rec]] = []
-            for tid, t in zip(batch, reads, strict=True):
+            for tid, t in zip(batch, records, strict=True):
                 if t is None:
                     continue
                 rec = _Rec.loads(t.value)
@@ -1817,22 +1931,21 @@ class EtcdStore:
         return [_delete(self._claim_key(rec.id)), _delete(self._held_key(expert, rec.id))]
 
     def _enter_pending(self, rec: _Rec) -> list[Any]:
-        """Make *rec* pending: its keys in the priority and age indexes, and its level."""
+        """Make *rec* pending: its key in the priority index, its level's floor at most it."""
         rec.state = "pending"
         rec.indexed = True
-        req = _COMPACT.encode({"req": rec.req}).encode()
+        level, spot = self._level(rec), self._spot(rec)
         return [
-            _put(self._k(self._pending_key(rec)), self._index_value(rec)),
-            _put(self._oldest_key(rec), req),
-            self._level_put(rec),
+            _put(self._k("q", level, spot), self._index_value(rec)),
+            _enter(self._k("v", level), spot.encode()),
         ]
 
     def _leave_pending(self, rec: _Rec) -> list[Any]:
-        """Take a pending *rec* out of the indexes (its new state is set by the caller)."""
+        """Take a pending *rec* out of the index (its new state is set by the caller)."""
         if not rec.indexed:
             return []
         rec.indexed = False
-        return [_delete(self._k(self._pending_key(rec))), _delete(self._oldest_key(rec))]
+        return [_delete(self._pending_key(rec))]
 
     def _ended(self, rec: _Rec) -> list[Any]:
         """Operations for a task that just reached a terminal state."""
@@ -1992,22 +2105,18 @@ class EtcdStore:
 
     async def _sweep_levels(self) -> None:
         """Drop the level keys (v/) of priority levels no pending task is at any more, so that
-        claims do not read them; once a LEVEL_SWEEP (store clock). A level key and the count of
-        its tasks are read at one revision, and the key is deleted only if it has not been put
-        again since: a task entering the level meanwhile puts it, and the delete fails."""
+        claims do not read them; once a LEVEL_SWEEP (store clock). A level's tasks are counted
+        from its floor after its key was read, and the key is deleted only if it has not been
+        put since: a task entering the level meanwhile puts it, and the delete fails."""
         now = self._clock()
         if now - self._swept_at < LEVEL_SWEEP:
             return
         self._swept_at = now
         base = self._k("v", "")
-        for kv in await self._scan(base, keys_only=True):
-            queue, inv = kv.key[len(base) :].decode().split("/")
-            tasks = self._k("q", queue, inv, "")
-            count = _get(tasks, prefix=True, count_only=True)
-            resp = await self._txn([], [_get(kv.key), count])
-            level, pending = (r.response_range for r in resp.responses)
-            if level.kvs and pending.count == 0:
-                await self._txn([_mod_is(kv.key, level.kvs[0].mod_revision)], [_delete(kv.key)])
+        for kv in await self._scan(base):
+            tasks = self._p + b"q/" + kv.key[len(base) :] + b"/"
+            if await self._count(tasks + kv.value, _prefix_end(tasks)) == 0:
+                await self._txn([_mod_is(kv.key, kv.mod_revision)], [_delete(kv.key)])
 
     async def expire(self) -> int:
         resp = await self._txn(
@@ -2415,28 +2524,39 @@ class EtcdStore:
                 return Auction(task_id, now, closes, ranked)
         raise StoreError(f"the auction of task {task_id} kept changing; gave up")
 
+    async def _every_level(self, queues: Sequence[str]) -> list[tuple[bytes, bytes]]:
+        """(tasks' prefix, floor) of every priority level of these queues."""
+        listed = await asyncio.gather(*(self._levels(q) for q in dict.fromkeys(queues)))
+        return [
+            (self._k("q", _enc(q), inv, ""), floor)
+            for q, levels in zip(dict.fromkeys(queues), listed, strict=True)
+            for inv, floor, _ in levels
+        ]
+
     async def backlog(self, queues: Sequence[str]) -> Backlog:
         now = self._clock()
-        count, oldest = 0, None
-        for queue in dict.fromkeys(queues):
-            prefix = self._k("o", _enc(queue), "")
-            end = prefix + f"{_micros(now) + 1:017d}".encode()
-            count += await self._count(prefix, end)
-            first = await self._range(prefix, end, limit=1, keys_only=True)
-            if first.kvs:
-                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
-                oldest = due if oldest is None else min(oldest, due)
-        return Backlog(count, None if oldest is None else max(0.0, now - oldest))
+        due_by = f"{_micros(now) + 1:017d}".encode()
+
+        async def level(prefix: bytes, floor: bytes) -> tuple[int, float | None]:
+            if prefix + floor >= prefix + due_by:
+                return 0, None
+            count = _get(prefix + floor, end=prefix + due_by, count_only=True)
+            first = _get(prefix + floor, end=prefix + due_by, keys_only=True, limit=1)
+            n, head = (r.response_range for r in (await self._txn([], [count, first])).responses)
+            due = int(head.kvs[0].key[len(prefix) :][:17]) / 1_000_000 if head.kvs else None
+            return int(n.count), due
+
+        found = await asyncio.gather(*(level(*x) for x in await self._every_level(queues)))
+        dues = [due for _, due in found if due is not None]
+        return Backlog(sum(n for n, _ in found), max(0.0, now - min(dues)) if dues else None)
 
     async def next_due(self, queues: Sequence[str]) -> float | None:
-        best: float | None = None
-        for queue in dict.fromkeys(queues):
-            prefix = self._k("o", _enc(queue), "")
-            first = await self._range(prefix, _prefix_end(prefix), limit=1, keys_only=True)
-            if first.kvs:
-                due = int(first.kvs[0].key[len(prefix) :].split(b"/")[0]) / 1_000_000
-                best = due if best is None else min(best, due)
-        return best
+        async def level(prefix: bytes, floor: bytes) -> float | None:
+            kvs, _ = await self._read_index(prefix, prefix + floor, 1, 1, _any, b"\0first")
+            return int(kvs[0].key[len(prefix) :][:17]) / 1_000_000 if kvs else None
+
+        found = await asyncio.gather(*(level(*x) for x in await self._every_level(queues)))
+        return min((due for due in found if due is not None), default=None)
 
 
 class _KeepAlive:

@@ -79,6 +79,12 @@ def spec(**kw: object) -> TaskSpec:
     return TaskSpec.build("work", [1], **kw)  # type: ignore[arg-type]
 
 
+def _rec(value: bytes) -> Any:
+    from contend.store.etcd import _Rec
+
+    return _Rec.loads(value)
+
+
 # -- URL and registry -------------------------------------------------------------------------
 def test_url_parsing() -> None:
     assert parse_etcd_url("etcd://h:1234") == ("h", 1234, "contend/")
@@ -569,6 +575,11 @@ async def test_fake_clock_lapses_sessions_through_the_helper(store_url: str) -> 
         await store.close()
 
 
+async def levels(store: EtcdStore) -> list[str]:
+    """The priority levels v/ lists for the default queue."""
+    return [inv for inv, _, _ in await store._levels("default")]
+
+
 async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_writes(
     store_url: str,
 ) -> None:
@@ -584,25 +595,25 @@ async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_write
         fresh, urgent = spec(priority=2), spec(priority=5)
         await store.submit([fresh, urgent, spec(priority=2)])  # one level key for the two
         await store.expire()  # housekeeping: no level is empty, and no task needs a write
-        assert await store._levels("default") == ["09999995", "09999998", "10000000"]
+        assert await levels(store) == ["09999995", "09999998", "10000000"]
         assert (await store._read_many([store._task_key(old.id)]))[0].version == 1
         s = await store.register_expert(ExpertInfo("e"), 600)
         got = await store.claim("e", s, Q, ANY, limit=3, lease_ttl=600)
         assert [c.id for c in got] == [urgent.id, old.id, fresh.id]
         clock.advance(LEVEL_SWEEP)
         await store.expire()  # one priority-2 task is left
-        assert await store._levels("default") == ["09999998"]
+        assert await levels(store) == ["09999998"]
         late = spec(priority=9)  # the priority-2 task left has aged to 6 meanwhile
         await store.submit([late])
-        assert await store._levels("default") == ["09999991", "09999998"]
+        assert await levels(store) == ["09999991", "09999998"]
         (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
         assert c.id == late.id
         clock.advance(LEVEL_SWEEP / 2)
         await store.expire()  # not yet: once a LEVEL_SWEEP
-        assert await store._levels("default") == ["09999991", "09999998"]
+        assert await levels(store) == ["09999991", "09999998"]
         clock.advance(LEVEL_SWEEP / 2)
         await store.expire()
-        assert await store._levels("default") == ["09999998"]
+        assert await levels(store) == ["09999998"]
     finally:
         await store.close()
 
@@ -631,9 +642,94 @@ async def test_a_level_swept_while_a_task_enters_it_stays_listed(
         monkeypatch.setattr(store, "_txn", txn_after_a_submission)
         await store.expire()
         monkeypatch.undo()
-        assert await store._levels("default") == ["09999996"]
+        assert await levels(store) == ["09999996"]
         (got,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
         assert got.id == late.id
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_claims_raise_the_floor_so_later_reads_skip_what_was_claimed(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd keeps a deleted key in its index until the history is compacted, and a range read
+    walks it: a claim raises the level's floor past the tasks it took, and the next read
+    starts there instead of at the beginning of the level."""
+    tasks = [spec() for _ in range(30)]
+    await store.submit(tasks)
+    session = await store.register_expert(ExpertInfo("e"), 30)
+    got = await store.claim("e", session, Q, ANY, limit=10, lease_ttl=30)
+    assert [c.id for c in got] == [t.id for t in tasks[:10]]
+    ((_, floor, _),) = await store._levels("default")
+    head = (await store._read_many([store._task_key(tasks[10].id)]))[0]
+    assert floor == store._spot(_rec(head.value)).encode()  # the first task left
+    starts: list[bytes] = []
+    real_range = store._range
+
+    async def recording(key: bytes, end: bytes | None = None, **kw: object) -> object:
+        if key.startswith(store._k("q", "")):
+            starts.append(key)
+        return await real_range(key, end, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_range", recording)
+    got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=30)
+    assert [c.id for c in got] == [t.id for t in tasks[10:15]]
+    assert starts and min(starts) == store._k("q", "default", "10000000", floor.decode())
+
+
+async def test_a_task_entering_below_the_floor_is_claimed_first(store_url: str) -> None:
+    """A task that enters a level below its floor (released, or due earlier by another
+    host's clock) brings the floor down, though another instance raised it and remembers it."""
+    clock, early = FakeClock(), FakeClock(1_600_000_000.0)
+    store, other = EtcdStore(store_url, clock=clock), EtcdStore(store_url, clock=early)
+    await store.open()
+    await other.open()
+    try:
+        tasks = [spec() for _ in range(10)]
+        await store.submit(tasks)
+        s = await store.register_expert(ExpertInfo("e"), 600)
+        got = await store.claim("e", s, Q, ANY, limit=3, lease_ttl=600)
+        assert [c.id for c in got] == [t.id for t in tasks[:3]]
+        assert await other.release("e", [(got[1].id, got[1].fence)]) == [None]
+        (again,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
+        assert again.id == got[1].id  # released: back at its place, the first of the level
+        sooner = spec()  # due in 2020 by the other host's clock: before every task here
+        await other.submit([sooner])
+        first, second = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=600)
+        assert (first.id, second.id) == (sooner.id, tasks[3].id)
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim read the level, then a task enters below what the claim takes, then the
+    claim commits: its raise of the floor compares the level key's revision, which the entry
+    moved, so the floor stays below the new task."""
+    clock, early = FakeClock(), FakeClock(1_600_000_000.0)
+    store, other = EtcdStore(store_url, clock=clock), EtcdStore(store_url, clock=early)
+    await store.open()
+    await other.open()
+    try:
+        tasks = [spec() for _ in range(5)]
+        await store.submit(tasks)
+        s = await store.register_expert(ExpertInfo("e"), 600)
+        sooner = spec()
+        real_commit = store._commit
+
+        async def entry_first(cmp: Any, ops: Any, failure: Any = ()) -> Any:
+            await other.submit([sooner])  # between the claim's read and its commit
+            return await real_commit(cmp, ops, failure)
+
+        monkeypatch.setattr(store, "_commit", entry_first)
+        got = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=600)
+        monkeypatch.undo()
+        assert [c.id for c in got] == [t.id for t in tasks[:2]]
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
+        assert c.id == sooner.id
     finally:
         await other.close()
         await store.close()
@@ -827,7 +923,7 @@ async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
 
     async def counting(key: bytes, end: bytes | None = None, **kw: object) -> object:
         resp = await real_range(key, end, **kw)  # type: ignore[arg-type]
-        if key.startswith((store._k("q", ""), store._k("o", ""))):  # both indexes
+        if key.startswith(store._k("q", "")):
             counts.append(int(resp.count))  # the keys etcd walked for this read
         return resp
 
@@ -838,7 +934,7 @@ async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
         return [c.id for c in got]
 
     assert await claim(8, 1) == [t.id for t in backlog[:8]]
-    assert counts == [1500, 1500]  # the first read of each index has no bound yet
+    assert counts == [1500]  # the first read has no bound yet
     taken = 8
     for n, lane in ((8, 0), (8, 0), (20, 2), (8, 1), (8, 1), (8, 0)):
         counts.clear()
