@@ -227,8 +227,16 @@ class SQLiteStore:
     def _prepare(self) -> None:
         db = self._conn
         try:
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            # One read transaction: another process creating the schema meanwhile must not
+            # be seen half way (its application id not yet, its tables already).
+            db.execute("BEGIN")
+            try:
+                app_id = db.execute("PRAGMA application_id").fetchone()[0]
+                tables = {
+                    r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                }
+            finally:
+                db.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             if _is_busy(exc):
                 raise
