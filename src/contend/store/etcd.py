@@ -118,6 +118,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
+import orjson
 from aetcd import rpc
 
 from contend.domain.scoring import TaskView
@@ -484,11 +485,20 @@ class _Rec:
     checkpointed: bool | None = None  # a d/{id}/checkpoint exists (None: not known, look)
 
     def dumps(self) -> bytes:
-        return _COMPACT.encode(_rec_fields(self)).encode()
+        # orjson writes and reads a record four to seven times as fast as the json module;
+        # json takes what orjson refuses (an integer beyond 64 bits in a requirement).
+        fields = _rec_fields(self)
+        try:
+            return orjson.dumps(fields)
+        except TypeError:
+            return _COMPACT.encode(fields).encode()
 
     @classmethod
     def loads(cls, data: bytes) -> _Rec:
-        return cls(*json.loads(data))
+        try:
+            return cls(*orjson.loads(data))
+        except orjson.JSONDecodeError:
+            return cls(*json.loads(data))
 
     def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
         self.history.append([now, event, self.fence, expert, detail])
