@@ -66,9 +66,10 @@ and everything below the new floor was read and taken. An entering task's nested
 lowers the floor to its place when it stands below it (a released task, a host whose clock is
 behind) and touches the key otherwise (``ignore_value``).
 
-A claim compares, for each task, the task key's ``mod_revision`` with the one read and that
-``c/{task}`` does not exist (``version = 0``), and that the expert's session key still holds
-its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
+A claim compares, for each task, the task key's ``mod_revision`` with the one read (the task
+was pending then, and a pending task has no ``c/{task}``: every end of an ownership deletes
+it in the same transaction, or it vanished with its lease), and that the expert's session key
+still holds its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
 expert's lease, puts ``a/`` and deletes the index key, and raises the floors. The tasks of one
 claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took some of them, one
 read tells which, and the others are claimed together in the next ``Txn``. The fence is a
@@ -1542,7 +1543,7 @@ class EtcdStore:
             rec.event(now, "claimed", expert)
             claim = f'{claim_head},"fence":{rec.fence}}}'
             return (
-                [_mod_is(t.key, t.mod_revision), _absent(self._claim_key(tid))],
+                [_mod_is(t.key, t.mod_revision)],  # pending as read: so no claim key either
                 [
                     _put(t.key, rec.dumps()),
                     _put(self._claim_key(tid), claim, lease),
