@@ -2,8 +2,10 @@
 
 URL: ``etcd://host:port`` or ``etcd://host:port/prefix`` (every key lives under ``prefix/``,
 default ``contend/``). Options, in the URL's query (``etcd://host:2379/app?max_txn_ops=1024``)
-or as keyword arguments: ``timeout`` (seconds per RPC, default 5) and ``max_txn_ops`` (the
-cluster's ``--max-txn-ops``, default 128: how many operations one transaction may carry).
+or as keyword arguments: ``timeout`` (seconds per RPC, default 5), ``max_txn_ops`` (the
+cluster's ``--max-txn-ops``, default 128: how many operations one transaction may carry) and
+``compact_after`` (seconds of etcd history that ``expire()`` keeps, compacting the rest, default
+60; 0: never, for a cluster whose operator compacts it).
 
 Key layout (``{p}`` is the prefix; ids, queue names and expert ids are percent-encoded so that
 a ``/`` in a name can never be read as a separator)::
@@ -47,6 +49,7 @@ a ``/`` in a name can never be read as a separator)::
                                   period lets the next bidder claim); expire() drops the
                                   auctions and bids of tasks that are no longer pending.
     {p}leader/{queue}             reserved for central-dispatch leader election
+    {p}compacted                  when an instance last compacted etcd's history (its clock)
 
 Ageing is computed when claims read, not written: a claim reads the head of each priority
 level of a queue (``v/`` lists them) and ranks what it read by effective priority (priority
@@ -106,6 +109,7 @@ etcd's default request limit (1.5 MiB) caps the size of one payload.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -233,7 +237,13 @@ def parse_etcd_url(url: str) -> tuple[str, int, str]:
 
 
 #: Options an etcd URL may carry (``?max_txn_ops=1024&timeout=10``), with their parsers.
-URL_OPTIONS: dict[str, Callable[[str], float | int]] = {"timeout": float, "max_txn_ops": int}
+URL_OPTIONS: dict[str, Callable[[str], float | int]] = {
+    "timeout": float,
+    "max_txn_ops": int,
+    "compact_after": float,
+}
+#: Seconds of etcd history kept by default: older revisions are compacted by expire().
+COMPACT_AFTER = 60.0
 
 
 def etcd_url_options(url: str) -> dict[str, float | int]:
@@ -614,11 +624,17 @@ class EtcdStore:
         clock: Callable[[], float] = time.time,
         timeout: float | None = None,
         max_txn_ops: int | None = None,
+        compact_after: float | None = None,
     ) -> None:
         self.url = url
         self.host, self.port, prefix = parse_etcd_url(url)
         options = etcd_url_options(url)
-        for name, given in (("timeout", timeout), ("max_txn_ops", max_txn_ops)):
+        given_options = (
+            ("timeout", timeout),
+            ("max_txn_ops", max_txn_ops),
+            ("compact_after", compact_after),
+        )
+        for name, given in given_options:
             if given is not None and name in options and options[name] != given:
                 raise ConfigError(
                     f"etcd {name} is {options[name]!r} in the URL but {given!r} as an argument"
@@ -633,8 +649,25 @@ class EtcdStore:
             raise ConfigError(f"etcd timeout must be a positive number of seconds, got {timeout!r}")
         if isinstance(max_txn_ops, bool) or not isinstance(max_txn_ops, int) or max_txn_ops < 16:
             raise ConfigError(f"max_txn_ops must be an integer >= 16, got {max_txn_ops!r}")
+        compact_after = (
+            compact_after
+            if compact_after is not None
+            else options.get("compact_after", COMPACT_AFTER)
+        )
+        if (
+            not isinstance(compact_after, int | float)
+            or not math.isfinite(compact_after)
+            or compact_after < 0
+        ):
+            raise ConfigError(
+                f"etcd compact_after must be a number of seconds >= 0 (0: never), "
+                f"got {compact_after!r}"
+            )
         self._timeout = float(timeout)
         self._max_ops = max_txn_ops
+        self._compact_after = float(compact_after)
+        self._seen_revisions: collections.deque[tuple[float, int]] = collections.deque()
+        self._compacted = 0  # the revision this instance last compacted to
         self._channel: Any = None
         self._kv: Any = None
         self._lease: Any = None
@@ -2193,9 +2226,48 @@ class EtcdStore:
         await self._sweep_levels()
         await self._clear_auctions()
         await self._forget_experts()
+        await self._compact_old_history()
         if moved:
             self._touch()
         return moved
+
+    async def _compact_old_history(self) -> None:
+        """Compact etcd's history to the newest revision this instance saw at least
+        ``compact_after`` seconds ago (store clock), at most once per ``compact_after``.
+
+        etcd keeps every deleted key in its index until its history is compacted, and every
+        read of a range walks them: without compaction the reads of claimed tasks (``a/``,
+        ``c/``) in ``expire`` and ``renew`` slow down in proportion to every task claimed so
+        far, and etcd's database grows until its quota stops all writes. Compaction is of the
+        whole cluster, not only this prefix; ``compact_after=0`` leaves it to the operator."""
+        if not self._compact_after:
+            return
+        now = self._clock()
+        self._seen_revisions.append((now, self._rev))
+        target = 0
+        while self._seen_revisions and now - self._seen_revisions[0][0] >= self._compact_after:
+            target = self._seen_revisions.popleft()[1]
+        if target <= self._compacted:
+            return
+        self._compacted = target
+        # One instance compacts per interval, not every expert: the first to move the marker.
+        marker = self._k("compacted")
+        kv = (await self._read_many([marker]))[0]
+        try:
+            last = float(kv.value) if kv is not None else -math.inf
+        except ValueError:
+            last = -math.inf
+        if now - last < self._compact_after:
+            return
+        cmp = [_mod_is(marker, kv.mod_revision) if kv is not None else _absent(marker)]
+        if not (await self._txn(cmp, [_put(marker, repr(now))])).succeeded:
+            return
+        req = rpc.CompactionRequest(revision=target, physical=False)
+        try:
+            await self._call("a compaction", lambda: self._kv.Compact(req, timeout=self._timeout))
+        except StoreError as exc:
+            if "compacted" not in str(exc):  # compacted past it by someone else: fine
+                raise
 
     async def _clear_auctions(self) -> None:
         """Drop the auctions and bids of tasks that are no longer pending."""

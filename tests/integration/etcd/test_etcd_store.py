@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from aetcd import rpc
 
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import (
@@ -99,12 +100,16 @@ def test_url_options() -> None:
     store = EtcdStore("etcd://h:1/app?max_txn_ops=1024&timeout=2.5")
     assert (store._max_ops, store._timeout, store._p) == (1024, 2.5, b"app/")
     assert EtcdStore("etcd://h:1", max_txn_ops=512)._max_ops == 512
+    assert EtcdStore("etcd://h:1")._compact_after == 60.0
+    assert EtcdStore("etcd://h:1?compact_after=0")._compact_after == 0.0
     assert EtcdStore("etcd://h:1?max_txn_ops=512", max_txn_ops=512)._max_ops == 512
     for url, message in [
         ("etcd://h:1?x=1", "unknown option 'x'"),
         ("etcd://h:1?max_txn_ops=lots", "is not a number"),
         ("etcd://h:1?max_txn_ops=8", "max_txn_ops must be an integer >= 16"),
         ("etcd://h:1?timeout=0", "timeout must be a positive number"),
+        ("etcd://h:1?compact_after=-1", "compact_after must be a number of seconds >= 0"),
+        ("etcd://h:1?compact_after=nan", "compact_after must be a number of seconds >= 0"),
         ("etcd://h:1?timeout=1&timeout=2", "given twice"),
         ("etcd://h:1?timeout", "malformed options"),
     ]:
@@ -733,6 +738,88 @@ async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
     finally:
         await other.close()
         await store.close()
+
+
+async def readable_at(store: EtcdStore, revision: int) -> bool:
+    """Whether etcd still has its history at *revision* (False: compacted past it)."""
+    req = rpc.RangeRequest(key=store._k("meta"), revision=revision)
+    try:
+        await store._kv.Range(req, timeout=5)
+    except rpc.AioRpcError as exc:
+        if "compacted" in (exc.details() or ""):
+            return False
+        raise
+    return True
+
+
+async def test_expire_compacts_the_history_older_than_compact_after(store_url: str) -> None:
+    """etcd walks every deleted key of a range until its history is compacted: expire()
+    compacts to the revision it saw compact_after seconds ago (0: never)."""
+    clock = FakeClock()
+    store = EtcdStore(store_url, clock=clock, compact_after=30)
+    never = EtcdStore(store_url, clock=clock, compact_after=0)
+    await store.open()
+    await never.open()
+    try:
+        await store.submit([spec()])
+        await store.expire()
+        first = store._rev  # the revision expire() noted
+        await store.submit([spec()])
+        clock.advance(29)
+        await store.expire()
+        second = store._rev
+        assert await readable_at(store, first - 1)  # not 30 s old yet
+        clock.advance(1)
+        await store.expire()
+        assert not await readable_at(store, first - 1)
+        assert await readable_at(store, first)  # compacted to what it saw 30 s before
+        clock.advance(1000)
+        await never.expire()
+        assert await readable_at(store, first)  # compact_after=0 never compacts
+        await store.expire()
+        assert not await readable_at(store, second - 1)
+        assert await readable_at(store, second)  # the newest revision seen 30 s ago or more
+        got = await store.claim(
+            "e", await store.register_expert(ExpertInfo("e"), 60), Q, ANY, limit=2, lease_ttl=60
+        )
+        assert len(got) == 2  # the store works on over a compacted history
+    finally:
+        await never.close()
+        await store.close()
+
+
+async def test_one_instance_compacts_per_interval(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every expert runs expire(); the first to move the {prefix}compacted marker compacts,
+    the others see it fresh and do not (each compaction walks etcd's whole index)."""
+    clock = FakeClock()
+    stores = [EtcdStore(store_url, clock=clock, compact_after=30) for _ in range(3)]
+    compactions: list[int] = []
+    try:
+        for s in stores:
+            await s.open()
+            real = s._kv.Compact
+
+            async def counting(req: Any, real: Any = real, **kw: Any) -> Any:
+                compactions.append(req.revision)
+                return await real(req, **kw)
+
+            monkeypatch.setattr(s._kv, "Compact", counting)
+        await stores[0].submit([spec()])
+        for s in stores:
+            await s.expire()
+        clock.advance(30)
+        for s in stores:
+            await s.expire()
+        assert len(compactions) == 1
+        clock.advance(30)
+        for s in reversed(stores):
+            await s.expire()
+        assert len(compactions) == 2 and compactions[1] > compactions[0]
+    finally:
+        for s in stores:
+            await s.close()
 
 
 async def test_named_claims_take_the_best_first_and_bad_retry_delays_are_refused(
