@@ -374,6 +374,33 @@ async def test_renew_keeps_claims_alive(store: EtcdStore) -> None:
     assert rec.alive and rec.load == 1
 
 
+async def test_a_cut_keepalive_stream_is_reopened_and_a_lapsed_lease_is_lost(
+    store_url: str,
+) -> None:
+    """The long-lived LeaseKeepAlive stream breaks (cancelled under the store, as a cut
+    connection ends it): the next renewal opens a new stream and the claims live on. Cut while
+    the lease lapses, the new stream answers TTL 0: the renewal raises LeaseLost, the session's
+    claims are gone, and its tasks go back to pending."""
+    async with open_stores(store_url, 2) as (store, other):
+        t = spec()
+        await store.submit([t])
+        s = await store.register_expert(ExpertInfo("e"), 1)
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=1)
+        assert await store.renew("e", s, 1, Heartbeat()) == {t.id: c.fence}
+        (ka,) = store._keepalives.values()
+        first = ka._call
+        first.cancel()  # the stream ends under the store
+        assert await store.renew("e", s, 1, Heartbeat()) == {t.id: c.fence}
+        assert ka._call is not first and await store.expire() == 0
+        ka._call.cancel()  # cut again, and no renewal until the lease has lapsed
+        await expire_until(other, 1)
+        with pytest.raises(LeaseLost, match="expired"):
+            await store.renew("e", s, 1, Heartbeat())
+        assert (await store.get(t.id)).state == TaskState.PENDING
+        (refused,) = await store.complete("e", [Completion(t.id, c.fence, "1")])
+        assert isinstance(refused, FencedOut)
+
+
 async def test_a_restarted_expert_does_not_hold_its_former_session_s_claims(
     store: EtcdStore,
 ) -> None:
