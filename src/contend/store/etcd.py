@@ -72,10 +72,10 @@ behind) and touches the key otherwise (``ignore_value``).
 A claim compares, for each task, the task key's ``mod_revision`` with the one read (the task
 was pending then, and a pending task has no ``c/{task}``: every end of an ownership deletes
 it in the same transaction, or it vanished with its lease), and that the expert's session key
-still holds its session; then for each task it puts the task (fence + 1, attempts + 1), puts ``c/`` on the
-expert's lease, puts ``a/`` and deletes the index key, and raises the floors. The tasks of one
-claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took some of them, one
-read tells which, and the others are claimed together in the next ``Txn``. The fence is a
+still holds its session; then for each task it puts the task (fence + 1, attempts + 1), puts
+``c/`` on the expert's lease, puts ``a/`` and deletes the index key, and it raises the floors.
+The tasks of one claim share a ``Txn`` (as many as ``max_txn_ops`` allows); when a rival took
+some of them, one read tells which, and the others are claimed together in the next ``Txn``. The fence is a
 counter in the task record, not the etcd revision: it is the number every other backend
 reports (one more per claim), it survives a restore from a snapshot, and it is small enough to
 hand to external systems. Every owner write reads the task and its claim, checks fence, owner,
@@ -591,8 +591,6 @@ class _LevelRead:
     keys: list[bytes]  # every task key it went through, in order, from *start* on
     floor: bytes = b""  # the floor v/ listed
     listed_at: int = 0  # the level key's mod_revision when v/ listed it (0: not listed)
-    queue: str = ""
-    inv: str = ""
 
     def rise(self, taken: set[str]) -> _Op | None:
         """The operation that raises the floor past the keys *taken* (claimed in the same
@@ -1364,7 +1362,6 @@ class EtcdStore:
             aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
             out = []
             kvs, read = await self._read_index(prefix, prefix + floor, page, want, keep)
-            read.queue, read.inv = queue, inv
             for kv in kvs:
                 due, tid = kv.key[len(prefix) :].decode().split("/")
                 tid = _unenc(tid) if "%" in tid else tid
