@@ -34,9 +34,11 @@ a ``/`` in a name can never be read as a separator)::
     {p}c/{task}                   the claim: {"expert", "session", "fence"}, attached to the
                                   owner's etcd lease, so it vanishes when that lease ends
     {p}a/{expert}/{task}          "{fence} {session}", no lease: every claimed/running task,
-                                  under its owner. renew() reports the owner's keys of its
-                                  session as held; expire() looks for an a/ key without its
-                                  c/ key (the claim vanished with a lease).
+                                  under its owner; when a session has ended, expire() returns
+                                  the tasks its a/ keys name (their c/ keys vanished with it)
+    {p}x/{expert}/{session}       a session that may hold claims: written with its l/ key,
+                                  deleted by expire() once the session has ended and its
+                                  tasks are returned. renew() lists the c/ keys on the lease.
     {p}k/{idempotency key}        the task id the key was first used for
     {p}w/{dependency}/{task}      an edge: task waits for dependency
     {p}s/{task}                   the task ended and its waiters still have to be told; the
@@ -2029,20 +2031,23 @@ class EtcdStore:
             tasks_done=beat.tasks_done,
             metrics=dict(beat.metrics),
         )
-        resp = await self._txn(
-            [_value_is(lkey, session_value)],
-            [_put(ekey, json.dumps(d)), _get(self._k("a", _enc(expert), ""), prefix=True)],
-        )
+        resp = await self._txn([_value_is(lkey, session_value)], [_put(ekey, json.dumps(d))])
         if not resp.succeeded:
             self._drop_session(session, lease)
             raise LeaseLost(f"expert {expert}: session {session} is not live")
         self._records[session] = d
-        base = len(self._k("a", _enc(expert), ""))
+        # What the session holds: the claim keys on its lease, as etcd lists them (reading the
+        # expert's a/ keys would walk every one deleted since the last compaction).
+        lookup = rpc.LeaseTimeToLiveRequest(ID=lease, keys=True)
+        attached = await self._call(
+            "a lease lookup", lambda: self._lease.LeaseTimeToLive(lookup, timeout=self._timeout)
+        )
+        cbase = self._k("c", "")
+        claims = await self._read_many([k for k in attached.keys if k.startswith(cbase)])
         held: dict[str, int] = {}
-        for kv in resp.responses[1].response_range.kvs:
-            fence, _, owner_session = kv.value.decode().partition(" ")
-            if owner_session == session:  # not a lapsed claim of an earlier session
-                held[_unenc(kv.key[base:].decode())] = int(fence)
+        for kv in claims:
+            if kv is not None:
+                held[_unenc(kv.key[len(cbase) :].decode())] = json.loads(kv.value)["fence"]
         return held
 
     def _drop_session(self, session: str, lease: int) -> None:
@@ -2159,35 +2164,46 @@ class EtcdStore:
             if await self._count(tasks + kv.value, _prefix_end(tasks)) == 0:
                 await self._txn([_mod_is(kv.key, kv.mod_revision)], [_delete(kv.key)])
 
-    async def expire(self) -> int:
+    async def _ended_sessions(self) -> list[tuple[bytes, str, list[tuple[str, bytes]]]]:
+        """(marker key, session, [(task id, a/ key)]) of each session that has ended with its
+        marker still there: the claims it held. Sessions are found from their x/ markers and
+        the live l/ keys, read at one revision (a session's l/ key and marker are written
+        together); only the a/ keys of an ended session's expert are read, not every claim of
+        every expert with the deleted ones etcd keeps until compaction."""
+        xbase, lbase = self._k("x", ""), self._k("l", "")
         resp = await self._txn(
-            [],
-            [
-                _get(self._k("a", ""), prefix=True, keys_only=True),
-                _get(self._k("c", ""), prefix=True, keys_only=True),
-            ],
+            [], [_get(xbase, prefix=True, keys_only=True), _get(lbase, prefix=True)]
         )
-        active, claims = (r.response_range.kvs for r in resp.responses)
-        c_base = len(self._k("c", ""))
-        claimed = {kv.key[c_base:] for kv in claims}
-        lapsed = [
-            (_unenc(kv.key.rsplit(b"/", 1)[1].decode()), kv.key)
-            for kv in active
-            if kv.key.rsplit(b"/", 1)[1] not in claimed
-        ]
+        markers, lives = (r.response_range.kvs for r in resp.responses)
+        live = {kv.key[len(lbase) :]: json.loads(kv.value)["session"] for kv in lives}
+        out = []
+        for kv in markers:
+            expert, _, session = kv.key[len(xbase) :].decode().partition("/")
+            if live.get(expert.encode()) == session:
+                continue
+            held = []
+            abase = self._k("a", expert, "")
+            for akv in await self._scan(abase):
+                if akv.value.decode().partition(" ")[2] == session:
+                    held.append((_unenc(akv.key[len(abase) :].decode()), akv.key))
+            out.append((kv.key, session, held))
+        return out
+
+    async def expire(self) -> int:
         ended: list[str] = []
 
-        async def one(tid: str, akey: bytes) -> bool:
-            """Return one lapsed task to pending (or dead); False when it changed meanwhile."""
+        async def one(tid: str, akey: bytes, session: str) -> tuple[bool, bool]:
+            """Return one task of an ended session to pending (or dead): (moved, settled),
+            settled meaning that its a/ key is gone."""
             tkey, ckey = self._task_key(tid), self._claim_key(tid)
             t = (await self._read_many([tkey]))[0]
             if t is None:
                 await self._txn([], [_delete(akey)])
-                return False
+                return False, True
             rec = _Rec.loads(t.value)
-            if rec.state not in _OWNED_S:
-                await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(akey)])
-                return False
+            if rec.state not in _OWNED_S or rec.session != session:
+                done = await self._txn([_mod_is(tkey, t.mod_revision)], [_delete(akey)])
+                return False, bool(done.succeeded)
             now = self._clock()
             prev = rec.owner
             ops = [_delete(akey)]
@@ -2207,11 +2223,17 @@ class EtcdStore:
             resp = await self._txn([_mod_is(tkey, t.mod_revision), _absent(ckey)], ops)
             if resp.succeeded and rec.state == "dead" and rec.has_waiters:
                 ended.append(tid)
-            return bool(resp.succeeded)
+            return bool(resp.succeeded), bool(resp.succeeded)
 
         moved = 0
-        for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
-            moved += sum(await asyncio.gather(*(one(t, k) for t, k in lapsed[i : i + 64])))
+        for marker, session, lapsed in await self._ended_sessions():
+            settled = True
+            for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
+                got = await asyncio.gather(*(one(t, k, session) for t, k in lapsed[i : i + 64]))
+                moved += sum(m for m, _ in got)
+                settled = settled and all(s for _, s in got)
+            if settled:  # every claim of the session is dealt with: forget the session
+                await self._txn([], [_delete(marker)])
         await self._settle_many(ended)
         # Repair: endings whose waiters were not settled (a crash right after the ending).
         s_base = len(self._k("s", ""))
@@ -2233,10 +2255,11 @@ class EtcdStore:
         ``compact_after`` seconds ago (store clock), at most once per ``compact_after``.
 
         etcd keeps every deleted key in its index until its history is compacted, and every
-        read of a range walks them: without compaction the reads of claimed tasks (``a/``,
-        ``c/``) in ``expire`` and ``renew`` slow down in proportion to every task claimed so
-        far, and etcd's database grows until its quota stops all writes. Compaction is of the
-        whole cluster, not only this prefix; ``compact_after=0`` leaves it to the operator."""
+        read of a range walks them (an ended session's claims, a level's keys above its floor,
+        the s/ and u/ markers): without compaction those reads slow down in proportion to
+        everything done so far, and etcd's database grows until its quota stops all writes.
+        Compaction is of the whole cluster, not only this prefix; ``compact_after=0`` leaves
+        it to the operator."""
         if not self._compact_after:
             return
         now = self._clock()
@@ -2440,7 +2463,11 @@ class EtcdStore:
         }
         resp = await self._txn(
             [_absent(lkey)],
-            [_put(lkey, lvalue, lease), _put(ekey, json.dumps(record))],
+            [
+                _put(lkey, lvalue, lease),
+                _put(ekey, json.dumps(record)),
+                _put(self._k("x", _enc(info.id), session), b""),
+            ],
             [_get(ekey)],
         )
         if not resp.succeeded:

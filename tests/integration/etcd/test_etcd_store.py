@@ -29,7 +29,7 @@ from contend.errors import (
     SchemaError,
     StoreError,
 )
-from contend.store.etcd import DELETE, LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
+from contend.store.etcd import DELETE, GET, LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
 from contend.store.registry import make_store
 from contend.testing import FakeClock
@@ -399,6 +399,47 @@ async def test_a_cut_keepalive_stream_is_reopened_and_a_lapsed_lease_is_lost(
         assert (await store.get(t.id)).state == TaskState.PENDING
         (refused,) = await store.complete("e", [Completion(t.id, c.fence, "1")])
         assert isinstance(refused, FencedOut)
+
+
+async def test_expire_and_renew_read_no_claim_keys_while_every_session_lives(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range read walks every key deleted since the last compaction: expire() reads the
+    sessions (x/, l/) and the claims of ended sessions only, renew() the claim keys etcd
+    lists on the lease, never the whole a/ or c/ prefixes."""
+    async with open_stores(store_url, 2) as (store, other):
+        await store.submit([spec() for _ in range(6)])
+        s = await store.register_expert(ExpertInfo("e"), 2)
+        done = await store.claim("e", s, Q, ANY, limit=4, lease_ttl=2)
+        assert (
+            await store.complete("e", [Completion(c.id, c.fence, "1") for c in done]) == [None] * 4
+        )
+        kept = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=2)
+        ranges: list[bytes] = []
+        real_range, real_txn = store._range, store._txn
+
+        async def range_(key: bytes, end: bytes | None = None, **kw: Any) -> Any:
+            if end:
+                ranges.append(key)
+            return await real_range(key, end, **kw)
+
+        async def txn(cmp: Any, ops: Any, failure: Any = ()) -> Any:
+            ranges.extend(op[1] for op in [*ops, *failure] if op[0] == GET and op[2])
+            return await real_txn(cmp, ops, failure)
+
+        monkeypatch.setattr(store, "_range", range_)
+        monkeypatch.setattr(store, "_txn", txn)
+        assert await store.expire() == 0
+        assert await store.renew("e", s, 2, Heartbeat()) == {c.id: c.fence for c in kept}
+        claim_keys = (store._k("a", ""), store._k("c", ""))
+        assert ranges and not [k for k in ranges if k.startswith(claim_keys)], ranges
+        assert await other.end_session("e")  # the session ends: its claims are read, once
+        assert await store.expire() == 2
+        assert [k for k in ranges if k.startswith(claim_keys)] == [store._k("a", "e", "")]
+        assert {(await store.get(c.id)).state for c in kept} == {TaskState.PENDING}
+        ranges.clear()
+        assert await store.expire() == 0  # the ended session was forgotten
+        assert not [k for k in ranges if k.startswith(claim_keys)]
 
 
 async def test_a_restarted_expert_does_not_hold_its_former_session_s_claims(
