@@ -526,15 +526,19 @@ _ID_BITS = 112  # task ids are 28 hex digits: 112 bits
 
 @dataclass(slots=True)
 class _Window:
-    """How far past where it starts the next read of one index level may stop: *span*
-    positions (``_position``), adapted so that a window holds a page or a few: doubled when a
-    read ran past the bound, halved when it held many pages."""
+    """Where the next read of one index level may stop: *span* positions (``_position``) past
+    the further of where it starts and *last*, the last key the previous read reached (so the
+    keys that read saw and left are in the window, whatever lies between batches). *span* is
+    adapted so that a window holds a page or a few: doubled when a read ran past the bound,
+    halved when it held many pages."""
 
+    last: bytes  # the whole key, prefix included
     span: int
 
     def segments(self, prefix: bytes, start: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
         """The ranges to read in turn: from *start* up to the bound, then on to *end*."""
-        due, tid = divmod(_position(start[len(prefix) :]) + self.span, 1 << _ID_BITS)
+        base = max(start, self.last)[len(prefix) :]
+        due, tid = divmod(_position(base) + self.span, 1 << _ID_BITS)
         bound = prefix + f"{due:017d}/{tid:028x}".encode()
         if due >= 10**17 or not start < bound < end:
             return [(start, end)]
@@ -558,13 +562,13 @@ class _Window:
             return None  # the whole index was read and held too few: no bound needed
         width = max(1, _position(last[skip:]) - _position(start[skip:]))
         if window is None:
-            return _Window(2 * width)  # two pages, as keys are spread unevenly
+            return _Window(last, 2 * width)  # keys lie unevenly: ids cluster by millisecond
         span = window.span
         if spilled:
-            span = max(2 * span, width)
+            span = max(4 * span, width)
         elif count > 4 * page:
             span = max(1, span // 2)
-        return _Window(span)
+        return _Window(last, span)
 
 
 def _position(spot: bytes) -> int:
@@ -1737,10 +1741,14 @@ class EtcdStore:
         if not queues or not limit:
             return []
         ttl = json.loads(session_value).get("ttl", lease_ttl)
-        # The victim's live claims are its held keys (they vanish with its lease).
-        base = self._k("a", _enc(victim), "")
+        # The victim's live claims: the claim keys on its session's lease.
+        live = (await self._read_many([self._k("l", _enc(victim))]))[0]
+        if live is None:
+            return []
+        cbase = self._k("c", "")
         held = [
-            _unenc(kv.key[len(base) :].decode()) for kv in await self._scan(base, keys_only=True)
+            _unenc(k[len(cbase) :].decode())
+            for k in await self._lease_claims(int(json.loads(live.value)["lease"]))
         ]
         reads = await self._read_many(
             [k for t in held for k in (self._task_key(t), self._claim_key(t))]
@@ -2036,19 +2044,23 @@ class EtcdStore:
             self._drop_session(session, lease)
             raise LeaseLost(f"expert {expert}: session {session} is not live")
         self._records[session] = d
-        # What the session holds: the claim keys on its lease, as etcd lists them (reading the
-        # expert's a/ keys would walk every one deleted since the last compaction).
-        lookup = rpc.LeaseTimeToLiveRequest(ID=lease, keys=True)
-        attached = await self._call(
-            "a lease lookup", lambda: self._lease.LeaseTimeToLive(lookup, timeout=self._timeout)
-        )
         cbase = self._k("c", "")
-        claims = await self._read_many([k for k in attached.keys if k.startswith(cbase)])
+        claims = await self._read_many(await self._lease_claims(lease))
         held: dict[str, int] = {}
         for kv in claims:
             if kv is not None:
                 held[_unenc(kv.key[len(cbase) :].decode())] = json.loads(kv.value)["fence"]
         return held
+
+    async def _lease_claims(self, lease: int) -> list[bytes]:
+        """The claim keys (c/) on *lease*, as etcd lists them: what its session holds, read
+        without walking the claim keys deleted since the last compaction."""
+        lookup = rpc.LeaseTimeToLiveRequest(ID=lease, keys=True)
+        attached = await self._call(
+            "a lease lookup", lambda: self._lease.LeaseTimeToLive(lookup, timeout=self._timeout)
+        )
+        cbase = self._k("c", "")
+        return [k for k in attached.keys if k.startswith(cbase)]
 
     def _drop_session(self, session: str, lease: int) -> None:
         self._sessions.pop(session, None)
