@@ -98,9 +98,10 @@ Clocks: etcd has no time API, so ``now()``, ``created_at`` and ``run_at`` come f
 host's clock. They decide only when delayed tasks fall due and what is displayed; ownership never
 depends on them (it depends on etcd leases and revisions).
 
-Reads of a priority level stop at a bound a page or two past the floor (``_Window``),
-because etcd counts every key in a read's range whatever its limit; only when fewer than a
-page of keys lie before the bound does the read go on to the end of the level.
+Reads of a priority level stop at a bound a learned span past the further of the floor and
+where the last read of it ended (``_Window``), because etcd counts every key in a read's range
+whatever its limit; only when fewer than a page of keys lie before the bound does the read go
+on to the end of the level.
 
 Limits: a submission larger than one transaction (``max_txn_ops``) is written in several
 transactions; every check (unknown dependency, cycle) runs before the first one, so a refused
@@ -1290,8 +1291,9 @@ class EtcdStore:
 
         etcd counts every key of a range it reads, whatever the limit, so a read to the end of
         a level costs time in proportion to its backlog (about 50 ms at 100,000 tasks). Each
-        level's read therefore stops at a bound a little past where it starts (its
-        ``_Window``); only when fewer keys lie before the bound does it read on to the end.
+        level's read therefore stops at a bound a little past the further of *start* and
+        where the last read ended (its ``_Window``); only when fewer keys lie before the bound
+        does it read on to the end.
         *window_of* keeps the windows of reads of different sizes apart."""
         end = _prefix_end(prefix)
         wkey = prefix + window_of
