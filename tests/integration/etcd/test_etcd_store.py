@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -64,9 +64,12 @@ async def expire_until(store: EtcdStore, count: int, within: float = 10.0) -> No
 
 
 @contextlib.asynccontextmanager
-async def open_stores(url: str, n: int) -> AsyncIterator[list[EtcdStore]]:
-    """*n* store instances on one prefix, as separate processes would have: opened, then closed."""
-    stores = [EtcdStore(url) for _ in range(n)]
+async def open_stores(
+    url: str, n: int, clocks: Sequence[Callable[[], float]] = ()
+) -> AsyncIterator[list[EtcdStore]]:
+    """*n* store instances on one prefix, as separate processes would have: opened, then closed.
+    *clocks*, if given, are their hosts' clocks, one each."""
+    stores = [EtcdStore(url, clock=clocks[i]) if clocks else EtcdStore(url) for i in range(n)]
     try:
         for s in stores:
             await s.open()
@@ -754,11 +757,8 @@ async def test_claims_raise_the_floor_so_later_reads_skip_what_was_claimed(
 async def test_a_task_entering_below_the_floor_is_claimed_first(store_url: str) -> None:
     """A task that enters a level below its floor (released, or due earlier by another
     host's clock) brings the floor down, though another instance raised it and remembers it."""
-    clock, early = FakeClock(), FakeClock(1_600_000_000.0)
-    store, other = EtcdStore(store_url, clock=clock), EtcdStore(store_url, clock=early)
-    await store.open()
-    await other.open()
-    try:
+    behind = FakeClock(1_600_000_000.0)  # the other host's clock is years behind
+    async with open_stores(store_url, 2, [FakeClock(), behind]) as (store, other):
         tasks = [spec() for _ in range(10)]
         await store.submit(tasks)
         s = await store.register_expert(ExpertInfo("e"), 600)
@@ -771,9 +771,6 @@ async def test_a_task_entering_below_the_floor_is_claimed_first(store_url: str) 
         await other.submit([sooner])
         first, second = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=600)
         assert (first.id, second.id) == (sooner.id, tasks[3].id)
-    finally:
-        await other.close()
-        await store.close()
 
 
 async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
@@ -782,11 +779,8 @@ async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
     """The claim read the level, then a task enters below what the claim takes, then the
     claim commits: its raise of the floor compares the level key's revision, which the entry
     moved, so the floor stays below the new task."""
-    clock, early = FakeClock(), FakeClock(1_600_000_000.0)
-    store, other = EtcdStore(store_url, clock=clock), EtcdStore(store_url, clock=early)
-    await store.open()
-    await other.open()
-    try:
+    behind = FakeClock(1_600_000_000.0)  # the other host's clock is years behind
+    async with open_stores(store_url, 2, [FakeClock(), behind]) as (store, other):
         tasks = [spec() for _ in range(5)]
         await store.submit(tasks)
         s = await store.register_expert(ExpertInfo("e"), 600)
@@ -803,9 +797,6 @@ async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
         assert [c.id for c in got] == [t.id for t in tasks[:2]]
         (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)
         assert c.id == sooner.id
-    finally:
-        await other.close()
-        await store.close()
 
 
 async def readable_at(store: EtcdStore, revision: int) -> bool:
