@@ -2661,11 +2661,10 @@ class EtcdStore:
         async def level(prefix: bytes, floor: bytes) -> tuple[int, float | None]:
             if prefix + floor >= prefix + due_by:
                 return 0, None
-            count = _get(prefix + floor, end=prefix + due_by, count_only=True)
-            first = _get(prefix + floor, end=prefix + due_by, keys_only=True, limit=1)
-            n, head = (r.response_range for r in (await self._txn([], [count, first])).responses)
+            # One read gives both: etcd counts the whole range whatever the limit.
+            head = await self._range(prefix + floor, prefix + due_by, limit=1, keys_only=True)
             due = int(head.kvs[0].key[len(prefix) :][:17]) / 1_000_000 if head.kvs else None
-            return int(n.count), due
+            return int(head.count), due
 
         found = await asyncio.gather(*(level(*x) for x in await self._every_level(queues)))
         dues = [due for _, due in found if due is not None]
