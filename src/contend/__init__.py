@@ -24,8 +24,9 @@ from contend.errors import (
     UnknownTaskType,
 )
 from contend.runtime.app import App, TaskHandle, TaskType
+from contend.runtime.config import ExpertConfig
 from contend.runtime.context import TaskContext, current
-from contend.runtime.expert import Expert, ExpertConfig
+from contend.runtime.expert import Expert
 
 __version__ = "0.1.0"
 

@@ -165,7 +165,8 @@ def _age(seconds: float | None) -> str:
 
 # -- commands ------------------------------------------------------------------------------
 async def cmd_expert(args: argparse.Namespace) -> int:
-    from contend.runtime.expert import Expert, ExpertConfig
+    from contend.runtime.config import ExpertConfig
+    from contend.runtime.expert import Expert
 
     app = load_app(args.app)
     url = resolve_store_url(args, app)
