@@ -74,7 +74,6 @@ from contend.store._common import (
     initial_state,
     rank_bids,
 )
-from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from contend.store.port import (
     Auction,
     Backlog,
@@ -87,6 +86,7 @@ from contend.store.port import (
     StoreStats,
     Submitted,
 )
+from contend.store.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 
 __all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_postgres_url"]
 
