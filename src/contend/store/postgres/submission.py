@@ -52,78 +52,12 @@ async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
     simple = all(s.key is None and not s.depends_on for s in specs)
 
     async def run(cur: Cursor) -> list[Submitted]:
-        known: set[str] = set()
-        if not simple:
-            await cur.execute(
-                db.sql("SELECT id FROM {s}.tasks WHERE id = ANY(%s)"),
-                ([s.id for s in specs],),
-            )
-            known = {r[0] for r in await cur.fetchall()}
-        keys = [s.key for s in specs if s.key is not None]
-        existing: dict[str, str] = {}
-        if keys:
-            await cur.execute(db.sql("SELECT key, id FROM {s}.tasks WHERE key = ANY(%s)"), (keys,))
-            existing.update((r[0], r[1]) for r in await cur.fetchall())
-        fresh: list[TaskSpec] = []
-        out: list[Submitted] = []
-        for spec in specs:
-            if spec.id in known:  # the same spec sent again (a lost reply): keep the task
-                out.append(Submitted(spec.id, False))
-                continue
-            if spec.key is not None and spec.key in existing:
-                out.append(Submitted(existing[spec.key], False))
-                continue
-            if spec.key is not None:
-                existing[spec.key] = spec.id
-            fresh.append(spec)
-            out.append(Submitted(spec.id, True))
-        deps = sorted({d for s in fresh for d in s.depends_on})
-        states: dict[str, str] = {}
-        if deps:
-            # FOR SHARE: a dependency cannot finish (and miss our task_deps rows) until we commit.
-            await cur.execute(
-                db.sql("SELECT id, state FROM {s}.tasks WHERE id = ANY(%s) ORDER BY id FOR SHARE"),
-                (deps,),
-            )
-            states = {r[0]: r[1] for r in await cur.fetchall()}
+        fresh, out = await _new_specs(db, cur, specs, simple)
+        states = await _dependency_states(db, cur, fresh)
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in states})
         if not fresh:
             return out
-        cols: dict[str, list[Any]] = {name: [] for name in _SUBMIT_COLUMNS}
-        dep_rows: list[tuple[str, str]] = []
-        # Dependencies before their dependents, so that a task depending on one made dead
-        # in this same batch (its own dependency had failed) is dead too, not left waiting
-        # for a task that will never finish.
-        for spec in _dependencies_first(fresh):
-            left = [d for d in spec.depends_on if states.get(d) not in _TERMINAL]
-            failed = [d for d in spec.depends_on if states.get(d) in _TERMINAL_BAD]
-            state = initial_state(spec, len(left))
-            error = None
-            if failed:
-                state = TaskState.DEAD
-                error = error_json("DependencyFailed", f"dependency {failed[0]} did not succeed")
-            row = (
-                spec.id,
-                spec.type,
-                spec.queue,
-                str(state),
-                spec.priority,
-                spec.args_json,
-                spec.kwargs_json,
-                spec.key,
-                req_json(spec.requirements),
-                spec.max_attempts,
-                spec.delay,
-                spec.timeout,
-                json.dumps(list(spec.depends_on)) if spec.depends_on else None,
-                len(left),
-                error,
-                next_promotion(spec.priority, spec.priority, 0.0),  # after creation
-            )
-            for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
-                cols[name].append(value)
-            states[spec.id] = str(state)
-            dep_rows.extend((d, spec.id) for d in left)
+        cols, dep_rows = _columns(fresh, states)
         await cur.execute(
             _submit_sql(db),
             db.params(
@@ -148,6 +82,95 @@ async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
                 continue  # another submitter inserted the same key: read it this time
             raise StoreError(f"submission refused by the database: {cause}") from cause
     raise AssertionError("unreachable")
+
+
+async def _new_specs(
+    db: Database, cur: Cursor, specs: Sequence[TaskSpec], simple: bool
+) -> tuple[list[TaskSpec], list[Submitted]]:
+    """The specs to insert, and the answer for every spec: a spec sent again, or with a key
+    already taken, names the task that is there."""
+    known: set[str] = set()
+    if not simple:
+        await cur.execute(
+            db.sql("SELECT id FROM {s}.tasks WHERE id = ANY(%s)"),
+            ([s.id for s in specs],),
+        )
+        known = {r[0] for r in await cur.fetchall()}
+    keys = [s.key for s in specs if s.key is not None]
+    existing: dict[str, str] = {}
+    if keys:
+        await cur.execute(db.sql("SELECT key, id FROM {s}.tasks WHERE key = ANY(%s)"), (keys,))
+        existing.update((r[0], r[1]) for r in await cur.fetchall())
+    fresh: list[TaskSpec] = []
+    out: list[Submitted] = []
+    for spec in specs:
+        if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+            out.append(Submitted(spec.id, False))
+            continue
+        if spec.key is not None and spec.key in existing:
+            out.append(Submitted(existing[spec.key], False))
+            continue
+        if spec.key is not None:
+            existing[spec.key] = spec.id
+        fresh.append(spec)
+        out.append(Submitted(spec.id, True))
+    return fresh, out
+
+
+async def _dependency_states(db: Database, cur: Cursor, fresh: list[TaskSpec]) -> dict[str, str]:
+    deps = sorted({d for s in fresh for d in s.depends_on})
+    states: dict[str, str] = {}
+    if deps:
+        # FOR SHARE: a dependency cannot finish (and miss our task_deps rows) until we commit.
+        await cur.execute(
+            db.sql("SELECT id, state FROM {s}.tasks WHERE id = ANY(%s) ORDER BY id FOR SHARE"),
+            (deps,),
+        )
+        states = {r[0]: r[1] for r in await cur.fetchall()}
+    return states
+
+
+def _columns(
+    fresh: list[TaskSpec], states: dict[str, str]
+) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
+    """The insert's unnest arrays, and the dependency edges (dependency, dependant) still
+    open. *states* gains the state of every new task."""
+    cols: dict[str, list[Any]] = {name: [] for name in _SUBMIT_COLUMNS}
+    dep_rows: list[tuple[str, str]] = []
+    # Dependencies before their dependents, so that a task depending on one made dead
+    # in this same batch (its own dependency had failed) is dead too, not left waiting
+    # for a task that will never finish.
+    for spec in _dependencies_first(fresh):
+        left = [d for d in spec.depends_on if states.get(d) not in _TERMINAL]
+        failed = [d for d in spec.depends_on if states.get(d) in _TERMINAL_BAD]
+        state = initial_state(spec, len(left))
+        error = None
+        if failed:
+            state = TaskState.DEAD
+            error = error_json("DependencyFailed", f"dependency {failed[0]} did not succeed")
+        row = (
+            spec.id,
+            spec.type,
+            spec.queue,
+            str(state),
+            spec.priority,
+            spec.args_json,
+            spec.kwargs_json,
+            spec.key,
+            req_json(spec.requirements),
+            spec.max_attempts,
+            spec.delay,
+            spec.timeout,
+            json.dumps(list(spec.depends_on)) if spec.depends_on else None,
+            len(left),
+            error,
+            next_promotion(spec.priority, spec.priority, 0.0),  # after creation
+        )
+        for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
+            cols[name].append(value)
+        states[spec.id] = str(state)
+        dep_rows.extend((d, spec.id) for d in left)
+    return cols, dep_rows
 
 
 def _submit_sql(db: Database) -> str:
