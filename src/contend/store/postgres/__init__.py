@@ -3,9 +3,12 @@
 * A claim is one statement: ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED LIMIT n)``, with
   requirement filtering in SQL (jsonb containment for tags, a resource comparison), so two
   claimers never wait on each other and never take the same task.
-* Every owner write is one fenced ``UPDATE … FROM unnest(…) WHERE fence = … AND owner = … AND
-  state IN (…) AND lease_deadline >= now`` per batch; items it did not touch are reported as
-  :class:`~contend.errors.FencedOut` with the reason read back in the same transaction.
+* The domain (``contend.domain.transitions``) decides what every event does to a task; this
+  store only applies the outcomes (``apply``): one ``UPDATE … FROM unnest(…)`` per batch, each
+  item written only while its guard holds. For an owner write the guard is the fence, the
+  owner, an accepted state and both leases; items it did not touch are reported as
+  :class:`~contend.errors.FencedOut`, explained by the domain's ``refusal`` from what is read
+  back in the same transaction.
 * Times are the database's clock (``now()``, the transaction's start) as float8 epoch seconds,
   unless a *clock* is injected (tests), whose value is then passed to every statement instead.
 * Wake-ups: writes that make work claimable ``NOTIFY`` a channel; a dedicated connection
@@ -29,6 +32,7 @@ Where things are:
 ``database``            the connection pool, retries, the ``{s}``/``{now}`` holes of SQL text
 ``migrations``          the schema's versioned steps; ``schema`` applies and checks them
 ``rows``                task columns, the requirement filter, rows to domain records
+``apply``               the one statement that applies decided outcomes
 ``submission``          submit: tasks, dependency edges and the wake-up in one statement
 ``claims``              peek, claim and steal (``FOR UPDATE SKIP LOCKED``)
 ``owner_writes``        start, checkpoint, complete, fail, release (fenced, batched)
