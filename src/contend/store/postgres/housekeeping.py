@@ -3,40 +3,16 @@ last attempt), pending tasks age, long-gone experts and finished auctions are de
 
 from __future__ import annotations
 
+from contend.domain import transitions as rules
 from contend.domain.task import aged_priority, next_promotion
+from contend.store.postgres.apply import LOCKED, apply
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.dependants import settle_dependents
 
 
 async def expire(db: Database) -> int:
-    lost = (
-        "jsonb_build_object('type', 'LeaseExpired', 'message', "
-        "'expert ' || coalesce(l.owner, '?') || ' lost its lease on the last attempt')::text"
-    )
-    sql = db.sql(
-        "WITH lapsed AS ("
-        "  SELECT id, owner FROM {s}.tasks"
-        "  WHERE state IN ('claimed', 'running') AND lease_deadline < {now}"
-        "  FOR UPDATE SKIP LOCKED"
-        "), moved AS ("
-        "  UPDATE {s}.tasks t SET"
-        "   state = CASE WHEN t.attempts < t.max_attempts THEN 'pending' ELSE 'dead' END,"
-        f"   error = CASE WHEN t.attempts < t.max_attempts THEN t.error ELSE {lost} END,"
-        "   owner = NULL, lease_deadline = NULL, updated_at = {now}"
-        "  FROM lapsed l WHERE t.id = l.id"
-        "  RETURNING t.id, t.state, t.fence, l.owner"
-        "), events AS ("
-        "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert)"
-        "  SELECT id, {now}, 'expired', fence, owner FROM moved"
-        ") SELECT id, state FROM moved"
-    )
-
     async def run(cur: Cursor) -> int:
-        await cur.execute(sql, db.params())
-        rows = await cur.fetchall()
-        dead = [(r[0], r[1]) for r in rows if r[1] == "dead"]
-        if dead:
-            await settle_dependents(db, cur, dead)
+        moved = await _return_lapsed(db, cur)
         await age(db, cur)  # after the lapse: returned tasks catch up on their ageing too
         await cur.execute(
             db.sql("DELETE FROM {s}.experts WHERE lease_deadline < {now} - 3600"), db.params()
@@ -50,11 +26,38 @@ async def expire(db: Database) -> int:
                 ") DELETE FROM {s}.bids WHERE task_id IN (SELECT task_id FROM done)"
             )
         )
-        if rows:
+        if moved:
             await db.notify(cur)
-        return len(rows)
+        return moved
 
     return await db.run(run)
+
+
+async def _return_lapsed(db: Database, cur: Cursor) -> int:
+    """The claims whose lease lapsed, locked; the domain decides what each becomes (pending
+    again, or dead on its last attempt), applied here. Returns how many moved."""
+    await cur.execute(
+        db.sql(
+            "SELECT id, fence, owner, attempts, max_attempts FROM {s}.tasks"
+            " WHERE state IN ('claimed', 'running') AND lease_deadline < {now}"
+            " FOR UPDATE SKIP LOCKED"
+        ),
+        db.params(),
+    )
+    decided = [
+        (tid, fence, rules.expired(owner, attempts, max_attempts))
+        for tid, fence, owner, attempts, max_attempts in await cur.fetchall()
+    ]
+    if not decided:
+        return 0
+    sql, outcomes = apply(db, LOCKED, decided)
+    await cur.execute(sql, db.params(**outcomes))
+    rows = await cur.fetchall()
+    ends = {tid for tid, _, o in decided if o.ends}
+    dead = [(r[0], r[1]) for r in rows if r[0] in ends]
+    if dead:
+        await settle_dependents(db, cur, dead)
+    return len(rows)
 
 
 async def age(db: Database, cur: Cursor) -> None:

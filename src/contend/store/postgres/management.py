@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable
 
-from contend.domain.task import TaskState, can_move
-from contend.errors import InvalidTransition, TaskNotFound
+from contend.domain import transitions as rules
+from contend.domain.task import TaskState
+from contend.domain.transitions import Outcome
+from contend.errors import TaskNotFound
+from contend.store.postgres.apply import LOCKED, apply
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.dependants import settle_dependents
 
 
 async def _manage(
-    db: Database, task_id: str, target: TaskState, operation: str, allowed: Iterable[TaskState]
+    db: Database, task_id: str, decide: Callable[[TaskState, str | None], Outcome]
 ) -> None:
-    allowed_states = frozenset(allowed)
+    """Apply to the task, locked, what *decide* makes of its state and owner (it raises
+    :class:`~contend.errors.InvalidTransition` for a state the operation does not accept)."""
 
     async def run(cur: Cursor) -> None:
         await cur.execute(
@@ -23,48 +27,23 @@ async def _manage(
         row = await cur.fetchone()
         if row is None:
             raise TaskNotFound(task_id)
-        if TaskState(row[0]) not in allowed_states:
-            raise InvalidTransition(task_id, row[0], operation)
-        if target == TaskState.CANCELLED:
-            await cur.execute(
-                db.sql(
-                    "UPDATE {s}.tasks SET state = 'cancelled', owner = NULL, "
-                    "lease_deadline = NULL, updated_at = {now} WHERE id = %(id)s"
-                ),
-                db.params(id=task_id),
-            )
+        outcome = decide(TaskState(row[0]), row[2])
+        sql, outcomes = apply(db, LOCKED, [(task_id, row[1], outcome)])
+        await cur.execute(sql, db.params(**outcomes))
+        if outcome.ends:  # a task that ended waits on nothing, and its dependants are told
             await cur.execute(db.sql("DELETE FROM {s}.task_deps WHERE task_id = %s"), (task_id,))
-            await settle_dependents(db, cur, [(task_id, "cancelled")])
-            event = "cancelled"
-        else:
-            await cur.execute(
-                db.sql(
-                    "UPDATE {s}.tasks SET state = 'pending', attempts = 0, run_at = {now}, "
-                    "updated_at = {now} WHERE id = %(id)s"
-                ),
-                db.params(id=task_id),
-            )
-            event = "retried"
-        await cur.execute(
-            db.sql(
-                "INSERT INTO {s}.task_events (task_id, at, event, fence, expert) "
-                "VALUES (%(id)s, {now}, %(event)s, %(fence)s, %(expert)s)"
-            ),
-            db.params(id=task_id, event=event, fence=row[1], expert=row[2]),
-        )
+            await settle_dependents(db, cur, [(task_id, str(outcome.state))])
         await db.notify(cur)
 
     await db.run(run)
 
 
 async def cancel(db: Database, task_id: str) -> None:
-    allowed = [s for s in TaskState if can_move(s, TaskState.CANCELLED)]
-    await _manage(db, task_id, TaskState.CANCELLED, "cancel", allowed)
+    await _manage(db, task_id, lambda state, owner: rules.cancelled(task_id, state, owner))
 
 
 async def retry(db: Database, task_id: str) -> None:
-    allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
-    await _manage(db, task_id, TaskState.PENDING, "retry", allowed)
+    await _manage(db, task_id, lambda state, _: rules.retried(task_id, state))
 
 
 async def purge_all(db: Database) -> None:
