@@ -116,3 +116,27 @@ def apply(
 def _plain(value: Any) -> Any:
     """An enum as its value, so that the database gets text; anything else as it is."""
     return value.value if isinstance(value, Enum) else value
+
+
+def handover(outcome: Outcome) -> tuple[str, str, dict[str, Any]]:
+    """For an outcome that hands tasks to a new owner (a claim, a steal), decided once for the
+    whole batch: its ``SET`` items (state, attempts), the ``SELECT`` list of its history line
+    (``id`` and ``fence`` read from the updated rows), and their parameters. The caller sets
+    the owner, the fence + 1 and the lease, as the domain leaves those to the store."""
+    if (
+        not outcome.owned
+        or outcome.due_in is not None
+        or outcome.due_now
+        or outcome.error_json is not None
+        or outcome.result_json is not None
+    ):
+        raise ValueError(f"not an outcome that hands a task over: {outcome}")
+    assign = f"state = %(h_state)s, attempts = {ATTEMPTS_SQL[outcome.attempts]}"
+    line = "id, {now}, %(h_event)s::text, fence, %(h_actor)s::text, %(h_detail)s::text"
+    params = {
+        "h_state": str(outcome.state),
+        "h_event": str(outcome.event),
+        "h_actor": outcome.actor,
+        "h_detail": outcome.detail,
+    }
+    return assign, line, params

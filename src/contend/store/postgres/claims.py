@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
 from contend.domain.task import Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
+from contend.store.postgres.apply import handover
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
 from contend.store.postgres.sessions import check_session
@@ -110,19 +112,20 @@ async def claim(
     lane = min(check_limit(low_lane), limit) if ids is None else 0
     order = "eff_priority DESC, run_at, id"
     candidates = _candidates(lock=True, queues=max(1, len(set(queues))), only_ids=ids is not None)
+    assign, line, decided = handover(rules.claimed(expert, start=start))
     sql = db.sql(
         "WITH live AS ("
         "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
         "   AND lease_deadline >= {now} FOR SHARE"
         f"), {candidates}"
         ", claimed AS ("
-        "  UPDATE {s}.tasks t SET state = %(state)s, owner = %(expert)s, fence = t.fence + 1,"
-        "   attempts = t.attempts + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
+        f"  UPDATE {{s}}.tasks t SET {assign}, owner = %(expert)s, fence = t.fence + 1,"
+        "   lease_deadline = {now} + %(ttl)s, updated_at = {now}"
         "  FROM picked WHERE t.id = picked.id"
         f"  RETURNING {CLAIMED_COLUMNS}"
         "), events AS ("
-        "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert)"
-        "  SELECT id, {now}, 'claimed', fence, %(expert)s FROM claimed"
+        "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
+        f"  SELECT {line} FROM claimed"
         f") SELECT * FROM claimed ORDER BY {order}"
     )
 
@@ -137,10 +140,10 @@ async def claim(
                 ids=ids,
                 best=limit - lane,
                 lane=lane,
-                state="running" if start else "claimed",
                 expert=expert,
                 session=session,
                 ttl=ttl,
+                **decided,
                 **caps(capabilities),
             ),
         )
@@ -165,6 +168,7 @@ async def steal(
 ) -> list[Claimed]:
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
+    assign, line, decided = handover(rules.stolen(thief, victim))
     sql = db.sql(
         "WITH live AS ("
         "  SELECT 1 FROM {s}.experts WHERE id = %(thief)s AND session = %(session)s"
@@ -176,14 +180,14 @@ async def steal(
         f"   AND queue = ANY(%(queues)s) AND {FITS}"
         "  ORDER BY eff_priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         "), stolen AS ("
-        # a fenced transfer: the victim's start() of these is refused; no attempt counted
-        "  UPDATE {s}.tasks t SET state = 'running', owner = %(thief)s,"
+        # a fenced transfer: the victim's start() of these is refused
+        f"  UPDATE {{s}}.tasks t SET {assign}, owner = %(thief)s,"
         "   fence = t.fence + 1, lease_deadline = {now} + %(ttl)s, updated_at = {now}"
         "  FROM loot WHERE t.id = loot.id"
         f"  RETURNING {CLAIMED_COLUMNS}"
         "), events AS ("
         "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
-        "  SELECT id, {now}, 'stolen', fence, %(thief)s, %(detail)s FROM stolen"
+        f"  SELECT {line} FROM stolen"
         ") SELECT * FROM stolen ORDER BY eff_priority DESC, run_at, id"
     )
 
@@ -200,7 +204,7 @@ async def steal(
                 queues=list(queues),
                 limit=limit,
                 ttl=ttl,
-                detail=f"from {victim}",
+                **decided,
                 **caps(capabilities),
             ),
         )

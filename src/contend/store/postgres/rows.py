@@ -93,7 +93,3 @@ def load(text: str | None) -> JSON:
 def req_json(req: Requirements) -> str | None:
     data = req.to_json()
     return None if data is None else json.dumps(data, separators=(",", ":"))
-
-
-def error_json(kind: str, message: str) -> str:
-    return json.dumps({"type": kind, "message": message})

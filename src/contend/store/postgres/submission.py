@@ -12,15 +12,13 @@ from typing import Any
 
 import psycopg.errors
 
+from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, initial_state
+from contend.store._common import check_batch_dependencies
 from contend.store.port import Submitted
 from contend.store.postgres.database import Cursor, Database
-from contend.store.postgres.rows import error_json, req_json
-
-_TERMINAL = frozenset({"succeeded", "failed", "dead", "cancelled"})
-_TERMINAL_BAD = frozenset({"failed", "dead", "cancelled"})
+from contend.store.postgres.rows import req_json
 
 # submit's unnest arrays: name -> element type
 _SUBMIT_COLUMNS = {
@@ -141,13 +139,9 @@ def _columns(
     # in this same batch (its own dependency had failed) is dead too, not left waiting
     # for a task that will never finish.
     for spec in _dependencies_first(fresh):
-        left = [d for d in spec.depends_on if states.get(d) not in _TERMINAL]
-        failed = [d for d in spec.depends_on if states.get(d) in _TERMINAL_BAD]
-        state = initial_state(spec, len(left))
-        error = None
-        if failed:
-            state = TaskState.DEAD
-            error = error_json("DependencyFailed", f"dependency {failed[0]} did not succeed")
+        known = {d: TaskState(states[d]) for d in spec.depends_on if d in states}
+        birth = rules.submitted(spec.depends_on, known)
+        state, error, left = birth.state, birth.error_json, birth.waits_on
         row = (
             spec.id,
             spec.type,
