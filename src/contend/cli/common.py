@@ -10,14 +10,16 @@ import math
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from contend.errors import ConfigError
 from contend.runtime.app import App
+from contend.runtime.config import Bounds
 from contend.store.port import Store
 
 # What ``add_subparsers()`` returns: each command module adds its parser to it.
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+N = TypeVar("N", int, float)
 
 
 class UsageError(ConfigError):
@@ -25,34 +27,32 @@ class UsageError(ConfigError):
 
 
 # -- argument types: each refuses bad input with a message naming the option -------------------
+def bounded(name: str, kind: Callable[[str], N], bounds: Bounds | None) -> Callable[[str], N]:
+    """Parse an option's text as ``int`` or ``float`` and hold it to ``bounds``."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
+        if bounds is not None and (not math.isfinite(value) or value not in bounds):
+            raise argparse.ArgumentTypeError(f"{name} must be {bounds}, got {text}")
+        return value
+
+    return parse
+
+
 def positive_int(name: str, hi: int) -> Callable[[str], int]:
     return int_in(name, 1, hi)
 
 
-def seconds(name: str, lo: float, hi: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not math.isfinite(value) or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{name} must be between {lo} and {hi}, got {text}")
-        return value
-
-    return parse
-
-
 def int_in(name: str, lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{name} must be between {lo} and {hi}, got {value}")
-        return value
+    return bounded(name, int, Bounds(lo, hi))
 
-    return parse
+
+def seconds(name: str, lo: float, hi: float) -> Callable[[str], float]:
+    return bounded(name, float, Bounds(lo, hi))
 
 
 def int_list(name: str) -> Callable[[str], list[int]]:

@@ -6,115 +6,133 @@ import argparse
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from dataclasses import Field, fields
+from typing import Any
 
 from contend.cli.common import (
     Subcommands,
     UsageError,
     add_store_option,
-    int_in,
+    bounded,
     load_app,
     load_callable,
-    positive_int,
     resolve_store_url,
-    seconds,
 )
 from contend.domain.task import Capabilities
 from contend.errors import TaskError
+from contend.runtime.config import (
+    ExpertConfig,
+    Setting,
+    field_types,
+    number_text,
+    setting_of,
+    value_type,
+)
 
 log = logging.getLogger("contend.cli")
+
+
+def _capabilities(items: list[str]) -> Capabilities:
+    try:
+        return Capabilities.parse(items)
+    except TaskError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _fitness(target: str) -> Any:
+    return load_callable(target, "--fitness")
+
+
+# The options whose text becomes the field's value by a conversion of its own. They default to
+# None, meaning "not given: the field's default". Every other option takes its type, bounds,
+# choices and default from the field.
+CONVERSIONS: dict[str, Callable[[Any], Any]] = {
+    "queues": list,  # --queue a --queue b
+    "capabilities": _capabilities,  # --capability gpu --capability mem_gb=16
+    "specialties": frozenset,  # --specialty render --specialty encode
+    "fitness": _fitness,  # --fitness MODULE:FUNCTION
+}
+
+
+def options() -> list[tuple[Field[Any], Setting]]:
+    """The fields of ExpertConfig that ``contend expert`` exposes, with their settings."""
+    return [(f, s) for f in fields(ExpertConfig) if (s := setting_of(f)).flag]
+
+
+def option(name: str) -> tuple[Field[Any], Setting]:
+    """The exposed field ``name`` and its setting, for a command that passes it on."""
+    (found,) = [(f, s) for f, s in options() if f.name == name]
+    return found
+
+
+def default_text(f: Field[Any], s: Setting) -> str:
+    """How ``--help`` words a field's default."""
+    if s.default_text is not None:
+        return s.default_text
+    if isinstance(f.default, int | float):
+        return number_text(f.default)
+    return str(f.default)
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per exposed field of ExpertConfig, in the order of the fields."""
+    types = field_types()
+    for f, s in options():
+        assert s.flag is not None
+        flags = [s.flag] if s.short is None else [s.flag, s.short]
+        given: dict[str, Any] = {
+            "dest": f.name,
+            "metavar": s.metavar or s.flag.lstrip("-").upper().replace("-", "_"),
+            "help": f"{s.help} (default: {default_text(f, s)})".replace("%", "%%"),
+        }
+        if s.repeat:
+            given["action"] = "append"
+        if f.name in CONVERSIONS:
+            given["default"] = None
+        else:
+            kind = value_type(types[f.name])
+            given["default"] = f.default
+            if kind is not str:
+                given["type"] = bounded(s.flag, kind, s.bounds)
+            if s.choices:
+                given["choices"] = s.choices
+                given["metavar"] = None  # argparse shows {a,b,c}
+        parser.add_argument(*flags, **given)
+
+
+def config_from_args(args: argparse.Namespace) -> ExpertConfig:
+    """The ExpertConfig that the options ask for; an option not given leaves its default."""
+    values: dict[str, Any] = {}
+    for f, _ in options():
+        given = getattr(args, f.name)
+        if f.name not in CONVERSIONS:
+            values[f.name] = given
+        elif given is not None:
+            values[f.name] = CONVERSIONS[f.name](given)
+    if args.no_steal:
+        values["steal_ratio"] = None
+    return ExpertConfig(**values)
 
 
 def add_parser(sub: Subcommands) -> None:
     e = sub.add_parser("expert", help="run an expert until SIGTERM")
     e.add_argument("app", help="MODULE:APP")
     add_store_option(e)
-    e.add_argument("--name", help="expert id (default host-pid); must not be live elsewhere")
-    e.add_argument("--concurrency", "-c", type=positive_int("--concurrency", 10_000), default=8)
-    e.add_argument("--capability", action="append", metavar="TAG|NAME=AMOUNT")
-    e.add_argument("--queue", "-q", action="append", metavar="QUEUE")
-    e.add_argument(
-        "--lease",
-        type=seconds("--lease", 0.5, 86_400),
-        default=15.0,
-        help="lease TTL in seconds (default 15)",
-    )
-    e.add_argument(
-        "--grace",
-        type=seconds("--grace", 0, 86_400),
-        default=30.0,
-        help="seconds running tasks get to finish on SIGTERM (default 30)",
-    )
-    e.add_argument("--tier", choices=["general", "specialized", "emergency"], default="general")
-    e.add_argument("--specialty", action="append", metavar="TASK_TYPE")
-    e.add_argument(
-        "--window",
-        type=seconds("--window", 0, 60),
-        default=0.02,
-        help="base race window in seconds (default 0.02; 0 turns competition off)",
-    )
-    e.add_argument(
-        "--fitness",
-        metavar="MODULE:FUNCTION",
-        help="a custom fitness function (expert view, task view) -> [0, 1]",
-    )
-    e.add_argument(
-        "--prefetch",
-        type=int_in("--prefetch", 0, 10_000),
-        default=0,
-        help="claim this many tasks ahead, unstarted; idle experts may steal them (default 0)",
-    )
-    e.add_argument(
-        "--steal-ratio",
-        type=seconds("--steal-ratio", 0.01, 1.0),
-        default=1.0,
-        help="steal unstarted tasks from experts at least this loaded (default 1.0: full)",
-    )
+    add_config_options(e)
     e.add_argument(
         "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
-    )
-    e.add_argument(
-        "--auction-window",
-        type=seconds("--auction-window", 0, 60),
-        default=0.2,
-        help="how long an auction for a heavy task takes bids (default 0.2 s)",
-    )
-    e.add_argument(
-        "--zone-margin",
-        type=seconds("--zone-margin", 0, 60),
-        default=0.0,
-        help="extra race delay for tasks that prefer tags (a zone) this expert lacks",
     )
     e.set_defaults(func=cmd_expert)
 
 
 async def cmd_expert(args: argparse.Namespace) -> int:
-    from contend.runtime.config import ExpertConfig
     from contend.runtime.expert import Expert
 
     app = load_app(args.app)
     url = resolve_store_url(args, app)
     app.with_store(url)
-    try:
-        caps = Capabilities.parse(args.capability or [])
-    except TaskError as exc:
-        raise UsageError(str(exc)) from exc
-    config = ExpertConfig(
-        name=args.name,
-        concurrency=args.concurrency,
-        queues=args.queue or None,
-        capabilities=caps,
-        lease_ttl=args.lease,
-        grace=args.grace,
-        tier=args.tier,
-        specialties=frozenset(args.specialty or ()),
-        window=args.window,
-        zone_margin=args.zone_margin,
-        prefetch=args.prefetch,
-        steal_ratio=None if args.no_steal else args.steal_ratio,
-        auction_window=args.auction_window,
-    )
-    if args.fitness:
-        config.fitness = load_callable(args.fitness, "--fitness")
+    config = config_from_args(args)
     expert = Expert(app, config)
     loop = asyncio.get_running_loop()
     signals_seen = 0

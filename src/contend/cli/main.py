@@ -22,13 +22,13 @@ from contend.cli import expert, migrate, status, submit, tasks
 from contend.cli.common import (
     Subcommands,
     UsageError,
+    bounded,
     int_in,
     int_list,
     load_app,
     load_callable,
     positive_int,
     resolve_store_url,
-    seconds,
 )
 from contend.errors import ConfigError, ContendError, SchemaError, TaskError
 
@@ -56,10 +56,11 @@ def _add_demo(sub: Subcommands) -> None:
     d.add_argument("--tasks", type=positive_int("--tasks", 1_000_000), default=3000)
     d.add_argument("--experts", type=int_in("--experts", 2, 32), default=4)
     d.add_argument("--no-kill", action="store_true", help="do not kill an expert")
+    window, setting = expert.option("window")  # passed on to the experts: their default, bounds
     d.add_argument(
         "--window",
-        type=seconds("--window", 0, 60),
-        default=0.02,
+        type=bounded("--window", float, setting.bounds),
+        default=window.default,
         help="the experts' base race window (0 turns competition off, for comparison)",
     )
     d.add_argument("--json", action="store_true", help="print the closing report as JSON")
