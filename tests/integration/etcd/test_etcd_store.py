@@ -1046,7 +1046,7 @@ async def test_a_contended_claimer_spreads_over_equally_good_tasks(
     (second,) = await store.claim("e", session, Q, ANY, limit=1, lease_ttl=10)
     assert second.id == same[0].id  # and first in, first out
     store._contended_until = time.monotonic() + 60  # as after a rival won a batch
-    monkeypatch.setattr("contend.store.etcd.random.randrange", lambda n: 2)  # the 3rd stripe
+    monkeypatch.setattr("contend.store.etcd.store.random.randrange", lambda n: 2)  # the 3rd stripe
     got = await store.claim("e", session, Q, ANY, limit=3, lease_ttl=10)
     assert [c.id for c in got] == [t.id for t in same[7:10]]  # a stripe among equals
     late = spec(priority=9)
