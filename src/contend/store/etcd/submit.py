@@ -1,0 +1,224 @@
+"""Submission: a batch of task specs becomes task records, index keys, idempotency keys
+(``k/{key}``, the id the key was first used for) and dependency edges, in as few transactions
+as ``max_txn_ops`` allows. Every check (unknown dependency, cycle) runs before the first
+transaction, so a refused submission writes nothing; but an etcd failure between two of them
+leaves the earlier tasks in (sending the same specs again completes it: ids are recognised)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from contend.domain.task import TaskSpec, TaskState
+from contend.errors import StoreError
+from contend.store._common import check_batch_dependencies, initial_state
+from contend.store.etcd.keys import Keys, enc
+from contend.store.etcd.levels import enter_pending
+from contend.store.etcd.record import BAD_END, INLINE_MAX, Record, error_json
+from contend.store.etcd.rpc import Etcd
+from contend.store.etcd.txn import WRITE_RETRIES, absent, mod_is, put
+from contend.store.port import Submitted
+
+#: One task's part of a submission: (its id, compares, operations).
+Group = tuple[str, list[Any], list[Any]]
+
+
+def dead_at_birth(fresh: Sequence[TaskSpec], deps: dict[str, Record]) -> dict[str, str]:
+    """task id -> the dependency it dies of: one that did not succeed, or a member of the
+    batch that is dead at birth itself."""
+    dead_cause: dict[str, str] = {}
+    grew = True
+    while grew:
+        grew = False
+        for spec in fresh:
+            if spec.id in dead_cause:
+                continue
+            cause = next(
+                (
+                    d
+                    for d in spec.depends_on
+                    if (d in deps and deps[d].state in BAD_END) or d in dead_cause
+                ),
+                None,
+            )
+            if cause is not None:
+                dead_cause[spec.id] = cause
+                grew = True
+    return dead_cause
+
+
+def new_record(spec: TaskSpec, deps_left: int, now: float) -> Record:
+    """The record of a task just submitted."""
+    return Record(
+        id=spec.id,
+        type=spec.type,
+        queue=spec.queue,
+        state=str(initial_state(spec, deps_left)),
+        priority=spec.priority,
+        key=spec.key,
+        req=spec.requirements.to_json(),
+        attempts=0,
+        max_attempts=spec.max_attempts,
+        fence=0,
+        owner=None,
+        session=None,
+        lease_deadline=None,
+        run_at=now + spec.delay,
+        created_at=now,
+        updated_at=now,
+        timeout=spec.timeout,
+        error=None,
+        depends_on=list(spec.depends_on),
+        deps_left=deps_left,
+        has_waiters=False,
+        indexed=False,
+        history=[],
+    )
+
+
+class Submitter:
+    def __init__(
+        self, etcd: Etcd, keys: Keys, clock: Callable[[], float], touch: Callable[[], None]
+    ) -> None:
+        self._etcd = etcd
+        self._keys = keys
+        self._clock = clock
+        self._touch = touch
+
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        landed: set[str] = set()
+        for _ in range(WRITE_RETRIES):
+            out = await self._try(specs, landed)
+            if out is not None:
+                if landed:
+                    self._touch()
+                return out
+        raise StoreError(f"submission kept conflicting; gave up after {WRITE_RETRIES} tries")
+
+    async def _try(self, specs: Sequence[TaskSpec], landed: set[str]) -> list[Submitted] | None:
+        """One try; None when a transaction lost a race (ids written so far are in *landed*)."""
+        if not specs:
+            return []
+        now = self._clock()
+        out, fresh = await self._sort_out(specs, landed)
+        outside = sorted({d for s in fresh for d in s.depends_on} - {s.id for s in fresh})
+        dep_kvs = dict(
+            zip(
+                outside,
+                await self._etcd.read_many([self._keys.task(d) for d in outside]),
+                strict=True,
+            )
+        )
+        check_batch_dependencies(fresh, lambda ids: {i for i in ids if dep_kvs.get(i) is not None})
+        groups = self._groups(fresh, dep_kvs, now)
+        for ids, cmp, ops in self._pack(groups):
+            if not (await self._etcd.txn(cmp, ops)).succeeded:
+                # A concurrent submission took an idempotency key, or a dependency changed.
+                # Nothing of this transaction landed; the caller starts over from a fresh read.
+                return None
+            landed.update(ids)
+        return out
+
+    async def _sort_out(
+        self, specs: Sequence[TaskSpec], landed: set[str]
+    ) -> tuple[list[Submitted], list[TaskSpec]]:
+        """What each spec comes to, and the specs of new tasks not written yet: a spec sent
+        again (a client that lost the reply) or whose idempotency key is taken keeps the task
+        that is there."""
+        etcd, keys = self._etcd, self._keys
+        ids_read = await etcd.read_many([keys.task(s.id) for s in specs])
+        known = {s.id for s, kv in zip(specs, ids_read, strict=True) if kv} - landed
+        keyed = list(dict.fromkeys(s.key for s in specs if s.key is not None))
+        key_kvs = await etcd.read_many([keys.k("k", enc(k)) for k in keyed])
+        existing = {
+            k: kv.value.decode()
+            for k, kv in zip(keyed, key_kvs, strict=True)
+            if kv and kv.value.decode() not in landed
+        }
+        fresh: list[TaskSpec] = []
+        out: list[Submitted] = []
+        batch_keys: dict[str, str] = {}
+        for spec in specs:
+            if spec.id in known:
+                out.append(Submitted(spec.id, False))
+            elif spec.key is not None and spec.key in existing:
+                out.append(Submitted(existing[spec.key], False))
+            elif spec.key is not None and spec.key in batch_keys:
+                out.append(Submitted(batch_keys[spec.key], False))
+            else:
+                if spec.key is not None:
+                    batch_keys[spec.key] = spec.id
+                if spec.id not in landed:
+                    fresh.append(spec)
+                out.append(Submitted(spec.id, True))
+        return out, fresh
+
+    def _groups(
+        self, fresh: Sequence[TaskSpec], dep_kvs: dict[str, Any], now: float
+    ) -> list[Group]:
+        """One group of operations per new task (*dep_kvs*: its dependencies outside the
+        batch, as read); the groups are packed into transactions."""
+        keys = self._keys
+        deps: dict[str, Record] = {d: Record.loads(kv.value) for d, kv in dep_kvs.items() if kv}
+        batch_ids = {s.id for s in fresh}
+        dead_cause = dead_at_birth(fresh, deps)
+        groups: list[Group] = []
+        touched: set[str] = set()
+        awaited = {d for s in fresh if s.id not in dead_cause for d in s.depends_on}
+        for spec in fresh:
+            left = [
+                d
+                for d in spec.depends_on
+                if d in batch_ids or not TaskState(deps[d].state).terminal
+            ]
+            failed = dead_cause.get(spec.id)
+            if failed is not None:
+                left = []
+            rec = new_record(spec, len(left), now)
+            if failed is not None:
+                rec.state = str(TaskState.DEAD)
+                rec.error = error_json("DependencyFailed", f"dependency {failed} did not succeed")
+            cmp: list[Any] = []
+            ops: list[Any] = []
+            if spec.key is not None:
+                kk = keys.k("k", enc(spec.key))
+                cmp.append(absent(kk))
+                ops.append(put(kk, spec.id))
+            for d in left:
+                ops.append(put(keys.k("w", enc(d), enc(spec.id)), b""))
+                if d in deps and d not in touched:
+                    # Mark the dependency as awaited, under a compare on its revision: if it
+                    # ends meanwhile, this transaction fails and the submission is re-read.
+                    touched.add(d)
+                    deps[d].has_waiters = True
+                    cmp.append(mod_is(keys.task(d), dep_kvs[d].mod_revision))
+                    ops.append(put(keys.task(d), deps[d].dumps()))
+            if rec.state == TaskState.PENDING:
+                ops += enter_pending(keys, rec)
+            if spec.id in awaited and failed is None:
+                rec.has_waiters = True
+            cmp.append(absent(keys.task(spec.id)))
+            payload = f"[{spec.args_json},{spec.kwargs_json}]"
+            rec.checkpointed = False
+            if len(payload) <= INLINE_MAX:
+                rec.args = payload
+            else:
+                ops.append(put(keys.data(spec.id, "args"), payload))
+            ops.append(put(keys.task(spec.id), rec.dumps()))
+            groups.append((spec.id, cmp, ops))
+        return groups
+
+    def _pack(self, groups: list[Group]) -> Iterable[tuple[list[str], list[Any], list[Any]]]:
+        """Pack per-task groups of (compares, operations) into transactions of bounded size."""
+        max_ops = self._etcd.max_ops
+        ids: list[str] = []
+        cmp: list[Any] = []
+        ops: list[Any] = []
+        for tid, gc, go in groups:
+            if ids and (len(cmp) + len(gc) > max_ops or len(ops) + len(go) > max_ops):
+                yield ids, cmp, ops
+                ids, cmp, ops = [], [], []
+            ids.append(tid)
+            cmp, ops = cmp + gc, ops + go
+        if ids:
+            yield ids, cmp, ops
