@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aetcd import rpc
 
+from contend.domain.retry import RetryPolicy
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import (
     ConfigError,
@@ -479,15 +480,25 @@ async def test_release_gives_the_attempt_back(store: EtcdStore) -> None:
 
 
 async def test_fail_retries_then_goes_final(store: EtcdStore) -> None:
+    """The owner's retry policy decides from the attempt its claim reported; the store applies
+    the decision (a retry delay on the last attempt would be retried: the store no longer
+    second-guesses it)."""
     t = spec(max_attempts=2)
     await store.submit([t])
     s = await store.register_expert(ExpertInfo("e"), 5)
-    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
     err = json.dumps({"type": "ValueError", "message": "boom"})
-    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    policy = RetryPolicy(backoff=0)
+
+    async def claim_and_fail() -> None:
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+        decision = policy.decide(c.attempt, None, max_attempts=c.max_attempts)
+        delay = decision.delay if decision.retry else None
+        failure = Failure(t.id, c.fence, err, delay, TaskState(decision.final_state))
+        assert await store.fail("e", [failure]) == [None]
+
+    await claim_and_fail()
     assert (await store.get(t.id)).state == TaskState.PENDING
-    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
-    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    await claim_and_fail()
     final = await store.get(t.id)
     assert final.state == TaskState.DEAD and final.error["message"] == "boom"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from contend.domain.task import TaskState
 from contend.errors import StoreError, TaskNotFound
 from contend.store._common import check_bid, rank_bids
 from contend.store.etcd.keys import Keys, enc, unenc
@@ -42,7 +43,7 @@ class Auctions:
             if not t:
                 raise TaskNotFound(task_id)
             closes = json.loads(u[0].value)["closes_at"] if u else now + window
-            if Record.loads(t[0].value).state != "pending":
+            if Record.loads(t[0].value).state != TaskState.PENDING:
                 return Auction(task_id, now, closes if u else now, (), open=False)
             placed = {
                 unenc(kv.key[len(bids_prefix) :].decode()): json.loads(kv.value) for kv in bids
@@ -71,7 +72,7 @@ class Auctions:
             return
         recs = await etcd.read_many([self._keys.task(t) for t in tids])
         for tid, kv in zip(tids, recs, strict=True):
-            if kv is None or Record.loads(kv.value).state != "pending":
+            if kv is None or Record.loads(kv.value).state != TaskState.PENDING:
                 cmp = [] if kv is None else [mod_is(kv.key, kv.mod_revision)]
                 await etcd.txn(
                     cmp,

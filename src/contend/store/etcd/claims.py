@@ -18,12 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from contend.domain import transitions as rules
 from contend.domain.task import Capabilities, Requirements, TaskState
+from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl
 from contend.store.etcd.candidates import Rank, choose, rank_of
 from contend.store.etcd.keys import Keys, enc, unenc
-from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels, leave_pending
+from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
+from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import Owned, remember_owned
 from contend.store.etcd.payloads import Args, read_payloads
 from contend.store.etcd.record import Record
@@ -36,8 +39,6 @@ from contend.store.port import Claimed
 CLAIM_OPS = 4
 #: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
 CONTENDED_FOR = 2.0
-
-C, R = TaskState.CLAIMED, TaskState.RUNNING
 
 #: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
 Try = tuple[str, Any, Any, Any]
@@ -143,7 +144,7 @@ class Claims:
                 continue
             rec = Record.loads(kv.value)
             if (
-                rec.state == "pending"
+                rec.state == TaskState.PENDING
                 and rec.indexed
                 and rec.run_at <= now
                 and rec.queue in qs
@@ -209,7 +210,7 @@ class Claims:
             rec = Record.loads(t.value)
             if (
                 rec.owner == victim
-                and rec.state == "claimed"
+                and rec.state == TaskState.CLAIMED
                 and rec.queue in qs
                 and capabilities.satisfies(Requirements.from_json(rec.req))
             ):
@@ -225,10 +226,10 @@ class Claims:
         keys = self.keys
         rec = Record.loads(t.value)
         tid = rec.id
-        rec.state, rec.owner, rec.session = "running", thief.expert, thief.session
+        rec.owner, rec.session = thief.expert, thief.session
         rec.fence += 1
-        rec.lease_deadline, rec.updated_at = now + thief.ttl, now
-        rec.event(now, "stolen", thief.expert, f"from {victim}")
+        rec.lease_deadline = now + thief.ttl
+        moves = apply_outcome(keys, rec, rules.stolen(thief.expert, victim), now)
         claim = json.dumps({"expert": thief.expert, "session": thief.session, "fence": rec.fence})
         session_key = keys.k("l", enc(thief.expert))
         resp = await self.etcd.commit(
@@ -242,6 +243,7 @@ class Claims:
                 put(c.key, claim, thief.lease),
                 delete(keys.held(victim, tid)),
                 put(keys.held(thief.expert, tid), f"{rec.fence} {thief.session}"),
+                *moves,
             ],
             [get(session_key)],
         )
@@ -264,10 +266,10 @@ class _ClaimRun:
         "lost",
         "now",
         "orders",
+        "outcome",
         "parsed",
         "reads",
         "session_key",
-        "start",
         "won",
     )
 
@@ -282,7 +284,7 @@ class _ClaimRun:
         self.claims = claims
         self.claimant = claimant
         self.now = now
-        self.start = start
+        self.outcome: Outcome = rules.claimed(claimant.expert, start=start)
         self.reads = reads  # task id -> the read of its level
         self.session_key = claims.keys.k("l", enc(claimant.expert))
         # the c/ value, left open for the fence
@@ -321,7 +323,7 @@ class _ClaimRun:
             if t is None:
                 continue
             rec = Record.loads(t.value)
-            if rec.state == "pending" and rec.indexed and rec.run_at <= now:
+            if rec.state == TaskState.PENDING and rec.indexed and rec.run_at <= now:
                 ready.append((tid, t, rec))
         tries: list[Try] = []
         payloads = await read_payloads(etcd, keys, [rec for _, _, rec in ready], result=False)
@@ -338,15 +340,11 @@ class _ClaimRun:
         rec = self.parsed.pop(tid, None) or Record.loads(t.value)
         assert rec.indexed
         self.orders[tid] = rank_of(rec, now)
-        ops = leave_pending(keys, rec)
-        rec.state = str(R if self.start else C)
         rec.owner = who.expert
         rec.session = who.session
         rec.fence += 1
-        rec.attempts += 1
         rec.lease_deadline = now + who.ttl
-        rec.updated_at = now
-        rec.event(now, "claimed", who.expert)
+        ops = apply_outcome(keys, rec, self.outcome, now)  # out of the priority index
         claim = f'{self.claim_head},"fence":{rec.fence}}}'
         return (
             [mod_is(t.key, t.mod_revision)],  # pending as read: so no claim key either

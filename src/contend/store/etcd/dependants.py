@@ -1,23 +1,20 @@
 """Tasks that wait on others. An edge ``w/{dependency}/{task}`` says that *task* waits for
 *dependency*; when a task with waiters ends, ``s/{task}`` is written in the same transaction
-as the ending, and settle() tells each waiter: one dependency less (pending when none is
-left), or dead after a dependency that did not succeed. A crash before the waiters are told
+as the ending, and settle() tells each waiter, applying what
+``contend.domain.transitions.dependency_ended`` decides. A crash before the waiters are told
 leaves the marker, and expire() settles it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from contend.domain import transitions as rules
+from contend.domain.task import TaskState
 from contend.store.etcd.keys import Keys, enc, unenc
-from contend.store.etcd.levels import enter_pending
-from contend.store.etcd.record import Record, error_json
+from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
-from contend.store.etcd.txn import WRITE_RETRIES, Op, delete, mod_is, present, put
-
-
-def ended_marker(keys: Keys, rec: Record) -> list[Op]:
-    """Operations for a task that just reached a terminal state."""
-    return [put(keys.k("s", enc(rec.id)), rec.state)] if rec.has_waiters else []
+from contend.store.etcd.txn import WRITE_RETRIES, delete, mod_is, present, put
 
 
 class Dependants:
@@ -72,21 +69,14 @@ class Dependants:
             ops = [delete(edge)]
             now = self._clock()
             dies = False
-            if rec.state == "waiting":
-                rec.updated_at = now
-                if state == "succeeded":
-                    rec.deps_left -= 1
-                    if rec.deps_left <= 0:
-                        rec.run_at = max(rec.run_at, now)
-                        ops += enter_pending(keys, rec)
+            if rec.state == TaskState.WAITING:
+                outcome = rules.dependency_ended(task_id, TaskState(state), rec.deps_left)
+                rec.deps_left -= 1
+                if outcome is None:  # it waits on
+                    rec.updated_at = now
                 else:
-                    dies = True
-                    rec.state = "dead"
-                    rec.error = error_json(
-                        "DependencyFailed", f"dependency {task_id} ended {state}"
-                    )
-                    rec.event(now, "dead", None, f"dependency {task_id} ended {state}")
-                    ops += ended_marker(keys, rec)
+                    ops += apply_outcome(keys, rec, outcome, now)
+                    dies = outcome.ends
                 ops.append(put(wkey, rec.dumps()))
             resp = await etcd.txn([mod_is(wkey, w.mod_revision), present(edge)], ops)
             if resp.succeeded:

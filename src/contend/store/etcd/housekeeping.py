@@ -12,14 +12,14 @@ from collections.abc import Callable
 
 from aetcd import rpc
 
-from contend.domain.task import TaskState
+from contend.domain import transitions as rules
+from contend.domain.task import OWNED_STATES
 from contend.errors import StoreError
-from contend.store._common import after_failure
 from contend.store.etcd.auctions import Auctions
-from contend.store.etcd.dependants import Dependants, ended_marker
+from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys, enc, prefix_end, unenc
-from contend.store.etcd.levels import enter_pending
-from contend.store.etcd.record import OWNED_STATES, Record, error_json
+from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.txn import absent, delete, get, mod_is, put
@@ -98,22 +98,14 @@ class Housekeeping:
             return False, bool(done.succeeded)
         now = self._clock()
         prev = rec.owner
-        ops = [delete(akey)]
-        if prev is not None and keys.held(prev, tid) != akey:
-            ops.append(delete(keys.held(prev, tid)))
-        rec.owner, rec.session, rec.lease_deadline, rec.updated_at = None, None, None, now
-        if after_failure(rec.attempts, rec.max_attempts) == TaskState.PENDING:
-            ops += enter_pending(keys, rec)
-        else:
-            rec.state = "dead"
-            rec.error = error_json(
-                "LeaseExpired", f"expert {prev} lost its lease on the last attempt"
-            )
-            ops += ended_marker(keys, rec)
-        rec.event(now, "expired", prev)
+        outcome = rules.expired(prev, rec.attempts, rec.max_attempts)
+        # The outcome ends the ownership (the claim key went with the lease, and the owner's
+        # a/ key); the a/ key found goes too when it is another one.
+        ops = [] if prev is not None and keys.held(prev, tid) == akey else [delete(akey)]
+        ops += apply_outcome(keys, rec, outcome, now)
         ops.append(put(tkey, rec.dumps()))
         resp = await etcd.txn([mod_is(tkey, t.mod_revision), absent(ckey)], ops)
-        if resp.succeeded and rec.state == "dead" and rec.has_waiters:
+        if resp.succeeded and outcome.ends and rec.has_waiters:
             ended.append(tid)
         return bool(resp.succeeded), bool(resp.succeeded)
 

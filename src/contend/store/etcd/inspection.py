@@ -8,14 +8,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Requirements, Task, TaskState
+from contend.domain.task import OWNED_STATES, Capabilities, Requirements, Task, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
 from contend.store.etcd.candidates import Views, choose
 from contend.store.etcd.keys import Keys, enc, micros, prefix_end
 from contend.store.etcd.levels import Levels, any_kv
 from contend.store.etcd.payloads import read_payloads
-from contend.store.etcd.record import OWNED_STATES, Record, index_json, task_of
+from contend.store.etcd.record import Record, index_json, task_of
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions, session_deadline
 from contend.store.port import Backlog, StoreStats
@@ -100,9 +100,9 @@ class Inspection:
         for _, queue, state, updated_at, run_at in await self._stat_rows():
             q = counts.setdefault(queue, {})
             q[state] = q.get(state, 0) + 1
-            if state == "succeeded" and updated_at > now - 60:
+            if state == TaskState.SUCCEEDED and updated_at > now - 60:
                 done += 1
-            elif state == "pending" and run_at <= now:
+            elif state == TaskState.PENDING and run_at <= now:
                 age = now - run_at
                 oldest = age if oldest is None else max(oldest, age)
         return StoreStats(now, counts, await self._sessions.experts(), done, oldest)

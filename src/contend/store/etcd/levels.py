@@ -25,8 +25,7 @@ _ID_BITS = 112  # task ids are 28 hex digits: 112 bits
 
 
 def enter_pending(keys: Keys, rec: Record) -> list[Op]:
-    """Make *rec* pending: its key in the priority index, its level's floor at most it."""
-    rec.state = "pending"
+    """Put a pending *rec* in the index: its key, and its level's floor at most it."""
     rec.indexed = True
     level, spot = keys.level(rec), keys.spot(rec)
     return [

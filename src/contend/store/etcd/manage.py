@@ -4,16 +4,15 @@ purge_all() and compact_history(), for benchmarks and tests."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aetcd import rpc
 
-from contend.domain.task import Task, TaskState, can_move
-from contend.errors import InvalidTransition, StoreError, TaskNotFound
-from contend.store.etcd.dependants import Dependants, ended_marker
+from contend.domain import transitions as rules
+from contend.domain.task import Task, TaskState
+from contend.errors import StoreError, TaskNotFound
+from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys, prefix_end
-from contend.store.etcd.levels import enter_pending, leave_pending
-from contend.store.etcd.owner import unown
+from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import WRITE_RETRIES, delete, mod_is, put
@@ -44,21 +43,13 @@ class Management:
             if t is None:
                 raise TaskNotFound(task_id)
             rec = Record.loads(t.value)
-            if not can_move(TaskState(rec.state), TaskState.CANCELLED):
-                raise InvalidTransition(task_id, rec.state, "cancel")
-            now = self._clock()
-            prev = rec.owner
-            ops: list[Any] = []
-            if prev is not None:
-                ops += unown(keys, rec, prev)
-            ops += leave_pending(keys, rec)
-            rec.state, rec.updated_at = "cancelled", now
-            rec.event(now, "cancelled", prev)
-            ops += ended_marker(keys, rec)
+            outcome = rules.cancelled(task_id, TaskState(rec.state), rec.owner)
+            ops = apply_outcome(keys, rec, outcome, self._clock())
             ops.append(put(tkey, rec.dumps()))
             resp = await etcd.txn([mod_is(tkey, t.mod_revision)], ops)
             if resp.succeeded:
-                await self._dependants.settle_many([task_id] if rec.has_waiters else [])
+                ended = outcome.ends and rec.has_waiters
+                await self._dependants.settle_many([task_id] if ended else [])
                 self._touch()
                 return await self._get(task_id)
         raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
@@ -71,12 +62,8 @@ class Management:
             if t is None:
                 raise TaskNotFound(task_id)
             rec = Record.loads(t.value)
-            if rec.state not in ("failed", "dead", "cancelled"):
-                raise InvalidTransition(task_id, rec.state, "retry")
-            now = self._clock()
-            rec.attempts, rec.run_at, rec.updated_at = 0, now, now
-            ops = enter_pending(keys, rec)
-            rec.event(now, "retried", None)
+            outcome = rules.retried(task_id, TaskState(rec.state))
+            ops = apply_outcome(keys, rec, outcome, self._clock())
             ops.append(put(tkey, rec.dumps()))
             resp = await etcd.txn([mod_is(tkey, t.mod_revision)], ops)
             if resp.succeeded:

@@ -1,10 +1,11 @@
 """Owner writes: start, checkpoint, complete, fail and release, each fenced.
 
-Every owner write reads the task and its claim, checks fence, owner, state and claim, and
-commits with a Txn comparing both ``mod_revision`` values; a claim key that vanished with its
-lease makes the write fail as ``FencedOut("the lease lapsed")``. The writes of one batch
-share a Txn (as many as ``max_txn_ops`` allows) and fall back to one Txn per task when any of
-them moved. After this instance's own claim, what the claim wrote stands in for the read."""
+Every owner write reads the task and its claim, asks ``contend.domain.transitions`` whether
+the writer holds the task (``refusal``: fence, owner, state, and the claim key, which lives on
+the owner's session lease) and what the write leads to, and commits the outcome with a Txn
+comparing both ``mod_revision`` values. The writes of one batch share a Txn (as many as
+``max_txn_ops`` allows) and fall back to one Txn per task when any of them moved. After this
+instance's own claim, what the claim wrote stands in for the read."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from contend.domain import transitions as rules
 from contend.domain.task import TaskState
+from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut, StoreError
 from contend.store._common import check_retry_delay
-from contend.store.etcd.dependants import Dependants, ended_marker
+from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys
-from contend.store.etcd.levels import enter_pending
-from contend.store.etcd.record import INLINE_MAX, KV, OWNED_STATES, Record
+from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.record import KV, Record
 from contend.store.etcd.rpc import Etcd
-from contend.store.etcd.txn import WRITE_RETRIES, Op, delete, mod_is, put
+from contend.store.etcd.txn import WRITE_RETRIES, Op, mod_is, put
 from contend.store.port import Completion, Failure
 
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
@@ -31,6 +34,7 @@ OWNED_CACHE = 16_384
 Apply = Callable[[Record, float], list[Any]]
 #: task id -> (task, claim) keys and the record, as this instance's claim wrote them.
 Owned = dict[str, tuple[KV, KV, Record]]
+States = frozenset[TaskState]
 
 
 def remember_owned(
@@ -47,36 +51,36 @@ def remember_owned(
         del owned[next(iter(owned))]
 
 
-def refusal(expert: str, fence: int, states: frozenset[str], rec: Record) -> str | None:
-    """Why the record *rec* does not let *expert* write at *fence*, or None."""
-    if rec.fence != fence:
-        return f"the task is at fence {rec.fence}"
-    if rec.owner != expert:
-        return f"{expert} does not own it (owner: {rec.owner})"
-    if rec.state not in states:
-        return f"the task is {rec.state}"
-    return None
+def refusal(
+    expert: str,
+    task_id: str,
+    fence: int,
+    states: States,
+    rec: Record | None,
+    claimed: bool,
+    now: float,
+) -> FencedOut | None:
+    """The domain's refusal of *expert*'s write to *rec* at *fence* (None: no such task), or
+    None. *claimed*: the task's claim key exists and holds *fence*. The claim key lives on the
+    owner's session lease: while it exists the lease is live (its deadline is etcd's to keep),
+    and once it vanished the lease lapsed."""
+    holding = None
+    if rec is not None:
+        holding = Holding(rec.fence, rec.owner, rec.state, now if claimed else None)
+    return rules.refusal(task_id, fence, expert, holding, now, expert_live=True, states=states)
 
 
 def check_owner(
-    expert: str, task_id: str, fence: int, states: frozenset[str], t: Any, c: Any
+    expert: str, task_id: str, fence: int, states: States, t: Any, c: Any, now: float
 ) -> Record | FencedOut:
     """The task record when *expert* may write it at *fence*, else why not."""
-    if t is None:
-        return FencedOut(task_id, fence, "no such task")
-    rec = Record.loads(t.value)
-    refused = refusal(expert, fence, states, rec)
+    rec = None if t is None else Record.loads(t.value)
+    claimed = c is not None and json.loads(c.value)["fence"] == fence
+    refused = refusal(expert, task_id, fence, states, rec, claimed, now)
     if refused is not None:
-        return FencedOut(task_id, fence, refused)
-    if c is None or json.loads(c.value)["fence"] != fence:
-        return FencedOut(task_id, fence, "the lease lapsed")
+        return refused
+    assert rec is not None
     return rec
-
-
-def unown(keys: Keys, rec: Record, expert: str) -> list[Op]:
-    """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
-    rec.owner, rec.session, rec.lease_deadline = None, None, None
-    return [delete(keys.claim(rec.id)), delete(keys.held(expert, rec.id))]
 
 
 class OwnerWrites:
@@ -98,12 +102,8 @@ class OwnerWrites:
 
     # -- the five writes ---------------------------------------------------------------------
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
-        def apply(rec: Record, now: float) -> list[Any]:
-            rec.state, rec.updated_at = "running", now
-            rec.event(now, "started", expert)
-            return [put(self._keys.task(rec.id), rec.dumps())]
-
-        return await self._write_many(expert, items, frozenset({"claimed"}), lambda n: apply)
+        started = rules.started(expert)
+        return await self._transition(expert, items, rules.START_STATES, [started] * len(items))
 
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
         def apply(rec: Record, now: float) -> list[Any]:
@@ -115,91 +115,60 @@ class OwnerWrites:
             ]
 
         self._owned.pop(task_id, None)  # the task key moves: the next write reads it
-        res = await self._write(expert, task_id, fence, OWNED_STATES, apply)
+        res = await self._write(expert, task_id, fence, rules.WRITE_STATES, apply)
         if res is not None:
             raise res
 
     async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
-        awaited: set[str] = set()  # completed tasks that other tasks wait for
-        keys = self._keys
-
-        def apply(item: Completion) -> Apply:
-            def ops(rec: Record, now: float) -> list[Any]:
-                if rec.has_waiters:
-                    awaited.add(rec.id)
-                out = unown(keys, rec, expert)
-                rec.state, rec.updated_at = "succeeded", now
-                rec.event(now, "succeeded", expert)
-                out += ended_marker(keys, rec)
-                if len(item.result_json) <= INLINE_MAX:
-                    rec.result = item.result_json
-                else:
-                    out.append(put(keys.data(rec.id, "result"), item.result_json))
-                out.append(put(keys.task(rec.id), rec.dumps()))
-                return out
-
-            return ops
-
-        out = await self._write_many(
-            expert, [(i.task_id, i.fence) for i in items], OWNED_STATES, lambda n: apply(items[n])
-        )
-        ended = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
-        await self._dependants.settle_many([t for t in ended if t in awaited])
-        if ended:
-            self._touch()  # wakes result() waiters of this process; experts watch q/ only
-        return out
+        outcomes = [rules.completed(expert, i.result_json) for i in items]
+        tasks = [(i.task_id, i.fence) for i in items]
+        return await self._transition(expert, tasks, rules.WRITE_STATES, outcomes)
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
         for i in items:
             check_retry_delay(i.retry_delay)
-        final: set[str] = set()
-        keys = self._keys
+        outcomes = [rules.failed(expert, i.error_json, i.retry_delay, i.final_state) for i in items]
+        tasks = [(i.task_id, i.fence) for i in items]
+        return await self._transition(expert, tasks, rules.WRITE_STATES, outcomes)
 
-        def apply(item: Failure) -> Apply:
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        released = rules.released(expert)
+        return await self._transition(expert, items, rules.WRITE_STATES, [released] * len(items))
+
+    async def _transition(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: States,
+        outcomes: Sequence[Outcome],
+    ) -> list[FencedOut | None]:
+        """Apply the n-th outcome to the n-th task (id, fence) where *expert* holds it; then
+        tell the waiters of the tasks that ended, and wake this process's waiters when a
+        task left its owner."""
+        keys = self._keys
+        ended: set[str] = set()  # tasks that ended with waiters to tell
+
+        def apply(n: int) -> Apply:
+            outcome = outcomes[n]
+
             def ops(rec: Record, now: float) -> list[Any]:
-                final.discard(rec.id)
-                out = unown(keys, rec, expert)
-                rec.error, rec.updated_at = item.error_json, now
-                if item.retry_delay is not None and rec.attempts < rec.max_attempts:
-                    rec.run_at = now + item.retry_delay
-                    out += enter_pending(keys, rec)
-                    rec.event(now, "retry", expert, f"in {item.retry_delay:.3f}s")
-                else:
-                    rec.state = str(
-                        item.final_state if item.retry_delay is None else TaskState.DEAD
-                    )
-                    rec.event(now, rec.state, expert)
-                    out += ended_marker(keys, rec)
-                    if rec.has_waiters:
-                        final.add(rec.id)
+                ended.discard(rec.id)  # a write retried after a race decides again
+                if rec.has_waiters and outcome.ends:
+                    ended.add(rec.id)
+                out = apply_outcome(keys, rec, outcome, now)
                 out.append(put(keys.task(rec.id), rec.dumps()))
                 return out
 
             return ops
 
-        out = await self._write_many(
-            expert, [(i.task_id, i.fence) for i in items], OWNED_STATES, lambda n: apply(items[n])
-        )
-        landed = [i.task_id for i, res in zip(items, out, strict=True) if res is None]
-        await self._dependants.settle_many([t for t in landed if t in final])
-        if landed:
-            self._touch()
+        out = await self._write_many(expert, items, states, apply)
+        landed = [n for n, res in enumerate(out) if res is None]
+        await self._dependants.settle_many([items[n][0] for n in landed if items[n][0] in ended])
+        if any(not outcomes[n].owned for n in landed):
+            self._touch()  # wakes result() waiters of this process; experts watch q/ only
         return out
-
-    async def release(
-        self, expert: str, items: Sequence[tuple[str, int]]
-    ) -> list[FencedOut | None]:
-        keys = self._keys
-
-        def apply(rec: Record, now: float) -> list[Any]:
-            ops = unown(keys, rec, expert)
-            rec.attempts = max(0, rec.attempts - 1)
-            rec.updated_at = now
-            ops += enter_pending(keys, rec)
-            rec.event(now, "released", expert)
-            return [*ops, put(keys.task(rec.id), rec.dumps())]
-
-        return await self._write_many(expert, items, OWNED_STATES, lambda n: apply)
 
     # -- how they are written ----------------------------------------------------------------
     async def _write(
@@ -207,7 +176,7 @@ class OwnerWrites:
         expert: str,
         task_id: str,
         fence: int,
-        states: frozenset[str],
+        states: States,
         apply: Apply,
         first: tuple[Any, Any] | None = None,
     ) -> FencedOut | None:
@@ -220,11 +189,11 @@ class OwnerWrites:
                 (t, c), first = first, None
             else:
                 t, c = await self._etcd.read_many([tkey, ckey])
-            checked = check_owner(expert, task_id, fence, states, t, c)
+            now = self._clock()
+            checked = check_owner(expert, task_id, fence, states, t, c, now)
             if isinstance(checked, FencedOut):
                 return checked
             rec = checked
-            now = self._clock()
             ops = apply(rec, now)
             resp = await self._etcd.commit(
                 [mod_is(tkey, t.mod_revision), mod_is(ckey, c.mod_revision)], ops
@@ -237,7 +206,7 @@ class OwnerWrites:
         self,
         expert: str,
         items: Sequence[tuple[str, int]],
-        states: frozenset[str],
+        states: States,
         apply: Callable[[int], Apply],
     ) -> list[FencedOut | None]:
         """Owner writes of a batch: one read for all, then the writes that pass the checks
@@ -265,7 +234,7 @@ class OwnerWrites:
         return out
 
     async def _read_owned(
-        self, expert: str, items: Sequence[tuple[str, int]], states: frozenset[str]
+        self, expert: str, items: Sequence[tuple[str, int]], states: States
     ) -> tuple[list[tuple[Any, Any]], dict[int, Record]]:
         """The (task, claim) pair of each item, and the records already checked (by their
         place in *items*). What this instance's own claim wrote stands in for a read: the
@@ -273,9 +242,10 @@ class OwnerWrites:
         be re-read."""
         known: list[tuple[Any, Any] | None] = []
         checks: dict[int, Record] = {}
+        now = self._clock()
         for n, (tid, fence) in enumerate(items):
             mine = self._owned.pop(tid, None)
-            if mine is not None and refusal(expert, fence, states, mine[2]) is None:
+            if mine is not None and refusal(expert, tid, fence, states, mine[2], True, now) is None:
                 known.append((mine[0], mine[1]))  # the claim key holds the same fence
                 checks[n] = mine[2]
             else:
@@ -293,7 +263,7 @@ class OwnerWrites:
         self,
         expert: str,
         items: Sequence[tuple[str, int]],
-        states: frozenset[str],
+        states: States,
         apply: Callable[[int], Apply],
         known: list[tuple[Any, Any]],
         checks: dict[int, Record],
@@ -308,7 +278,7 @@ class OwnerWrites:
         now = self._clock()
         for n, (tid, fence) in enumerate(items):
             t, c = known[n]
-            checked = checks.pop(n, None) or check_owner(expert, tid, fence, states, t, c)
+            checked = checks.pop(n, None) or check_owner(expert, tid, fence, states, t, c, now)
             if isinstance(checked, FencedOut):
                 out[n] = checked
                 continue

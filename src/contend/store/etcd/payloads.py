@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from contend.domain.task import JSON
+from contend.domain.task import JSON, TaskState
 from contend.store.etcd.keys import Keys
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
@@ -23,7 +23,7 @@ async def read_payloads(
     for rec in recs:
         if rec.args is None:
             wanted.append(keys.data(rec.id, "args"))
-        if result and rec.state == "succeeded" and rec.result is None:
+        if result and rec.state == TaskState.SUCCEEDED and rec.result is None:
             wanted.append(keys.data(rec.id, "result"))
         if rec.checkpointed is not False:
             wanted.append(keys.data(rec.id, "checkpoint"))
@@ -33,7 +33,7 @@ async def read_payloads(
     for rec in recs:
         a = rec.args if rec.args is not None else found.get(keys.data(rec.id, "args"))
         r = None
-        if result and rec.state == "succeeded":
+        if result and rec.state == TaskState.SUCCEEDED:
             r = rec.result if rec.result is not None else found.get(keys.data(rec.id, "result"))
         c = found.get(keys.data(rec.id, "checkpoint"))
         args = json.loads(a) if a is not None else None

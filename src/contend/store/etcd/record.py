@@ -18,10 +18,6 @@ HISTORY_LIMIT = 50
 INLINE_MAX = 1024
 #: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 REQ_NONE = b'"req":null'
-#: States in which a task has an owner.
-OWNED_STATES = frozenset({"claimed", "running"})
-#: Terminal states other than success: a task waiting for one of these dies.
-BAD_END = frozenset({"failed", "dead", "cancelled"})
 
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -105,10 +101,6 @@ def index_json(value: bytes) -> dict[str, Any]:
     """The JSON part of a priority-index value (after the creation time)."""
     parsed: dict[str, Any] = json.loads(value[value.index(b" ") + 1 :])
     return parsed
-
-
-def error_json(kind: str, message: str) -> str:
-    return json.dumps({"type": kind, "message": message})
 
 
 def _load(text: str | None) -> JSON:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState
+from contend.domain.transitions import Birth
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, initial_state
+from contend.store._common import check_batch_dependencies
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending
-from contend.store.etcd.record import BAD_END, INLINE_MAX, Record, error_json
+from contend.store.etcd.record import INLINE_MAX, Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import WRITE_RETRIES, absent, mod_is, put
 from contend.store.port import Submitted
@@ -23,37 +25,35 @@ from contend.store.port import Submitted
 Group = tuple[str, list[Any], list[Any]]
 
 
-def dead_at_birth(fresh: Sequence[TaskSpec], deps: dict[str, Record]) -> dict[str, str]:
-    """task id -> the dependency it dies of: one that did not succeed, or a member of the
-    batch that is dead at birth itself."""
-    dead_cause: dict[str, str] = {}
+def births(fresh: Sequence[TaskSpec], deps: dict[str, Record]) -> dict[str, Birth]:
+    """How each new task starts, as ``contend.domain.transitions.submitted`` decides from the
+    states of its dependencies: those in the store (*deps*), and those of the batch, which
+    are unfinished unless they are dead at birth themselves."""
+    states = {d: TaskState(rec.state) for d, rec in deps.items()}
+    born = {spec.id: rules.submitted(spec.depends_on, states) for spec in fresh}
+    inside = [spec for spec in fresh if any(d in born for d in spec.depends_on)]
     grew = True
-    while grew:
+    while grew:  # a member of the batch dead at birth kills its dependants in the batch
         grew = False
-        for spec in fresh:
-            if spec.id in dead_cause:
-                continue
-            cause = next(
-                (
-                    d
-                    for d in spec.depends_on
-                    if (d in deps and deps[d].state in BAD_END) or d in dead_cause
-                ),
-                None,
-            )
-            if cause is not None:
-                dead_cause[spec.id] = cause
+        for tid, birth in born.items():
+            if birth.state == TaskState.DEAD and tid not in states:
+                states[tid] = TaskState.DEAD
                 grew = True
-    return dead_cause
+        if grew:
+            for spec in inside:
+                born[spec.id] = rules.submitted(spec.depends_on, states)
+    return born
 
 
-def new_record(spec: TaskSpec, deps_left: int, now: float) -> Record:
+def new_record(
+    spec: TaskSpec, state: TaskState, error_json: str | None, deps_left: int, now: float
+) -> Record:
     """The record of a task just submitted."""
     return Record(
         id=spec.id,
         type=spec.type,
         queue=spec.queue,
-        state=str(initial_state(spec, deps_left)),
+        state=str(state),
         priority=spec.priority,
         key=spec.key,
         req=spec.requirements.to_json(),
@@ -67,7 +67,7 @@ def new_record(spec: TaskSpec, deps_left: int, now: float) -> Record:
         created_at=now,
         updated_at=now,
         timeout=spec.timeout,
-        error=None,
+        error=error_json,
         depends_on=list(spec.depends_on),
         deps_left=deps_left,
         has_waiters=False,
@@ -160,24 +160,15 @@ class Submitter:
         batch, as read); the groups are packed into transactions."""
         keys = self._keys
         deps: dict[str, Record] = {d: Record.loads(kv.value) for d, kv in dep_kvs.items() if kv}
-        batch_ids = {s.id for s in fresh}
-        dead_cause = dead_at_birth(fresh, deps)
+        born = births(fresh, deps)
         groups: list[Group] = []
         touched: set[str] = set()
-        awaited = {d for s in fresh if s.id not in dead_cause for d in s.depends_on}
+        awaited = {d for s in fresh if born[s.id].state != TaskState.DEAD for d in s.depends_on}
         for spec in fresh:
-            left = [
-                d
-                for d in spec.depends_on
-                if d in batch_ids or not TaskState(deps[d].state).terminal
-            ]
-            failed = dead_cause.get(spec.id)
-            if failed is not None:
-                left = []
-            rec = new_record(spec, len(left), now)
-            if failed is not None:
-                rec.state = str(TaskState.DEAD)
-                rec.error = error_json("DependencyFailed", f"dependency {failed} did not succeed")
+            birth = born[spec.id]
+            dead = birth.state == TaskState.DEAD
+            left = () if dead else birth.waits_on  # a task dead at birth waits on nothing
+            rec = new_record(spec, birth.state, birth.error_json, len(left), now)
             cmp: list[Any] = []
             ops: list[Any] = []
             if spec.key is not None:
@@ -195,7 +186,7 @@ class Submitter:
                     ops.append(put(keys.task(d), deps[d].dumps()))
             if rec.state == TaskState.PENDING:
                 ops += enter_pending(keys, rec)
-            if spec.id in awaited and failed is None:
+            if spec.id in awaited and not dead:
                 rec.has_waiters = True
             cmp.append(absent(keys.task(spec.id)))
             payload = f"[{spec.args_json},{spec.kwargs_json}]"
