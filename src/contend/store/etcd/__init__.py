@@ -4,7 +4,7 @@ docs/etcd.md describes it: the URL and its options, how the protocol maps onto e
 layout, leases and clocks, running etcd for contend, failures, figures and limits. The modules:
 
 ==================  =========================================================================
-``store``           EtcdStore, the Store port: opens, checks the schema, hands each call on
+``store``           EtcdStore: opens, checks the schema, maps each port operation to its part
 ``config``          the URL and its options
 ``keys``            the key layout
 ``record``          the task record and its codec, index values, the Task a record shows
@@ -14,6 +14,7 @@ layout, leases and clocks, running etcd for contend, failures, figures and limit
 ``candidates``      which pending tasks a claim tries, in what order (ageing, low lane, spread)
 ``claims``          claims and steals
 ``owner``           owner writes (start, checkpoint, complete, fail, release) and refusals
+``outcomes``        applying an outcome the domain decided to a task record, and its keys
 ``sessions``        experts' sessions: register, keep-alive, renew, deregister
 ``housekeeping``    expire(): lapsed sessions' tasks, empty levels, old experts, compaction
 ``dependants``      waiters of a task that ended

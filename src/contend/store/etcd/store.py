@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Task, TaskSpec, TaskState
-from contend.errors import FencedOut, SchemaError, StoreError
+from contend.errors import SchemaError, StoreError
 from contend.store.etcd.auctions import Auctions
 from contend.store.etcd.claims import Claims
 from contend.store.etcd.config import Options
@@ -24,18 +22,7 @@ from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.submit import Submitter
 from contend.store.etcd.txn import absent, get, put
 from contend.store.etcd.watch import Changes
-from contend.store.port import (
-    Auction,
-    Backlog,
-    Claimed,
-    Completion,
-    ExpertInfo,
-    ExpertRecord,
-    Failure,
-    Heartbeat,
-    StoreStats,
-    Submitted,
-)
+from contend.store.port import Store
 
 #: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
 SCHEMA_VERSION = 4
@@ -45,8 +32,9 @@ class EtcdStore:
     """A store in an etcd v3 cluster, reached over gRPC. One instance per process.
 
     ``EtcdStore(url, clock=..., timeout=..., max_txn_ops=..., compact_after=...)``: the
-    options may also be given in the URL's query (docs/etcd.md). Each method hands its work
-    to the part that holds it; they share one connection (``_etcd``) and key layout."""
+    options may also be given in the URL's query (docs/etcd.md). Each operation of the port
+    is the method of the part that does it (the table at the end of ``__init__``); the parts
+    share one connection (``_etcd``), the key layout (``_keys``) and the clock."""
 
     def __init__(
         self,
@@ -68,17 +56,44 @@ class EtcdStore:
         touch = self._changes.touch
         self._sessions = sessions = Sessions(etcd, keys, clock)
         self._levels = levels = Levels(etcd, keys)
-        self._dependants = dependants = Dependants(etcd, keys, clock)
-        owned: Owned = {}
-        self._owner = OwnerWrites(etcd, keys, clock, owned, dependants, touch)
-        self._claims = Claims(etcd, keys, clock, sessions, levels, owned)
-        self._submitter = Submitter(etcd, keys, clock, touch)
-        self._inspection = Inspection(etcd, keys, clock, levels, sessions)
-        self._auctions = Auctions(etcd, keys, clock, sessions)
-        self._housekeeping = Housekeeping(
-            etcd, keys, clock, o.compact_after, sessions, dependants, self._auctions, touch
+        dependants = Dependants(etcd, keys, clock)
+        owned: Owned = {}  # what this instance's claims wrote, for the owner writes after them
+        self._owner = owner = OwnerWrites(etcd, keys, clock, owned, dependants, touch)
+        self._claims = claims = Claims(etcd, keys, clock, sessions, levels, owned)
+        inspection = Inspection(etcd, keys, clock, levels, sessions)
+        auctions = Auctions(etcd, keys, clock, sessions)
+        housekeeping = Housekeeping(
+            etcd, keys, clock, o.compact_after, sessions, dependants, auctions, touch
         )
-        self._manage = Management(etcd, keys, clock, dependants, touch, self._inspection.get)
+        manage = Management(etcd, keys, clock, dependants, touch, inspection.get)
+
+        # The port, operation by operation, and the module that holds each.
+        self.submit = Submitter(etcd, keys, clock, touch).submit  # submit.py
+        self.get = inspection.get  # inspection.py
+        self.list_tasks = inspection.list_tasks
+        self.stats = inspection.stats
+        self.peek = inspection.peek
+        self.next_due = inspection.next_due
+        self.backlog = inspection.backlog
+        self.list_experts = sessions.experts  # sessions.py
+        self.register_expert = sessions.register
+        self.renew = sessions.renew
+        self.deregister_expert = sessions.deregister
+        self.end_session = sessions.end  # fault injection: as if the lease had run out
+        self.claim = claims.claim  # claims.py
+        self.steal = claims.steal
+        self.start = owner.start  # owner.py
+        self.checkpoint = owner.checkpoint
+        self.complete = owner.complete
+        self.fail = owner.fail
+        self.release = owner.release
+        self.expire = housekeeping.expire  # housekeeping.py
+        self.bid = auctions.bid  # auctions.py
+        self.cancel = manage.cancel  # manage.py
+        self.retry = manage.retry
+        self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
+        self.compact_history = manage.compact_history
+        self.wait_for_change = self._changes.wait  # watch.py
 
     # -- connection --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -137,135 +152,6 @@ class EtcdStore:
     async def now(self) -> float:
         return self._clock()
 
-    # -- submission and inspection (submit.py, inspection.py) ---------------------------------
-    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
-        return await self._submitter.submit(specs)
 
-    async def get(self, task_id: str, *, history: bool = False) -> Task:
-        return await self._inspection.get(task_id, history=history)
-
-    async def list_tasks(
-        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
-    ) -> list[Task]:
-        return await self._inspection.list_tasks(state=state, queue=queue, limit=limit)
-
-    async def stats(self) -> StoreStats:
-        return await self._inspection.stats()
-
-    async def list_experts(self) -> list[ExpertRecord]:
-        return await self._sessions.experts()
-
-    async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
-    ) -> list[TaskView]:
-        return await self._inspection.peek(queues, capabilities, limit, low_lane=low_lane)
-
-    async def next_due(self, queues: Sequence[str]) -> float | None:
-        return await self._inspection.next_due(queues)
-
-    async def backlog(self, queues: Sequence[str]) -> Backlog:
-        return await self._inspection.backlog(queues)
-
-    # -- claims (claims.py) ------------------------------------------------------------------
-    async def claim(
-        self,
-        expert: str,
-        session: str,
-        queues: Sequence[str],
-        capabilities: Capabilities,
-        *,
-        limit: int,
-        lease_ttl: float,
-        task_ids: Sequence[str] | None = None,
-        start: bool = True,
-        low_lane: int = 0,
-    ) -> list[Claimed]:
-        return await self._claims.claim(
-            expert,
-            session,
-            queues,
-            capabilities,
-            limit=limit,
-            lease_ttl=lease_ttl,
-            task_ids=task_ids,
-            start=start,
-            low_lane=low_lane,
-        )
-
-    async def steal(
-        self,
-        thief: str,
-        session: str,
-        victim: str,
-        queues: Sequence[str],
-        capabilities: Capabilities,
-        *,
-        limit: int,
-        lease_ttl: float,
-    ) -> list[Claimed]:
-        return await self._claims.steal(
-            thief, session, victim, queues, capabilities, limit=limit, lease_ttl=lease_ttl
-        )
-
-    # -- owner writes (owner.py) -------------------------------------------------------------
-    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
-        return await self._owner.start(expert, items)
-
-    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
-        await self._owner.checkpoint(expert, task_id, fence, state_json)
-
-    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
-        return await self._owner.complete(expert, items)
-
-    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
-        return await self._owner.fail(expert, items)
-
-    async def release(
-        self, expert: str, items: Sequence[tuple[str, int]]
-    ) -> list[FencedOut | None]:
-        return await self._owner.release(expert, items)
-
-    # -- sessions (sessions.py) --------------------------------------------------------------
-    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
-        return await self._sessions.register(info, lease_ttl)
-
-    async def renew(
-        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
-    ) -> dict[str, int]:
-        return await self._sessions.renew(expert, session, lease_ttl, beat)
-
-    async def deregister_expert(self, expert: str, session: str) -> None:
-        await self._sessions.deregister(expert, session)
-
-    async def end_session(self, expert: str) -> bool:
-        """Fault injection (tests, drills): revoke the etcd lease of *expert*'s live session,
-        as if it had run out. Its claims vanish at once. Returns False when it had none."""
-        return await self._sessions.end(expert)
-
-    # -- housekeeping, auctions, management, wake-ups ----------------------------------------
-    async def expire(self) -> int:
-        return await self._housekeeping.expire()
-
-    async def bid(
-        self, expert: str, session: str, task_id: str, score: float, window: float
-    ) -> Auction:
-        return await self._auctions.bid(expert, session, task_id, score, window)
-
-    async def cancel(self, task_id: str) -> Task:
-        return await self._manage.cancel(task_id)
-
-    async def retry(self, task_id: str) -> Task:
-        return await self._manage.retry(task_id)
-
-    async def purge_all(self) -> None:
-        """Delete every task, expert and index under this store's prefix (benchmarks, tests).
-        Live sessions end with it: their session keys are gone."""
-        await self._manage.purge_all()
-
-    async def compact_history(self, timeout: float = 600.0) -> int:
-        """Compact etcd's history up to now (every key of the cluster, not only this prefix)
-        and wait until it is done; returns the revision (see manage.py)."""
-        return await self._manage.compact_history(timeout)
-
-    async def wait_for_change(self, timeout: float) -> None:
-        await self._changes.wait(timeout)
+def _is_a_store(store: EtcdStore) -> Store:
+    return store  # mypy checks here that EtcdStore implements the whole port
