@@ -15,14 +15,9 @@ Durability: ``synchronous=NORMAL`` by default, which in WAL mode survives any pr
 URL to survive that too, at the cost of an fsync per commit.
 """
 
-from contend.store.sqlite.store import (
-    APPLICATION_ID,
-    SCHEMA,
-    SCHEMA_VERSION,
-    TASK_COLUMNS,
-    SQLiteStore,
-    parse_sqlite_url,
-)
+from contend.store.sqlite.schema import APPLICATION_ID, SCHEMA, SCHEMA_VERSION, TASK_COLUMNS
+from contend.store.sqlite.store import SQLiteStore
+from contend.store.sqlite.url import parse_sqlite_url
 
 __all__ = [
     "APPLICATION_ID",

@@ -3,21 +3,15 @@ that the parts of this package make up."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import random
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
-    JSON,
     Capabilities,
     Requirements,
     Task,
@@ -29,13 +23,10 @@ from contend.domain.task import (
     next_promotion,
 )
 from contend.errors import (
-    ConfigError,
     ExpertConflict,
     FencedOut,
     InvalidTransition,
     LeaseLost,
-    SchemaError,
-    StoreBusy,
     StoreError,
     TaskNotFound,
 )
@@ -60,107 +51,23 @@ from contend.store.port import (
     StoreStats,
     Submitted,
 )
-
-T = TypeVar("T")
-
-SCHEMA_VERSION = 1
-APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
-
-SCHEMA = """
-CREATE TABLE contend_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE tasks (
-    id TEXT PRIMARY KEY,
-    type TEXT NOT NULL,
-    queue TEXT NOT NULL,
-    state TEXT NOT NULL,
-    priority INTEGER NOT NULL,
-    args TEXT NOT NULL,
-    kwargs TEXT NOT NULL,
-    key TEXT UNIQUE,
-    requirements TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    fence INTEGER NOT NULL DEFAULT 0,
-    owner TEXT,
-    lease_deadline REAL,
-    run_at REAL NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    timeout REAL,
-    result TEXT,
-    error TEXT,
-    checkpoint TEXT,
-    depends_on TEXT,
-    deps_left INTEGER NOT NULL DEFAULT 0,
-    eff_priority INTEGER NOT NULL,
-    promote_at REAL NOT NULL
-);
-CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
-CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
-CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
-CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
-CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
-CREATE INDEX tasks_state ON tasks (state, queue);
-CREATE INDEX tasks_done ON tasks (updated_at) WHERE state = 'succeeded';
-CREATE TABLE task_deps (dep_id TEXT NOT NULL, task_id TEXT NOT NULL, PRIMARY KEY (dep_id, task_id))
-    WITHOUT ROWID;
-CREATE TABLE task_events (
-    task_id TEXT NOT NULL, at REAL NOT NULL, event TEXT NOT NULL, fence INTEGER NOT NULL,
-    expert TEXT, detail TEXT
-);
-CREATE INDEX task_events_task ON task_events (task_id);
-CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
-CREATE TABLE bids (
-    task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
-    PRIMARY KEY (task_id, expert)
-) WITHOUT ROWID;
-CREATE TABLE experts (
-    id TEXT PRIMARY KEY,
-    session TEXT NOT NULL,
-    info TEXT NOT NULL,
-    lease_deadline REAL NOT NULL,
-    heartbeat_at REAL NOT NULL,
-    started_at REAL NOT NULL,
-    load INTEGER NOT NULL DEFAULT 0,
-    claim_attempts INTEGER NOT NULL DEFAULT 0,
-    claims_won INTEGER NOT NULL DEFAULT 0,
-    tasks_done INTEGER NOT NULL DEFAULT 0,
-    metrics TEXT NOT NULL DEFAULT '{}'
-);
-"""
-
-TASK_COLUMNS = (
-    "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
-    "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on"
+from contend.store.sqlite.connection import Database
+from contend.store.sqlite.rows import (
+    OWNED,
+    TERMINAL,
+    TERMINAL_BAD,
+    chunks,
+    claimed_from_row,
+    dep_states,
+    error_json,
+    existing_ids,
+    insert_events,
+    load,
+    req_json,
+    row_to_task,
 )
-
-_SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
-
-
-def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
-    """``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``sqlite:///:memory:`` is refused
-    (processes could not share it)."""
-    parts = urlsplit(url)
-    if parts.scheme != "sqlite":
-        raise ConfigError(f"not an SQLite URL: {url!r}")
-    if parts.netloc:
-        raise ConfigError(
-            f"SQLite URL {url!r} has a host part {parts.netloc!r}; write sqlite:///relative.db "
-            "or sqlite:////absolute/path.db"
-        )
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if not path or path.endswith("/"):
-        raise ConfigError(f"SQLite URL {url!r} names no file; write sqlite:///path/to/file.db")
-    if path == ":memory:":
-        raise ConfigError("sqlite:///:memory: cannot be shared between experts; use memory://")
-    opts = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = set(opts) - {"synchronous"}
-    if unknown:
-        raise ConfigError(f"SQLite URL {url!r}: unknown option(s) {sorted(unknown)}")
-    if "synchronous" in opts and opts["synchronous"].lower() not in _SYNC_MODES:
-        raise ConfigError(f"SQLite URL {url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
-    return path, opts
+from contend.store.sqlite.schema import TASK_COLUMNS, prepare
+from contend.store.sqlite.url import parse_sqlite_url, sync_pragma
 
 
 class SQLiteStore:
@@ -176,141 +83,20 @@ class SQLiteStore:
     ) -> None:
         self.url = url
         self.path, opts = parse_sqlite_url(url)
-        self._sync = _SYNC_MODES[opts.get("synchronous", "normal").lower()]
-        self._clock = clock
-        self._busy_deadline = busy_deadline
-        self._idle_poll = idle_poll
-        self._db: sqlite3.Connection | None = None
-        self._data_version = -1
-        self._caps = Capabilities()
-        self._local_change = asyncio.Event()
-        self._local_gen = 0
-        self._seen_gen = 0
+        self._sync = sync_pragma(opts)
+        self._db = Database(
+            self.path, clock=clock, busy_deadline=busy_deadline, idle_poll=idle_poll
+        )
 
     # -- connection ------------------------------------------------------------------------
     async def open(self) -> None:
-        if self._db is not None:
-            return
-        directory = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(directory):
-            raise ConfigError(
-                f"directory {directory!r} of SQLite store {self.path!r} does not exist"
-            )
-        try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
-        db.execute("PRAGMA busy_timeout = 0")
-        db.create_function("contend_fits", 1, self._fits, deterministic=True)
-        self._db = db
-        try:
-            await self._retry(self._prepare)
-        except BaseException:
-            db.close()
-            self._db = None
-            raise
-
-    def _prepare(self) -> None:
-        db = self._conn
-        try:
-            # One read transaction: another process creating the schema meanwhile must not
-            # be seen half way (its application id not yet, its tables already).
-            db.execute("BEGIN")
-            try:
-                app_id = db.execute("PRAGMA application_id").fetchone()[0]
-                tables = {
-                    r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-                }
-            finally:
-                db.execute("COMMIT")
-        except sqlite3.DatabaseError as exc:
-            if _is_busy(exc):
-                raise
-            raise SchemaError(f"{self.path!r} is not an SQLite database ({exc})") from exc
-        if not tables and app_id == 0:
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
-                    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                    for stmt in SCHEMA.split(";"):
-                        if stmt.strip():
-                            db.execute(stmt)
-                    db.execute(
-                        "INSERT INTO contend_meta VALUES ('schema_version', ?)",
-                        (str(SCHEMA_VERSION),),
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-        elif app_id != APPLICATION_ID or "contend_meta" not in tables:
-            raise SchemaError(
-                f"{self.path!r} is an SQLite database but not a contend store "
-                "(it has other tables); point --store at a new or existing contend file"
-            )
-        else:
-            row = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
-            version = int(row[0]) if row else 0
-            if version != SCHEMA_VERSION:
-                raise SchemaError(
-                    f"{self.path!r} has contend schema version {version}; this contend "
-                    f"understands version {SCHEMA_VERSION}"
-                )
-        if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            db.execute("PRAGMA journal_mode = WAL")
-        db.execute(f"PRAGMA synchronous = {self._sync}")
+        await self._db.open(lambda conn: prepare(conn, self.path, self._sync))
 
     async def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise StoreError("the SQLite store is not open (call await store.open())")
-        return self._db
+        await self._db.close()
 
     async def now(self) -> float:
-        return self._clock()
-
-    # -- the write discipline --------------------------------------------------------------
-    async def _retry(self, fn: Callable[[], T]) -> T:
-        """Run *fn*, retrying after a short random pause while the database is busy."""
-        deadline = time.monotonic() + self._busy_deadline
-        pause = 0.0002
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
-                if time.monotonic() > deadline:
-                    raise StoreBusy(
-                        f"{self.path!r} stayed locked for {self._busy_deadline:.0f}s"
-                    ) from exc
-            await asyncio.sleep(random.uniform(0, pause))
-            pause = min(pause * 2, 0.004)
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        def run() -> T:
-            with self._write() as db:
-                return fn(db)
-
-        result = await self._retry(run)
-        return result
+        return self._db.clock()
 
     # -- submission and inspection ---------------------------------------------------------
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -318,17 +104,17 @@ class SQLiteStore:
             return []
 
         def run(db: sqlite3.Connection) -> list[Submitted]:
-            now = self._clock()
+            now = self._db.clock()
             keys = [s.key for s in specs if s.key is not None]
             existing: dict[str, str] = {}
-            for chunk in _chunks(keys, 500):
+            for chunk in chunks(keys, 500):
                 marks = ",".join("?" * len(chunk))
                 existing.update(
                     db.execute(
                         f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk
                     ).fetchall()
                 )
-            known = self._existing(db, [s.id for s in specs])
+            known = existing_ids(db, [s.id for s in specs])
             fresh: list[TaskSpec] = []
             out: list[Submitted] = []
             for spec in specs:
@@ -342,18 +128,18 @@ class SQLiteStore:
                     existing[spec.key] = spec.id
                 fresh.append(spec)
                 out.append(Submitted(spec.id, True))
-            check_batch_dependencies(fresh, lambda ids: self._existing(db, ids))
-            deps_state = self._dep_states(db, {d for s in fresh for d in s.depends_on})
+            check_batch_dependencies(fresh, lambda ids: existing_ids(db, ids))
+            deps_state = dep_states(db, {d for s in fresh for d in s.depends_on})
             rows = []
             dep_rows: list[tuple[str, str]] = []
             for spec in fresh:
-                left = [d for d in spec.depends_on if deps_state.get(d) not in _TERMINAL]
-                failed = [d for d in spec.depends_on if deps_state.get(d) in _TERMINAL_BAD]
+                left = [d for d in spec.depends_on if deps_state.get(d) not in TERMINAL]
+                failed = [d for d in spec.depends_on if deps_state.get(d) in TERMINAL_BAD]
                 state = initial_state(spec, len(left))
                 error = None
                 if failed:
                     state = TaskState.DEAD
-                    error = _error_json(
+                    error = error_json(
                         "DependencyFailed", f"dependency {failed[0]} did not succeed"
                     )
                 rows.append(
@@ -366,7 +152,7 @@ class SQLiteStore:
                         spec.args_json,
                         spec.kwargs_json,
                         spec.key,
-                        _req_json(spec.requirements),
+                        req_json(spec.requirements),
                         spec.max_attempts,
                         now + spec.delay,
                         now,
@@ -394,64 +180,15 @@ class SQLiteStore:
             return out
 
         try:
-            result = await self._tx(run)
+            result = await self._db.tx(run)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"submission refused by the database: {exc}") from exc
-        self._touch()
+        self._db.wakeups.touch()
         return result
-
-    @staticmethod
-    def _existing(db: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
-        found: set[str] = set()
-        for chunk in _chunks(list(ids), 500):
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                r[0] for r in db.execute(f"SELECT id FROM tasks WHERE id IN ({marks})", chunk)
-            )
-        return found
-
-    @staticmethod
-    def _dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, str]:
-        states: dict[str, str] = {}
-        for chunk in _chunks(list(ids), 500):
-            marks = ",".join("?" * len(chunk))
-            states.update(
-                db.execute(f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk).fetchall()
-            )
-        return states
-
-    def _row_to_task(
-        self, r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...] = ()
-    ) -> Task:
-        return Task(
-            id=r[0],
-            type=r[1],
-            queue=r[2],
-            state=TaskState(r[3]),
-            priority=r[4],
-            args=json.loads(r[5]),
-            kwargs=json.loads(r[6]),
-            key=r[7],
-            requirements=Requirements.from_json(_load(r[8])),
-            attempts=r[9],
-            max_attempts=r[10],
-            fence=r[11],
-            owner=r[12],
-            lease_deadline=r[13],
-            run_at=r[14],
-            created_at=r[15],
-            updated_at=r[16],
-            timeout=r[17],
-            result=_load(r[18]),
-            error=_load(r[19]),
-            checkpoint=_load(r[20]),
-            depends_on=tuple(_load(r[21]) or ()),
-            history=history,
-        )
 
     async def get(self, task_id: str, *, history: bool = False) -> Task:
         def run() -> Task:
-            db = self._conn
+            db = self._db.conn
             row = db.execute(
                 f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
@@ -467,9 +204,9 @@ class SQLiteStore:
                         (task_id,),
                     )
                 )
-            return self._row_to_task(row, events)
+            return row_to_task(row, events)
 
-        return await self._retry(run)
+        return await self._db.retry(run)
 
     async def list_tasks(
         self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
@@ -484,13 +221,13 @@ class SQLiteStore:
             params.append(queue)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY id LIMIT ?"
-        rows = await self._retry(lambda: self._conn.execute(sql, (*params, limit)).fetchall())
-        return [self._row_to_task(r) for r in rows]
+        rows = await self._db.retry(lambda: self._db.conn.execute(sql, (*params, limit)).fetchall())
+        return [row_to_task(r) for r in rows]
 
     async def stats(self) -> StoreStats:
         def run() -> tuple[float, dict[str, dict[str, int]], int, float | None]:
-            db = self._conn
-            now = self._clock()
+            db = self._db.conn
+            now = self._db.clock()
             counts: dict[str, dict[str, int]] = {}
             for queue, state, n in db.execute(
                 "SELECT queue, state, count(*) FROM tasks GROUP BY queue, state"
@@ -505,17 +242,17 @@ class SQLiteStore:
             ).fetchone()[0]
             return now, counts, done, (None if oldest is None else now - oldest)
 
-        now, counts, done, oldest = await self._retry(run)
+        now, counts, done, oldest = await self._db.retry(run)
         return StoreStats(now, counts, await self.list_experts(), done, oldest)
 
     async def list_experts(self) -> list[ExpertRecord]:
-        rows = await self._retry(
-            lambda: self._conn.execute(
+        rows = await self._db.retry(
+            lambda: self._db.conn.execute(
                 "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
                 "claim_attempts, claims_won, tasks_done, metrics FROM experts ORDER BY id"
             ).fetchall()
         )
-        now = self._clock()
+        now = self._db.clock()
         return [
             ExpertRecord(
                 info=ExpertInfo.from_json_text(r[2]),
@@ -534,9 +271,6 @@ class SQLiteStore:
         ]
 
     # -- the claim protocol ----------------------------------------------------------------
-    def _fits(self, req_json: str) -> int:
-        return int(self._caps.satisfies(Requirements.from_json(json.loads(req_json))))
-
     @staticmethod
     def _claimable_sql(queues: Sequence[str], with_ids: int | None, low_lane: bool = False) -> str:
         """A predicate on claimable tasks: the best by effective priority (parameters: queues,
@@ -570,24 +304,24 @@ class SQLiteStore:
         if not queues or not limit:
             return []
         lane = min(low_lane, limit)
-        params: tuple[Any, ...] = (*queues, self._clock(), limit - lane)
+        params: tuple[Any, ...] = (*queues, self._db.clock(), limit - lane)
         if lane:
-            params += (*queues, self._clock(), lane)
+            params += (*queues, self._db.clock(), lane)
 
         def run() -> list[TaskView]:
-            self._caps = capabilities
+            self._db.caps = capabilities
             inner = self._claimable_sql(queues, None, bool(lane))
-            rows = self._conn.execute(
+            rows = self._db.conn.execute(
                 f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
                 f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
                 params,
             ).fetchall()
             return [
-                TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(_load(r[4])), r[5])
+                TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(load(r[4])), r[5])
                 for r in rows
             ]
 
-        return await self._retry(run)
+        return await self._db.retry(run)
 
     async def claim(
         self,
@@ -608,11 +342,11 @@ class SQLiteStore:
         new_state = "running" if start else "claimed"
 
         def run(db: sqlite3.Connection) -> list[Claimed]:
-            now = self._clock()
+            now = self._db.clock()
             self._check_session(db, expert, session, now)
             if not queues or not limit or (ids is not None and not ids):
                 return []
-            self._caps = capabilities
+            self._db.caps = capabilities
             lane = min(low_lane, limit) if ids is None else 0
             inner = self._claimable_sql(queues, None if ids is None else len(ids), bool(lane))
             params: tuple[Any, ...] = (*queues, now, *(ids or ()), limit - lane)
@@ -631,9 +365,9 @@ class SQLiteStore:
                     "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
                     [(r[0], now, "claimed", r[5], expert) for r in rows],
                 )
-            return [_claimed_from_row(r, now + ttl) for r in rows]
+            return [claimed_from_row(r, now + ttl) for r in rows]
 
-        return await self._tx(run)
+        return await self._db.tx(run)
 
     async def steal(
         self,
@@ -653,9 +387,9 @@ class SQLiteStore:
         qmarks = ",".join("?" * len(queues))
 
         def run(db: sqlite3.Connection) -> list[Claimed]:
-            now = self._clock()
+            now = self._db.clock()
             self._check_session(db, thief, session, now)
-            self._caps = capabilities
+            self._db.caps = capabilities
             rows = db.execute(
                 "UPDATE tasks SET state = 'running', owner = ?, fence = fence + 1, "
                 "lease_deadline = ?, updated_at = ? WHERE id IN ("
@@ -667,11 +401,11 @@ class SQLiteStore:
                 "checkpoint, timeout, priority",
                 (thief, now + ttl, now, victim, now, *queues, limit),
             ).fetchall()
-            self._events(db, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
+            insert_events(db, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
             rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
-            return [_claimed_from_row(r, now + ttl) for r in rows]
+            return [claimed_from_row(r, now + ttl) for r in rows]
 
-        return await self._tx(run)
+        return await self._db.tx(run)
 
     def _check_session(self, db: sqlite3.Connection, expert: str, session: str, now: float) -> None:
         row = db.execute(
@@ -691,9 +425,9 @@ class SQLiteStore:
         indexes that passed, inside the same transaction."""
 
         def run(db: sqlite3.Connection) -> list[FencedOut | None]:
-            now = self._clock()
+            now = self._db.clock()
             found: dict[str, tuple[Any, ...]] = {}
-            for chunk in _chunks([i[0] for i in items], 500):
+            for chunk in chunks([i[0] for i in items], 500):
                 marks = ",".join("?" * len(chunk))
                 for r in db.execute(
                     f"SELECT id, fence, owner, state, lease_deadline FROM tasks WHERE id IN ({marks})",
@@ -735,9 +469,11 @@ class SQLiteStore:
                 "UPDATE tasks SET state = 'running', updated_at = ? WHERE id = ?",
                 [(now, items[n][0]) for n in ok],
             )
-            self._events(db, [(items[n][0], now, "started", items[n][1], expert, None) for n in ok])
+            insert_events(
+                db, [(items[n][0], now, "started", items[n][1], expert, None) for n in ok]
+            )
 
-        return await self._tx(self._owner_write(expert, items, ("claimed",), apply))
+        return await self._db.tx(self._owner_write(expert, items, ("claimed",), apply))
 
     async def renew(
         self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
@@ -745,7 +481,7 @@ class SQLiteStore:
         ttl = check_ttl(lease_ttl)
 
         def run(db: sqlite3.Connection) -> dict[str, int]:
-            now = self._clock()
+            now = self._db.clock()
             self._check_session(db, expert, session, now)
             db.execute(
                 "UPDATE experts SET lease_deadline = ?, heartbeat_at = ?, load = ?, "
@@ -768,7 +504,7 @@ class SQLiteStore:
             ).fetchall()
             return dict(rows)
 
-        return await self._tx(run)
+        return await self._db.tx(run)
 
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
         def apply(db: sqlite3.Connection, now: float, ok: list[int]) -> None:
@@ -777,7 +513,7 @@ class SQLiteStore:
                 (state_json, now, task_id),
             )
 
-        (res,) = await self._tx(self._owner_write(expert, [(task_id, fence)], _OWNED, apply))
+        (res,) = await self._db.tx(self._owner_write(expert, [(task_id, fence)], OWNED, apply))
         if res is not None:
             raise res
 
@@ -792,13 +528,13 @@ class SQLiteStore:
                 "lease_deadline = NULL, updated_at = ? WHERE id = ?",
                 [(items[n].result_json, now, items[n].task_id) for n in ok],
             )
-            self._events(
+            insert_events(
                 db, [(items[n].task_id, now, "succeeded", items[n].fence, expert, None) for n in ok]
             )
             self._settle_dependents(db, now, [(items[n].task_id, "succeeded") for n in ok])
 
-        out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
-        self._touch()  # dependents may have become pending
+        out = await self._db.tx(self._owner_write(expert, pairs, OWNED, apply))
+        self._db.wakeups.touch()  # dependents may have become pending
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
@@ -824,7 +560,7 @@ class SQLiteStore:
                         "lease_deadline = NULL, run_at = ?, updated_at = ? WHERE id = ?",
                         (item.error_json, now + item.retry_delay, now, item.task_id),
                     )
-                    self._events(
+                    insert_events(
                         db,
                         [
                             (
@@ -844,12 +580,12 @@ class SQLiteStore:
                         "updated_at = ? WHERE id = ?",
                         (final, item.error_json, now, item.task_id),
                     )
-                    self._events(db, [(item.task_id, now, final, item.fence, expert, None)])
+                    insert_events(db, [(item.task_id, now, final, item.fence, expert, None)])
                     settled.append((item.task_id, final))
             self._settle_dependents(db, now, settled)
 
-        out = await self._tx(self._owner_write(expert, pairs, _OWNED, apply))
-        self._touch()
+        out = await self._db.tx(self._owner_write(expert, pairs, OWNED, apply))
+        self._db.wakeups.touch()
         return out
 
     async def release(
@@ -864,17 +600,17 @@ class SQLiteStore:
                 "attempts = max(0, attempts - 1), updated_at = ? WHERE id = ?",
                 [(now, items[n][0]) for n in ok],
             )
-            self._events(
+            insert_events(
                 db, [(items[n][0], now, "released", items[n][1], expert, None) for n in ok]
             )
 
-        out = await self._tx(self._owner_write(expert, list(items), _OWNED, apply))
-        self._touch()
+        out = await self._db.tx(self._owner_write(expert, list(items), OWNED, apply))
+        self._db.wakeups.touch()
         return out
 
     async def expire(self) -> int:
         def run(db: sqlite3.Connection) -> int:
-            now = self._clock()
+            now = self._db.clock()
             lapsed = db.execute(
                 "SELECT id, owner, fence, attempts < max_attempts FROM tasks "
                 "WHERE state IN ('claimed', 'running') AND lease_deadline < ?",
@@ -890,7 +626,7 @@ class SQLiteStore:
                         "pending" if r[3] else "dead",
                         None
                         if r[3]
-                        else _error_json(
+                        else error_json(
                             "LeaseExpired", f"expert {r[1]} lost its lease on the last attempt"
                         ),
                         now,
@@ -899,31 +635,31 @@ class SQLiteStore:
                     for r in lapsed
                 ],
             )
-            self._events(db, [(r[0], now, "expired", r[2], r[1], None) for r in lapsed])
+            insert_events(db, [(r[0], now, "expired", r[2], r[1], None) for r in lapsed])
             self._settle_dependents(db, now, [(r[0], "dead") for r in lapsed if not r[3]])
             db.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
             return len(lapsed)
 
         await self._clear_auctions()
         # A cheap read first: most calls find nothing to do and need no write lock.
-        now = self._clock()
-        due = await self._retry(
-            lambda: self._conn.execute(
+        now = self._db.clock()
+        due = await self._db.retry(
+            lambda: self._db.conn.execute(
                 "SELECT 1 FROM tasks WHERE state IN ('claimed', 'running') AND lease_deadline < ? LIMIT 1",
                 (now,),
             ).fetchone()
         )
-        moved = 0 if due is None else await self._tx(run)
+        moved = 0 if due is None else await self._db.tx(run)
         if moved:
-            self._touch()
+            self._db.wakeups.touch()
         await self._age()  # after the lapse: returned tasks catch up on their ageing too
         return moved
 
     async def _age(self) -> None:
         """Ageing: raise the effective priority of pending tasks whose next step is due."""
-        now = self._clock()
-        due = await self._retry(
-            lambda: self._conn.execute(
+        now = self._db.clock()
+        due = await self._db.retry(
+            lambda: self._db.conn.execute(
                 "SELECT id, priority, created_at FROM tasks "
                 "WHERE state = 'pending' AND promote_at <= ? LIMIT 5000",
                 (now,),
@@ -943,12 +679,12 @@ class SQLiteStore:
                 updates,
             )
 
-        await self._tx(run)
+        await self._db.tx(run)
 
     async def _clear_auctions(self) -> None:
         """Drop auctions and bids of tasks that are no longer pending."""
-        stale = await self._retry(
-            lambda: self._conn.execute(
+        stale = await self._db.retry(
+            lambda: self._db.conn.execute(
                 "SELECT 1 FROM auctions a JOIN tasks t ON t.id = a.task_id "
                 "WHERE t.state != 'pending' LIMIT 1"
             ).fetchone()
@@ -964,7 +700,7 @@ class SQLiteStore:
             db.execute(f"DELETE FROM bids WHERE task_id IN {done}")
             db.execute(f"DELETE FROM auctions WHERE task_id IN {done}")
 
-        await self._tx(run)
+        await self._db.tx(run)
 
     def _settle_dependents(
         self, db: sqlite3.Connection, now: float, done: list[tuple[str, str]]
@@ -995,7 +731,7 @@ class SQLiteStore:
                         "UPDATE tasks SET state = 'dead', error = ?, updated_at = ? "
                         "WHERE id = ? AND state = 'waiting' RETURNING id",
                         (
-                            _error_json("DependencyFailed", f"dependency {dep_id} ended {state}"),
+                            error_json("DependencyFailed", f"dependency {dep_id} ended {state}"),
                             now,
                             dep_tid,
                         ),
@@ -1003,22 +739,12 @@ class SQLiteStore:
                     if hit:
                         todo.append((dep_tid, "dead"))
 
-    @staticmethod
-    def _events(
-        db: sqlite3.Connection, rows: list[tuple[str, float, str, int, str | None, str | None]]
-    ) -> None:
-        if rows:
-            db.executemany(
-                "INSERT INTO task_events (task_id, at, event, fence, expert, detail) VALUES (?,?,?,?,?,?)",
-                rows,
-            )
-
     # -- management ------------------------------------------------------------------------
     async def _manage(
         self, task_id: str, target: TaskState, operation: str, allowed: Iterable[TaskState]
     ) -> Task:
         def run(db: sqlite3.Connection) -> None:
-            now = self._clock()
+            now = self._db.clock()
             row = db.execute(
                 "SELECT state, fence, owner FROM tasks WHERE id = ?", (task_id,)
             ).fetchone()
@@ -1040,7 +766,7 @@ class SQLiteStore:
                     "WHERE id = ?",
                     (now, now, task_id),
                 )
-            self._events(
+            insert_events(
                 db,
                 [
                     (
@@ -1054,8 +780,8 @@ class SQLiteStore:
                 ],
             )
 
-        await self._tx(run)
-        self._touch()
+        await self._db.tx(run)
+        self._db.wakeups.touch()
         return await self.get(task_id)
 
     async def cancel(self, task_id: str) -> Task:
@@ -1071,7 +797,7 @@ class SQLiteStore:
         session = uuid.uuid4().hex
 
         def run(db: sqlite3.Connection) -> None:
-            now = self._clock()
+            now = self._db.clock()
             row = db.execute(
                 "SELECT info, lease_deadline FROM experts WHERE id = ?", (info.id,)
             ).fetchone()
@@ -1094,46 +820,23 @@ class SQLiteStore:
                 (info.id, session, info.to_json_text(), now + ttl, now, now),
             )
 
-        await self._tx(run)
+        await self._db.tx(run)
         return session
 
     async def deregister_expert(self, expert: str, session: str) -> None:
         def run(db: sqlite3.Connection) -> None:
-            now = self._clock()
+            now = self._db.clock()
             db.execute(
                 "UPDATE experts SET lease_deadline = min(lease_deadline, ?), load = 0 "
                 "WHERE id = ? AND session = ?",
                 (now - 1e-6, expert, session),
             )
 
-        await self._tx(run)
+        await self._db.tx(run)
 
     # -- wake-ups --------------------------------------------------------------------------
-    def _touch(self) -> None:
-        """Wake this process's waiters: its own commits do not move ``data_version``."""
-        self._local_gen += 1
-        self._local_change.set()
-        self._local_change = asyncio.Event()
-
     async def wait_for_change(self, timeout: float) -> None:
-        """Return when another connection committed (``PRAGMA data_version`` moved, checked
-        every few ms without taking a lock), this process changed something, or *timeout*
-        passed."""
-        deadline = time.monotonic() + timeout
-        poll = min(self._idle_poll, timeout)
-        while True:
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != self._data_version or self._local_gen != self._seen_gen:
-                self._data_version = version
-                self._seen_gen = self._local_gen
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            try:
-                await asyncio.wait_for(self._local_change.wait(), min(poll, left))
-            except TimeoutError:
-                pass
+        await self._db.wakeups.wait_for_change(self._db.conn, timeout)
 
     async def bid(
         self, expert: str, session: str, task_id: str, score: float, window: float
@@ -1141,7 +844,7 @@ class SQLiteStore:
         score, window = check_bid(score, window)
 
         def run(db: sqlite3.Connection) -> Auction:
-            now = self._clock()
+            now = self._db.clock()
             self._check_session(db, expert, session, now)
             row = db.execute("SELECT state FROM tasks WHERE id = ?", (task_id,)).fetchone()
             if row is None:
@@ -1169,15 +872,15 @@ class SQLiteStore:
             }
             return Auction(task_id, now, closes, rank_bids(bids))
 
-        return await self._tx(run)
+        return await self._db.tx(run)
 
     async def backlog(self, queues: Sequence[str]) -> Backlog:
         if not queues:
             return Backlog(0, None)
         marks = ",".join("?" * len(queues))
-        now = self._clock()
-        row = await self._retry(
-            lambda: self._conn.execute(
+        now = self._db.clock()
+        row = await self._db.retry(
+            lambda: self._db.conn.execute(
                 f"SELECT count(*), min(run_at) FROM tasks WHERE state = 'pending' "
                 f"AND queue IN ({marks}) AND run_at <= ?",
                 (*queues, now),
@@ -1189,55 +892,10 @@ class SQLiteStore:
         if not queues:
             return None
         marks = ",".join("?" * len(queues))
-        row = await self._retry(
-            lambda: self._conn.execute(
+        row = await self._db.retry(
+            lambda: self._db.conn.execute(
                 f"SELECT min(run_at) FROM tasks WHERE state = 'pending' AND queue IN ({marks})",
                 tuple(queues),
             ).fetchone()
         )
         return None if row is None else row[0]
-
-
-_OWNED = ("claimed", "running")
-_TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
-_TERMINAL_BAD = {"failed", "dead", "cancelled"}
-
-
-def _claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
-    return Claimed(
-        id=r[0],
-        type=r[1],
-        queue=r[2],
-        args=json.loads(r[3]),
-        kwargs=json.loads(r[4]),
-        fence=r[5],
-        attempt=r[6],
-        max_attempts=r[7],
-        checkpoint=_load(r[8]),
-        timeout=r[9],
-        lease_deadline=deadline,
-        priority=r[10],
-    )
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
-def _load(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
-
-
-def _req_json(req: Requirements) -> str | None:
-    data = req.to_json()
-    return None if data is None else json.dumps(data, separators=(",", ":"))
-
-
-def _error_json(kind: str, message: str) -> str:
-    return json.dumps({"type": kind, "message": message})
