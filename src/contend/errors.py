@@ -93,11 +93,15 @@ class FencedOut(ContendError):
     The task has been (or may be) claimed by another expert; the write did not land.
     """
 
-    def __init__(self, task_id: str, fence: int, detail: str = "") -> None:
+    def __init__(self, task_id: str, fence: int, detail: str = "", *, reason: str = "") -> None:
         more = f": {detail}" if detail else ""
         super().__init__(f"task {task_id}: write with fence {fence} refused{more}")
         self.task_id = task_id
         self.fence = fence
+        #: A code for why (``contend.domain.transitions.Refusal``): gone, stale_fence, not_owner,
+        #: not_owned, task_lease, expert_lease, raced.
+        self.reason = reason
+        self.detail = detail
 
 
 class LeaseLost(ContendError):

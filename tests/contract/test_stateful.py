@@ -383,6 +383,9 @@ class StoreMachine(RuleBasedStateMachine):
             and t.lease >= self.now
             and self.live(writer)  # an expert whose own lease lapsed commits nothing
         )
+        if retry_delay is not None and t.attempts >= t.max_attempts:
+            # the owner's retry policy decides (the last attempt is final); the store applies
+            retry_delay, final_state = None, DEAD
         before = self.task_json(t.id)
         out = self.run(
             owner_write(
@@ -415,10 +418,10 @@ class StoreMachine(RuleBasedStateMachine):
             t.attempts -= 1
         else:
             t.owner, t.lease = None, None
-            if retry_delay is not None and t.attempts < t.max_attempts:
+            if retry_delay is not None:
                 t.state, t.run_at = P, self.now + retry_delay
             else:
-                t.state = final_state if retry_delay is None else DEAD
+                t.state = final_state
                 self.settle(t.id)
 
     @precondition(lambda self: self.tasks)

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 
+from contend.domain.retry import RetryPolicy
 from contend.domain.task import Capabilities, TaskState
 from contend.errors import (
     ConfigError,
@@ -610,13 +611,17 @@ async def test_fail_without_retry_goes_to_the_final_state(
     assert await e.claim() == []
 
 
-async def test_fail_with_retry_when_attempts_are_spent_is_dead(harness: Harness) -> None:
+async def test_a_failure_on_the_last_attempt_is_dead(harness: Harness) -> None:
+    """The retry policy decides once, from the attempt the claim reported; the store applies."""
     s = harness.store
     t = spec(max_attempts=1)
     await s.submit([t])
     e = await join(harness)
     c = await e.claim_one()
-    assert await e.write("fail", t.id, c.fence, retry_delay=0.0) is None
+    decision = RetryPolicy(backoff=0).decide(c.attempt, None, max_attempts=c.max_attempts)
+    delay = decision.delay if decision.retry else None
+    final = TaskState(decision.final_state)
+    assert await e.write("fail", t.id, c.fence, retry_delay=delay, final_state=final) is None
     assert await state_of(s, t.id) == DEAD
 
 

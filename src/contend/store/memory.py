@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
     JSON,
@@ -24,24 +25,16 @@ from contend.domain.task import (
     TaskSpec,
     TaskState,
     aged_priority,
-    can_move,
     next_promotion,
 )
-from contend.errors import (
-    ExpertConflict,
-    FencedOut,
-    InvalidTransition,
-    LeaseLost,
-    TaskNotFound,
-)
+from contend.domain.transitions import Holding, Outcome
+from contend.errors import ExpertConflict, FencedOut, LeaseLost, TaskNotFound
 from contend.store._common import (
-    after_failure,
     check_batch_dependencies,
     check_bid,
     check_limit,
     check_retry_delay,
     check_ttl,
-    initial_state,
     rank_bids,
 )
 from contend.store._sorted import SortedKeys
@@ -207,10 +200,8 @@ class MemoryStore:
             row.promote_at = next_promotion(row.spec.priority, row.aged, row.created_at)
             self._set_state(tid, row, P)  # re-files it under its new key, queues the next step
 
-    def _event(
-        self, row: _Row, now: float, event: str, expert: str | None, detail: str | None = None
-    ) -> None:
-        row.history.append(TaskEvent(now, event, row.fence, expert, detail))
+    def _event(self, row: _Row, now: float, outcome: Outcome, fence: int) -> None:
+        row.history.append(TaskEvent(now, outcome.event, fence, outcome.actor, outcome.detail))
         if len(row.history) > HISTORY_LIMIT:
             del row.history[1 : len(row.history) - HISTORY_LIMIT + 1]
 
@@ -236,22 +227,14 @@ class MemoryStore:
             if spec.key is not None and spec.key in batch_keys:
                 out.append(Submitted(batch_keys[spec.key], False))
                 continue
-            left = [d for d in spec.depends_on if self._dep_open(d)]
-            state = initial_state(spec, len(left))
-            row = _Row(spec, state, now + spec.delay, now, now, len(left))
+            birth = rules.submitted(spec.depends_on, self._states_of(spec.depends_on))
+            left = birth.waits_on
+            row = _Row(spec, birth.state, now + spec.delay, now, now, len(left))
             row.aged = spec.priority
             row.promote_at = next_promotion(spec.priority, spec.priority, now)
-            dead_dep = next((d for d in spec.depends_on if self._dep_failed(d)), None)
-            if dead_dep is not None:
-                state = TaskState.DEAD
-                row.error = json.dumps(
-                    {
-                        "type": "DependencyFailed",
-                        "message": f"dependency {dead_dep} did not succeed",
-                    }
-                )
+            row.error = birth.error_json
             self._tasks[spec.id] = row
-            self._set_state(spec.id, row, state)
+            self._set_state(spec.id, row, birth.state)
             for dep in left:
                 self._dependents.setdefault(dep, set()).add(spec.id)
             if spec.key is not None:
@@ -265,13 +248,30 @@ class MemoryStore:
         self._touch()
         return out
 
-    def _dep_open(self, dep: str) -> bool:
-        row = self._tasks.get(dep)
-        return row is None or not row.state.terminal  # in-batch ids are not inserted yet
+    def _states_of(self, ids: Sequence[str]) -> dict[str, TaskState]:
+        """The states of those of *ids* in the store (in-batch ids are not inserted yet)."""
+        return {tid: self._tasks[tid].state for tid in ids if tid in self._tasks}
 
-    def _dep_failed(self, dep: str) -> bool:
-        row = self._tasks.get(dep)
-        return row is not None and row.state.terminal and row.state != TaskState.SUCCEEDED
+    def _apply(
+        self, tid: str, row: _Row, outcome: Outcome, now: float, *, settle: bool = True
+    ) -> None:
+        """Apply a decided outcome (``contend.domain.transitions``) to a task the caller
+        checked; owner, fence and lease of a claim are the caller's to set."""
+        row.attempts = outcome.attempts.apply(row.attempts)
+        row.run_at = outcome.run_at(row.run_at, now)
+        if outcome.error_json is not None:
+            row.error = outcome.error_json
+        if outcome.result_json is not None:
+            row.result = outcome.result_json
+        if not outcome.owned:
+            row.owner, row.lease_deadline = None, None
+        self._set_state(tid, row, outcome.state)
+        row.updated_at = now
+        self._event(row, now, outcome, row.fence)
+        if outcome.state == TaskState.SUCCEEDED:
+            self._done_times.append(now)
+        if outcome.ends and settle:
+            self._settle_dependents(tid, now)
 
     def _view(self, tid: str, row: _Row, history: bool = False) -> Task:
         s = row.spec
@@ -427,29 +427,19 @@ class MemoryStore:
             wanted = set(task_ids)
             claimable = self._claimable(queues, capabilities, now, len(self._tasks))
             chosen = [tid for tid in claimable if tid in wanted][:limit]
-        out = []
-        for tid in chosen:
-            row = self._tasks[tid]
-            row.attempts += 1
-            out.append(self._hand_over(tid, row, expert, R if start else C, now + ttl, "claimed"))
-        return out
+        outcome = rules.claimed(expert, start=start)
+        return [
+            self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)
+            for tid in chosen
+        ]
 
     def _hand_over(
-        self,
-        tid: str,
-        row: _Row,
-        expert: str,
-        state: TaskState,
-        deadline: float,
-        event: str,
-        detail: str | None = None,
+        self, tid: str, row: _Row, expert: str, outcome: Outcome, now: float, deadline: float
     ) -> Claimed:
-        self._set_state(tid, row, state)
         row.owner = expert
         row.fence += 1
         row.lease_deadline = deadline
-        row.updated_at = self._clock()
-        self._event(row, self._clock(), event, expert, detail)
+        self._apply(tid, row, outcome, now)
         s = row.spec
         return Claimed(
             id=tid,
@@ -494,8 +484,9 @@ class MemoryStore:
                 and capabilities.satisfies(row.spec.requirements)
             )
         )[:limit]
+        outcome = rules.stolen(thief, victim)
         return [
-            self._hand_over(tid, self._tasks[tid], thief, R, now + ttl, "stolen", f"from {victim}")
+            self._hand_over(tid, self._tasks[tid], thief, outcome, now, now + ttl)
             for _, _, tid in loot
         ]
 
@@ -505,35 +496,31 @@ class MemoryStore:
         task_id: str,
         fence: int,
         now: float,
-        states: frozenset[TaskState] = frozenset({C, R}),
+        states: frozenset[TaskState] = rules.WRITE_STATES,
     ) -> _Row | FencedOut:
         row = self._tasks.get(task_id)
-        if row is None:
-            return FencedOut(task_id, fence, "no such task")
-        if row.fence != fence:
-            return FencedOut(task_id, fence, f"the task is at fence {row.fence}")
-        if row.owner != expert:
-            return FencedOut(task_id, fence, f"{expert} does not own it (owner: {row.owner})")
-        if row.state not in states:
-            return FencedOut(task_id, fence, f"the task is {row.state}")
-        if row.lease_deadline is None or row.lease_deadline < now:
-            return FencedOut(task_id, fence, "the lease lapsed")
+        holding = (
+            None if row is None else Holding(row.fence, row.owner, row.state, row.lease_deadline)
+        )
         e = self._experts.get(expert)
-        if e is None or e.lease_deadline < now:
-            return FencedOut(task_id, fence, f"the lease of expert {expert} lapsed")
+        live = e is not None and e.lease_deadline >= now
+        refused = rules.refusal(
+            task_id, fence, expert, holding, now, expert_live=live, states=states
+        )
+        if refused is not None:
+            return refused
+        assert row is not None
         return row
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
         now = self._clock()
         out: list[FencedOut | None] = []
         for tid, fence in items:
-            row = self._owned(expert, tid, fence, now, frozenset({C}))
+            row = self._owned(expert, tid, fence, now, rules.START_STATES)
             if isinstance(row, FencedOut):
                 out.append(row)
                 continue
-            self._set_state(tid, row, R)
-            row.updated_at = now
-            self._event(row, now, "started", expert)
+            self._apply(tid, row, rules.started(expert), now)
             out.append(None)
         return out
 
@@ -575,12 +562,7 @@ class MemoryStore:
             if isinstance(row, FencedOut):
                 out.append(row)
                 continue
-            self._set_state(item.task_id, row, TaskState.SUCCEEDED)
-            row.result, row.owner, row.lease_deadline = item.result_json, None, None
-            row.updated_at = now
-            self._event(row, now, "succeeded", expert)
-            self._done_times.append(now)
-            self._settle_dependents(item.task_id, now)
+            self._apply(item.task_id, row, rules.completed(expert, item.result_json), now)
             out.append(None)
         self._touch()
         return out
@@ -595,21 +577,8 @@ class MemoryStore:
             if isinstance(row, FencedOut):
                 out.append(row)
                 continue
-            row.error, row.owner, row.lease_deadline, row.updated_at = (
-                item.error_json,
-                None,
-                None,
-                now,
-            )
-            if item.retry_delay is not None and row.attempts < row.spec.max_attempts:
-                row.run_at = now + item.retry_delay
-                self._set_state(item.task_id, row, P)
-                self._event(row, now, "retry", expert, f"in {item.retry_delay:.3f}s")
-            else:
-                final = item.final_state if item.retry_delay is None else TaskState.DEAD
-                self._set_state(item.task_id, row, final)
-                self._event(row, now, str(final), expert)
-                self._settle_dependents(item.task_id, now)
+            outcome = rules.failed(expert, item.error_json, item.retry_delay, item.final_state)
+            self._apply(item.task_id, row, outcome, now)
             out.append(None)
         self._touch()
         return out
@@ -624,10 +593,7 @@ class MemoryStore:
             if isinstance(row, FencedOut):
                 out.append(row)
                 continue
-            self._set_state(tid, row, P)
-            row.owner, row.lease_deadline, row.updated_at = None, None, now
-            row.attempts = max(0, row.attempts - 1)
-            self._event(row, now, "released", expert)
+            self._apply(tid, row, rules.released(expert), now)
             out.append(None)
         self._touch()
         return out
@@ -638,18 +604,8 @@ class MemoryStore:
         for tid in list(self._held):
             row = self._tasks[tid]
             if row.state in (C, R) and row.lease_deadline is not None and row.lease_deadline < now:
-                prev = row.owner
-                self._set_state(tid, row, after_failure(row.attempts, row.spec.max_attempts))
-                row.owner, row.lease_deadline, row.updated_at = None, None, now
-                if row.state == TaskState.DEAD:
-                    row.error = json.dumps(
-                        {
-                            "type": "LeaseExpired",
-                            "message": f"expert {prev} lost its lease on the last attempt",
-                        }
-                    )
-                    self._settle_dependents(tid, now)
-                self._event(row, now, "expired", prev)
+                outcome = rules.expired(row.owner, row.attempts, row.spec.max_attempts)
+                self._apply(tid, row, outcome, now)
                 moved += 1
         self._age(now)  # after the lapse: returned tasks catch up on their ageing too
         for tid in [t for t in self._bids if self._tasks[t].state != P]:
@@ -670,20 +626,12 @@ class MemoryStore:
                 row = self._tasks[dep_tid]
                 if row.state != W:
                     continue
-                if state == TaskState.SUCCEEDED:
-                    row.deps_left -= 1
-                    if row.deps_left == 0:
-                        row.run_at = max(row.run_at, now)
-                        self._set_state(dep_tid, row, P)
-                        row.updated_at = now
-                else:
-                    self._set_state(dep_tid, row, TaskState.DEAD)
-                    row.updated_at = now
-                    row.error = json.dumps(
-                        {"type": "DependencyFailed", "message": f"dependency {tid} ended {state}"}
-                    )
-                    self._event(row, now, "dead", None, f"dependency {tid} ended {state}")
-                    todo.append((dep_tid, TaskState.DEAD))
+                outcome = rules.dependency_ended(tid, state, row.deps_left)
+                row.deps_left -= 1
+                if outcome is not None:
+                    self._apply(dep_tid, row, outcome, now, settle=False)
+                    if outcome.ends:
+                        todo.append((dep_tid, outcome.state))
 
     # -- management ------------------------------------------------------------------------
     async def cancel(self, task_id: str) -> Task:
@@ -691,13 +639,7 @@ class MemoryStore:
         row = self._tasks.get(task_id)
         if row is None:
             raise TaskNotFound(task_id)
-        if not can_move(row.state, TaskState.CANCELLED):
-            raise InvalidTransition(task_id, row.state, "cancel")
-        prev = row.owner
-        self._set_state(task_id, row, TaskState.CANCELLED)
-        row.owner, row.lease_deadline, row.updated_at = None, None, now
-        self._event(row, now, "cancelled", prev)
-        self._settle_dependents(task_id, now)
+        self._apply(task_id, row, rules.cancelled(task_id, row.state, row.owner), now)
         self._touch()
         return self._view(task_id, row)
 
@@ -706,11 +648,7 @@ class MemoryStore:
         row = self._tasks.get(task_id)
         if row is None:
             raise TaskNotFound(task_id)
-        if row.state not in (TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED):
-            raise InvalidTransition(task_id, row.state, "retry")
-        row.attempts, row.run_at, row.updated_at = 0, now, now
-        self._set_state(task_id, row, P)
-        self._event(row, now, "retried", None)
+        self._apply(task_id, row, rules.retried(task_id, row.state), now)
         self._touch()
         return self._view(task_id, row)
 

@@ -1,0 +1,167 @@
+"""Two versions of contend side by side in one run, on any backend: drain rate, CPU per task and
+idle submit-to-start latency.
+
+``python -m benchmarks.versions REV --backend sqlite|postgresql|etcd [--runs 3] [--tasks 20000]``
+checks REV out into a temporary worktree and measures it and this checkout in turn, RUNS times
+each, alternating, so that both meet the same moods of a machine whose speed swings two- to
+threefold within an hour. Each measurement is one child process whose ``PYTHONPATH`` is that
+version's ``src/``; the expert processes it starts inherit it, so they run that version too.
+A child uses the version's own ``contend bench`` parts (``Bench.latency`` and ``Bench.drain``
+with two expert processes), so each version is measured by the code it shipped with.
+
+Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
+expert processes, read from ``RUSAGE_CHILDREN`` around the drain) and the idle latency p50/p99;
+then the medians and the ratios new/old. ``--out FILE`` also writes them as JSON.
+
+The stores: SQLite files in a temporary folder; a fresh PostgreSQL database per measurement
+(``CONTEND_TEST_PG`` or 127.0.0.1:5432); a throwaway etcd 3.5 with a prefix per version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ("drain_per_s", "experts_us", "latency_p50_ms", "latency_p99_ms")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def measure(url: str | None, n: int, concurrency: int, latency: bool) -> dict[str, Any]:
+    """One measurement with the contend on sys.path (the child's version)."""
+    from contend.cli.bench import Bench
+
+    bench = Bench(argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url))
+    if latency:
+        await bench.latency()
+    cpu0 = _children_cpu()
+    await bench.drain(2)
+    cpu = _children_cpu() - cpu0
+    out: dict[str, Any] = {
+        "drain_per_s": bench.results["drain_2p_per_s"],
+        "experts_us": cpu * 1e6 / n,
+    }
+    if latency:
+        out["latency_p50_ms"] = bench.results["latency_p50_ms"]
+        out["latency_p99_ms"] = bench.results["latency_p99_ms"]
+    return out
+
+
+async def child(backend: str, url: str, n: int, concurrency: int, latency: bool) -> dict[str, Any]:
+    if backend == "postgresql":
+        from contend.testing.postgres import fresh_database
+
+        async with fresh_database() as db_url:
+            return await measure(db_url, n, concurrency, latency)
+    return await measure(url or None, n, concurrency, latency)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else None
+
+
+def _line(label: str, r: dict[str, Any]) -> str:
+    text = f"{r['drain_per_s']:,.0f} tasks/s, experts {r['experts_us']:.0f} µs/task"
+    if "latency_p50_ms" in r:
+        text += f", idle latency p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms"
+    return f"{label}: {text}"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="contend-versions-"))
+    old = work / "old"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.rev],
+        check=True,
+        capture_output=True,
+    )
+    server = None
+    base = ""
+    if args.backend == "etcd":
+        from contend.testing.etcd_server import EtcdServer
+
+        server = EtcdServer(extra_args=["--max-txn-ops=1024"])
+        server.start()
+        base = server.url
+    results: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    try:
+        for n_run in range(args.runs):
+            for label, src in (("old", old / "src"), ("new", ROOT / "src")):
+                url = f"{base}/{label}{n_run}?max_txn_ops=1024" if base else ""
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                cmd = [sys.executable, "-m", "benchmarks.versions", args.rev,
+                       "--backend", args.backend, "--tasks", str(args.tasks),
+                       "--concurrency", str(args.concurrency), "--child", url]  # fmt: skip
+                if args.no_latency:
+                    cmd.append("--no-latency")
+                done = subprocess.run(
+                    cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False
+                )
+                if done.returncode != 0:
+                    raise RuntimeError(f"the {label} run failed:\n{done.stderr[-3000:]}")
+                r = json.loads(done.stdout.strip().splitlines()[-1])
+                results[label].append(r)
+                who = args.rev if label == "old" else "this checkout"
+                print(f"run {n_run + 1} {_line(f'{label} ({who})', r)}", flush=True)
+    finally:
+        if server is not None:
+            server.close()
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
+            check=False,
+            capture_output=True,
+        )
+    med = {label: {k: _median(rows, k) for k in KEYS} for label, rows in results.items()}
+    ratio = {
+        k: (med["new"][k] / med["old"][k]) if med["old"][k] and med["new"][k] else None
+        for k in KEYS
+    }
+    summary = {"rev": args.rev, "backend": args.backend, "tasks": args.tasks, "runs": results}
+    summary |= {"median": med, "ratio_new_over_old": ratio}
+    print(f"median old: {_line(args.rev, {k: v for k, v in med['old'].items() if v is not None})}")
+    print(
+        f"median new: {_line('this checkout', {k: v for k, v in med['new'].items() if v is not None})}"
+    )
+    print("ratios new/old: " + ", ".join(f"{k} x{v:.2f}" for k, v in ratio.items() if v))
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.versions")
+    parser.add_argument("rev", help="the git revision to compare this checkout with")
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "etcd"], default="sqlite")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=512)
+    parser.add_argument("--no-latency", action="store_true", help="measure the drain only")
+    parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        figures = asyncio.run(
+            child(args.backend, args.child, args.tasks, args.concurrency, not args.no_latency)
+        )
+        print(json.dumps(figures), flush=True)
+        return 0
+    summary = run(args)
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""The rulebook: every move of a task is decided here and handed to a store as a value.
+
+A store never decides what an event leads to. It reads what it must (the task's fence, owner,
+lease and state, its attempts), asks a function of this module, and applies the returned
+:class:`Outcome` atomically, in one SQL statement, one transaction or one etcd Txn, only while
+the conditions it checked still hold. A rule written once cannot drift between backends.
+
+=====================  ==========================================  ==============  ===========
+event                  function                                    next state      history
+=====================  ==========================================  ==============  ===========
+submitted              :func:`submitted`                           pending,        (none)
+                                                                   waiting, dead
+claimed                :func:`claimed`                             running or      claimed
+                                                                   claimed
+started                :func:`started`                             running         started
+stolen                 :func:`stolen`                              running         stolen
+completed              :func:`completed`                           succeeded       succeeded
+failed / timed out     :func:`failed` (the caller's retry          pending, failed retry, failed,
+                       decision, made once by ``RetryPolicy``)     or dead         dead
+released               :func:`released`                            pending         released
+lease expired          :func:`expired`                             pending, dead   expired
+cancelled              :func:`cancelled`                           cancelled       cancelled
+retried by hand        :func:`retried`                             pending         retried
+dependency ended       :func:`dependency_ended`                    pending, dead   ready, dead
+=====================  ==========================================  ==============  ===========
+
+A terminal outcome (:attr:`Outcome.ends`) settles the task's dependants: each waiting dependant
+gets :func:`dependency_ended`, and a dependant that dies in turn settles its own.
+
+An owner write (start, checkpoint, complete, fail, release) lands only while the writer holds
+the task: :func:`refusal` is the one explanation of why it does not, used by every backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import NamedTuple
+
+from contend.domain.task import OWNED_STATES, TaskState, can_move
+from contend.errors import FencedOut, InvalidTransition
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+SUCCEEDED, FAILED, DEAD, CANCELLED = (
+    TaskState.SUCCEEDED,
+    TaskState.FAILED,
+    TaskState.DEAD,
+    TaskState.CANCELLED,
+)
+
+
+class Event(StrEnum):
+    """The vocabulary of a task's history: every line of it is one of these."""
+
+    CLAIMED = "claimed"
+    STARTED = "started"
+    STOLEN = "stolen"
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"  # failed, and due again after a back-off
+    FAILED = "failed"  # failed with an error that is not retried
+    DEAD = "dead"  # attempts spent, or a dependency did not succeed
+    RELEASED = "released"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    RETRIED = "retried"  # sent back to pending by hand
+    READY = "ready"  # its last dependency succeeded
+
+
+class Attempts(Enum):
+    """What an outcome does to the task's attempt count."""
+
+    KEEP = "keep"
+    COUNT = "count"  # a claim: one attempt more
+    GIVE_BACK = "give_back"  # a release: the attempt is not counted
+    RESET = "reset"  # a retry by hand: fresh attempts
+
+    def apply(self, attempts: int) -> int:
+        if self is Attempts.COUNT:
+            return attempts + 1
+        if self is Attempts.GIVE_BACK:
+            return max(0, attempts - 1)
+        if self is Attempts.RESET:
+            return 0
+        return attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one event does to one task, decided here and applied by a store as it is.
+
+    * ``state`` — the next state; ``event``, ``actor`` and ``detail`` — the history line.
+    * ``owned`` — the task keeps (or gets) an owner and a lease; otherwise both are cleared.
+    * ``due_in`` — the task is due this many seconds after the store's *now* (``None``: keep
+      its due time); ``due_now`` — due no later than now (``run_at = max(run_at, now)``).
+    * ``error_json`` / ``result_json`` — set when not ``None``, kept otherwise.
+    * ``attempts`` — what happens to the attempt count.
+    """
+
+    state: TaskState
+    event: Event
+    actor: str | None = None
+    detail: str | None = None
+    owned: bool = False
+    due_in: float | None = None
+    due_now: bool = False
+    error_json: str | None = None
+    result_json: str | None = None
+    attempts: Attempts = Attempts.KEEP
+
+    @property
+    def ends(self) -> bool:
+        """The task reached a terminal state: its dependants must be settled."""
+        return self.state.terminal
+
+    def run_at(self, current: float, now: float) -> float:
+        """The task's due time after this outcome, given its *current* one."""
+        if self.due_in is not None:
+            return now + self.due_in
+        if self.due_now:
+            return max(current, now)
+        return current
+
+
+def error_json(kind: str, message: str) -> str:
+    """The JSON of an error the store itself records (a lapsed lease, a failed dependency)."""
+    return json.dumps({"type": kind, "message": message})
+
+
+# -- submission ------------------------------------------------------------------------------
+
+
+class Birth(NamedTuple):
+    """How a submitted task starts: its state, its error, and the dependencies it waits on."""
+
+    state: TaskState
+    waits_on: tuple[str, ...]
+    error_json: str | None = None
+
+
+def submitted(depends_on: Iterable[str], dep_states: Mapping[str, TaskState]) -> Birth:
+    """A new task's first state. *dep_states* has the state of every dependency already in the
+    store; one absent from it is submitted in the same batch, so not finished."""
+    deps = tuple(depends_on)
+    failed = next((d for d in deps if _did_not_succeed(dep_states.get(d))), None)
+    waits_on = tuple(d for d in deps if not _finished(dep_states.get(d)))
+    if failed is not None:
+        return Birth(DEAD, waits_on, _dependency_error(f"dependency {failed} did not succeed"))
+    return Birth(W if waits_on else P, waits_on)
+
+
+def _finished(state: TaskState | None) -> bool:
+    return state is not None and state.terminal
+
+
+def _did_not_succeed(state: TaskState | None) -> bool:
+    return state is not None and state.terminal and state != SUCCEEDED
+
+
+def _dependency_error(message: str) -> str:
+    return error_json("DependencyFailed", message)
+
+
+# -- the claim protocol ----------------------------------------------------------------------
+
+
+def claimed(expert: str, *, start: bool = True) -> Outcome:
+    """A claim: one attempt more, fence + 1 and a lease (the store sets those two)."""
+    return Outcome(R if start else C, Event.CLAIMED, expert, owned=True, attempts=Attempts.COUNT)
+
+
+def stolen(thief: str, victim: str) -> Outcome:
+    """A claimed-but-unstarted task taken over (fence + 1, new lease), its attempt kept."""
+    return Outcome(R, Event.STOLEN, thief, f"from {victim}", owned=True)
+
+
+def started(expert: str) -> Outcome:
+    return Outcome(R, Event.STARTED, expert, owned=True)
+
+
+def completed(expert: str, result_json: str) -> Outcome:
+    return Outcome(SUCCEEDED, Event.SUCCEEDED, expert, result_json=result_json)
+
+
+def failed(
+    expert: str,
+    error: str,
+    retry_delay: float | None,
+    final_state: TaskState = DEAD,
+) -> Outcome:
+    """A failed (or timed-out) attempt, as its owner decided with its retry policy: due again
+    after *retry_delay* seconds, or *final_state* (``failed`` or ``dead``) when it is None.
+
+    The decision is the caller's (``RetryPolicy.decide`` weighs the attempt against
+    ``max_attempts`` once, in the expert); the store applies it and decides nothing again.
+    """
+    if retry_delay is not None:
+        return Outcome(
+            P, Event.RETRY, expert, f"in {retry_delay:.3f}s", due_in=retry_delay, error_json=error
+        )
+    if final_state not in (FAILED, DEAD):
+        raise ValueError(f"a failure ends failed or dead, not {final_state}")
+    return Outcome(final_state, Event(str(final_state)), expert, error_json=error)
+
+
+def released(expert: str) -> Outcome:
+    """Given back unrun: pending at once, the attempt not counted."""
+    return Outcome(P, Event.RELEASED, expert, attempts=Attempts.GIVE_BACK)
+
+
+def expired(owner: str | None, attempts: int, max_attempts: int) -> Outcome:
+    """The owner's lease lapsed: the task is pending again while attempts remain (a crash
+    uses an attempt as an exception does), dead after the last one. Its checkpoint stays."""
+    if attempts < max_attempts:
+        return Outcome(P, Event.EXPIRED, owner)
+    error = error_json("LeaseExpired", f"expert {owner} lost its lease on the last attempt")
+    return Outcome(DEAD, Event.EXPIRED, owner, error_json=error)
+
+
+# -- dependants ------------------------------------------------------------------------------
+
+
+def dependency_ended(dependency: str, state: TaskState, deps_left: int) -> Outcome | None:
+    """A waiting task's dependency *dependency* ended in *state*; *deps_left* counts its
+    unfinished dependencies, that one included. ``None``: it goes on waiting (one fewer)."""
+    if state == SUCCEEDED:
+        if deps_left > 1:
+            return None
+        return Outcome(P, Event.READY, None, f"dependency {dependency} succeeded", due_now=True)
+    why = f"dependency {dependency} ended {state}"
+    return Outcome(DEAD, Event.DEAD, None, why, error_json=_dependency_error(why))
+
+
+# -- management ------------------------------------------------------------------------------
+
+#: The states a task may be retried from by hand.
+RETRYABLE_STATES = frozenset({FAILED, DEAD, CANCELLED})
+
+
+def cancelled(task_id: str, state: TaskState, owner: str | None) -> Outcome:
+    """Cancel by hand: pending, waiting or owned tasks; the owner is fenced out."""
+    if not can_move(state, CANCELLED):
+        raise InvalidTransition(task_id, state, "cancel")
+    return Outcome(CANCELLED, Event.CANCELLED, owner)
+
+
+def retried(task_id: str, state: TaskState) -> Outcome:
+    """Retry by hand: a failed, dead or cancelled task is due now, with fresh attempts."""
+    if state not in RETRYABLE_STATES:
+        raise InvalidTransition(task_id, state, "retry")
+    return Outcome(P, Event.RETRIED, None, due_in=0.0, attempts=Attempts.RESET)
+
+
+# -- fenced writes ---------------------------------------------------------------------------
+
+#: The states each owner write accepts.
+START_STATES = frozenset({C})
+WRITE_STATES = OWNED_STATES
+
+
+class Refusal(StrEnum):
+    """Why an owner write was fenced out (``FencedOut.reason``)."""
+
+    GONE = "gone"
+    STALE_FENCE = "stale_fence"
+    NOT_OWNER = "not_owner"
+    NOT_OWNED = "not_owned"  # the task is in a state the write does not accept
+    TASK_LEASE = "task_lease"
+    EXPERT_LEASE = "expert_lease"
+    RACED = "raced"  # the task changed between the check and the write: try again
+
+
+class Holding(NamedTuple):
+    """What a store knows of a task when an owner writes to it."""
+
+    fence: int
+    owner: str | None
+    state: TaskState | str
+    lease_deadline: float | None
+
+
+def refusal(
+    task_id: str,
+    fence: int,
+    expert: str,
+    holding: Holding | None,
+    now: float,
+    *,
+    expert_live: bool,
+    states: frozenset[TaskState] = WRITE_STATES,
+) -> FencedOut | None:
+    """``None`` when *expert*'s write at *fence* may land on the task as *holding* says it is
+    (``None``: no such task), else the :class:`FencedOut` that says why not."""
+    if holding is None:
+        return _refused(task_id, fence, Refusal.GONE, "no such task")
+    if holding.fence != fence:
+        return _refused(
+            task_id, fence, Refusal.STALE_FENCE, f"the task is at fence {holding.fence}"
+        )
+    if holding.owner != expert:
+        detail = f"{expert} does not own it (owner: {holding.owner})"
+        return _refused(task_id, fence, Refusal.NOT_OWNER, detail)
+    if holding.state not in states:
+        return _refused(task_id, fence, Refusal.NOT_OWNED, f"the task is {holding.state}")
+    if holding.lease_deadline is None or holding.lease_deadline < now:
+        return _refused(task_id, fence, Refusal.TASK_LEASE, "the lease lapsed")
+    if not expert_live:
+        detail = f"the lease of expert {expert} lapsed"
+        return _refused(task_id, fence, Refusal.EXPERT_LEASE, detail)
+    return None
+
+
+def raced(task_id: str, fence: int) -> FencedOut:
+    """The refusal of a write whose task changed while the store applied it."""
+    return _refused(task_id, fence, Refusal.RACED, "the task changed during the write")
+
+
+def _refused(task_id: str, fence: int, reason: Refusal, detail: str) -> FencedOut:
+    return FencedOut(task_id, fence, detail, reason=str(reason))
