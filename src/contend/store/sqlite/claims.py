@@ -7,11 +7,13 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
 from contend.domain.task import Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.sqlite.connection import Database
+from contend.store.sqlite.outcomes import attempts_sql
 from contend.store.sqlite.rows import claimed_from_row, insert_events, load
 from contend.store.sqlite.sessions import check_session
 
@@ -88,7 +90,7 @@ async def claim(
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
-    new_state = "running" if start else "claimed"
+    outcome = rules.claimed(expert, start=start)
 
     def run(conn: sqlite3.Connection) -> list[Claimed]:
         now = db.clock()
@@ -102,18 +104,15 @@ async def claim(
         if lane:
             params += (*queues, now, lane)
         rows = conn.execute(
-            f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1, "
-            f"attempts = attempts + 1, lease_deadline = ?, updated_at = ? "
+            f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "
             f"WHERE {inner} "
             "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
             "checkpoint, timeout, priority",
-            (new_state, expert, now + ttl, now, *params),
+            (str(outcome.state), expert, now + ttl, now, *params),
         ).fetchall()
-        if rows:
-            conn.executemany(
-                "INSERT INTO task_events (task_id, at, event, fence, expert) VALUES (?,?,?,?,?)",
-                [(r[0], now, "claimed", r[5], expert) for r in rows],
-            )
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail
+        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         return [claimed_from_row(r, now + ttl) for r in rows]
 
     return await db.tx(run)
@@ -135,23 +134,25 @@ async def steal(
     if not queues or not limit:
         return []
     qmarks = ",".join("?" * len(queues))
+    outcome = rules.stolen(thief, victim)
 
     def run(conn: sqlite3.Connection) -> list[Claimed]:
         now = db.clock()
         check_session(conn, thief, session, now)
         db.caps = capabilities
         rows = conn.execute(
-            "UPDATE tasks SET state = 'running', owner = ?, fence = fence + 1, "
-            "lease_deadline = ?, updated_at = ? WHERE id IN ("
+            f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE id IN ("
             f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
             f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
             "AND (requirements IS NULL OR contend_fits(requirements)) "
             "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
             "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
             "checkpoint, timeout, priority",
-            (thief, now + ttl, now, victim, now, *queues, limit),
+            (str(outcome.state), thief, now + ttl, now, victim, now, *queues, limit),
         ).fetchall()
-        insert_events(conn, [(r[0], now, "stolen", r[5], thief, f"from {victim}") for r in rows])
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail
+        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
         return [claimed_from_row(r, now + ttl) for r in rows]
 

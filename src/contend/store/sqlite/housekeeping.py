@@ -5,42 +5,28 @@ from __future__ import annotations
 
 import sqlite3
 
+from contend.domain import transitions as rules
 from contend.domain.task import aged_priority, next_promotion
 from contend.store.sqlite.auctions import clear_closed_auctions
 from contend.store.sqlite.connection import Database
-from contend.store.sqlite.dependants import settle_dependents
-from contend.store.sqlite.rows import error_json, insert_events
+from contend.store.sqlite.outcomes import apply_outcomes
 
 
 async def expire(db: Database) -> int:
     def run(conn: sqlite3.Connection) -> int:
         now = db.clock()
         lapsed = conn.execute(
-            "SELECT id, owner, fence, attempts < max_attempts FROM tasks "
+            "SELECT id, owner, fence, attempts, max_attempts, run_at FROM tasks "
             "WHERE state IN ('claimed', 'running') AND lease_deadline < ?",
             (now,),
         ).fetchall()
         if not lapsed:
             return 0
-        conn.executemany(
-            "UPDATE tasks SET state = ?, error = coalesce(?, error), owner = NULL, "
-            "lease_deadline = NULL, updated_at = ? WHERE id = ?",
-            [
-                (
-                    "pending" if r[3] else "dead",
-                    None
-                    if r[3]
-                    else error_json(
-                        "LeaseExpired", f"expert {r[1]} lost its lease on the last attempt"
-                    ),
-                    now,
-                    r[0],
-                )
-                for r in lapsed
-            ],
-        )
-        insert_events(conn, [(r[0], now, "expired", r[2], r[1], None) for r in lapsed])
-        settle_dependents(conn, now, [(r[0], "dead") for r in lapsed if not r[3]])
+        changes = [
+            (tid, fence, rules.expired(owner, attempts, most), attempts, run_at)
+            for tid, owner, fence, attempts, most, run_at in lapsed
+        ]
+        apply_outcomes(conn, now, changes)
         conn.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
         return len(lapsed)
 

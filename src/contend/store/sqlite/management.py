@@ -1,57 +1,35 @@
-"""Management by hand: cancel and retry."""
+"""Management by hand: cancel and retry, as the rulebook decides them."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable
 
-from contend.domain.task import Task, TaskState, can_move
-from contend.errors import InvalidTransition, TaskNotFound
+from contend.domain import transitions as rules
+from contend.domain.task import Task, TaskState
+from contend.domain.transitions import Outcome
+from contend.errors import TaskNotFound
 from contend.store.sqlite.connection import Database
-from contend.store.sqlite.dependants import settle_dependents
 from contend.store.sqlite.inspection import get
-from contend.store.sqlite.rows import insert_events
+from contend.store.sqlite.outcomes import apply_outcomes
 
 
 async def _manage(
-    db: Database, task_id: str, target: TaskState, operation: str, allowed: Iterable[TaskState]
+    db: Database, task_id: str, decide: Callable[[TaskState, str | None], Outcome]
 ) -> Task:
+    """Apply ``decide(state, owner)`` to the task (it raises when the state refuses it)."""
+
     def run(conn: sqlite3.Connection) -> None:
         now = db.clock()
         row = conn.execute(
-            "SELECT state, fence, owner FROM tasks WHERE id = ?", (task_id,)
+            "SELECT state, fence, owner, attempts, run_at FROM tasks WHERE id = ?", (task_id,)
         ).fetchone()
         if row is None:
             raise TaskNotFound(task_id)
-        if TaskState(row[0]) not in allowed:
-            raise InvalidTransition(task_id, row[0], operation)
-        if target == TaskState.CANCELLED:
-            conn.execute(
-                "UPDATE tasks SET state = 'cancelled', owner = NULL, lease_deadline = NULL, "
-                "updated_at = ? WHERE id = ?",
-                (now, task_id),
-            )
+        outcome = decide(TaskState(row[0]), row[2])
+        if outcome.ends:  # it waits on nothing any more
             conn.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
-            settle_dependents(conn, now, [(task_id, "cancelled")])
-        else:
-            conn.execute(
-                "UPDATE tasks SET state = 'pending', attempts = 0, run_at = ?, updated_at = ? "
-                "WHERE id = ?",
-                (now, now, task_id),
-            )
-        insert_events(
-            conn,
-            [
-                (
-                    task_id,
-                    now,
-                    "cancelled" if target == TaskState.CANCELLED else "retried",
-                    row[1],
-                    row[2],
-                    None,
-                )
-            ],
-        )
+        apply_outcomes(conn, now, [(task_id, row[1], outcome, row[3], row[4])])
 
     await db.tx(run)
     db.wakeups.touch()
@@ -59,10 +37,8 @@ async def _manage(
 
 
 async def cancel(db: Database, task_id: str) -> Task:
-    allowed = [s for s in TaskState if can_move(s, TaskState.CANCELLED)]
-    return await _manage(db, task_id, TaskState.CANCELLED, "cancel", allowed)
+    return await _manage(db, task_id, lambda state, owner: rules.cancelled(task_id, state, owner))
 
 
 async def retry(db: Database, task_id: str) -> Task:
-    allowed = [TaskState.FAILED, TaskState.DEAD, TaskState.CANCELLED]
-    return await _manage(db, task_id, TaskState.PENDING, "retry", allowed)
+    return await _manage(db, task_id, lambda state, owner: rules.retried(task_id, state))

@@ -11,10 +11,6 @@ from typing import Any
 from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState
 from contend.store.port import Claimed
 
-OWNED = ("claimed", "running")
-TERMINAL = {"succeeded", "failed", "dead", "cancelled"}
-TERMINAL_BAD = {"failed", "dead", "cancelled"}
-
 #: A row of ``task_events``: task id, at, event, fence, expert, detail.
 EventRow = tuple[str, float, str, int, str | None, str | None]
 
@@ -83,14 +79,13 @@ def existing_ids(db: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
     return found
 
 
-def dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, str]:
+def dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, TaskState]:
     """The state of each of *ids* that is a task in the store."""
-    states: dict[str, str] = {}
+    states: dict[str, TaskState] = {}
     for chunk in chunks(list(ids), 500):
         marks = ",".join("?" * len(chunk))
-        states.update(
-            db.execute(f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk).fetchall()
-        )
+        for tid, state in db.execute(f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk):
+            states[tid] = TaskState(state)
     return states
 
 
@@ -106,7 +101,3 @@ def load(text: str | None) -> JSON:
 def req_json(req: Requirements) -> str | None:
     data = req.to_json()
     return None if data is None else json.dumps(data, separators=(",", ":"))
-
-
-def error_json(kind: str, message: str) -> str:
-    return json.dumps({"type": kind, "message": message})

@@ -7,21 +7,14 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
+from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, initial_state
+from contend.store._common import check_batch_dependencies
 from contend.store.port import Submitted
 from contend.store.sqlite.connection import Database
-from contend.store.sqlite.dependants import settle_dependents
-from contend.store.sqlite.rows import (
-    TERMINAL,
-    TERMINAL_BAD,
-    chunks,
-    dep_states,
-    error_json,
-    existing_ids,
-    req_json,
-)
+from contend.store.sqlite.outcomes import settle_dependants
+from contend.store.sqlite.rows import chunks, dep_states, existing_ids, req_json
 
 
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -73,24 +66,23 @@ def _sort_out(
 
 
 def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None:
-    """Insert the task rows and the dependency edges still open."""
+    """Insert the task rows, each in the state the rulebook gives a new task, and the
+    dependency edges still open."""
     deps_state = dep_states(conn, {d for s in fresh for d in s.depends_on})
+    free = rules.submitted((), {})  # the birth of every task without dependencies
     rows = []
     dep_rows: list[tuple[str, str]] = []
+    born_dead: list[tuple[str, TaskState]] = []
     for spec in fresh:
-        left = [d for d in spec.depends_on if deps_state.get(d) not in TERMINAL]
-        failed = [d for d in spec.depends_on if deps_state.get(d) in TERMINAL_BAD]
-        state = initial_state(spec, len(left))
-        error = None
-        if failed:
-            state = TaskState.DEAD
-            error = error_json("DependencyFailed", f"dependency {failed[0]} did not succeed")
+        birth = rules.submitted(spec.depends_on, deps_state) if spec.depends_on else free
+        if birth.state.terminal:
+            born_dead.append((spec.id, birth.state))
         rows.append(
             (
                 spec.id,
                 spec.type,
                 spec.queue,
-                str(state),
+                birth.state,
                 spec.priority,
                 spec.args_json,
                 spec.kwargs_json,
@@ -102,13 +94,13 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 now,
                 spec.timeout,
                 json.dumps(list(spec.depends_on)) if spec.depends_on else None,
-                len(left),
-                error,
+                len(birth.waits_on),
+                birth.error_json,
                 spec.priority,
                 next_promotion(spec.priority, spec.priority, now),
             )
         )
-        dep_rows.extend((d, spec.id) for d in left)
+        dep_rows.extend((d, spec.id) for d in birth.waits_on)
     conn.executemany(
         "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
         "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
@@ -118,5 +110,5 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
     )
     if dep_rows:
         conn.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
-    # A task dead at birth (a dependency had failed) fails batch members that wait on it.
-    settle_dependents(conn, now, [(r[0], r[3]) for r in rows if r[3] == "dead"])
+    # A task dead at birth (a dependency had failed) settles batch members that wait on it.
+    settle_dependants(conn, now, born_dead)
