@@ -111,7 +111,7 @@ async def claim(
             "checkpoint, timeout, priority",
             (str(outcome.state), expert, now + ttl, now, *params),
         ).fetchall()
-        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         return [claimed_from_row(r, now + ttl) for r in rows]
 
@@ -151,7 +151,7 @@ async def steal(
             "checkpoint, timeout, priority",
             (str(outcome.state), thief, now + ttl, now, victim, now, *queues, limit),
         ).fetchall()
-        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
         return [claimed_from_row(r, now + ttl) for r in rows]

@@ -17,8 +17,8 @@ from contend.domain.transitions import Attempts, Event, Outcome
 from contend.store.sqlite.rows import EventRow, insert_events
 
 _KEEP = Attempts.KEEP
-#: States and events as plain str: sqlite3 binds an enum member through its adapter lookup, at
-#: about a microsecond a parameter more than a str.
+#: States and events as plain str: sqlite3 binds an enum member (as it does None) through its
+#: adapter lookup, at about a microsecond a parameter more than a str.
 _TEXT: dict[str, str] = {m: m.value for m in (*TaskState, *Event)}
 
 
@@ -63,7 +63,7 @@ def _write(
             params.append(result)
         params += (now, tid)
         updates.setdefault(_update_sql(*shape), []).append(tuple(params))
-        events.append((tid, now, _TEXT[o.event], fence, o.actor, o.detail))
+        events.append((tid, now, _TEXT[o.event], fence, o.actor, o.detail or ""))
         if o.ends:
             ended.append((tid, o.state))
     for sql, rows in updates.items():

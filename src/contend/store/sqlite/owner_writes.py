@@ -46,12 +46,11 @@ def _check(
     expert_live = lease is not None and lease[0] >= now
     out: list[FencedOut | None] = []
     ok: list[tuple[int, _Held]] = []
+    refusal, holding_of = rules.refusal, Holding._make
     for n, (tid, fence) in enumerate(items):
         r = found.get(tid)
-        holding = None if r is None else Holding(r[1], r[2], r[3], r[4])
-        refused = rules.refusal(
-            tid, fence, expert, holding, now, expert_live=expert_live, states=states
-        )
+        holding = None if r is None else holding_of(r[1:5])  # fence, owner, state, lease
+        refused = refusal(tid, fence, expert, holding, now, expert_live=expert_live, states=states)
         out.append(refused)
         if refused is None:
             assert r is not None  # a task that is not there is refused
@@ -64,16 +63,17 @@ def _owner_write(
     expert: str,
     items: Sequence[tuple[str, int]],
     states: frozenset[TaskState],
-    decide: Callable[[int], Outcome],
+    outcomes: Sequence[Outcome],
 ) -> Callable[[sqlite3.Connection], list[FencedOut | None]]:
-    """The transaction of an owner write: check each (id, fence), then apply ``decide(n)``,
-    the rulebook's outcome for item *n*, to each item that passed."""
+    """The transaction of an owner write: check each (id, fence), then apply ``outcomes[n]``,
+    the rulebook's outcome for item *n*, to each item that passed. The outcomes are decided
+    before the transaction begins, so that deciding does not hold the write lock."""
 
     def run(conn: sqlite3.Connection) -> list[FencedOut | None]:
         now = db.clock()
         out, ok = _check(conn, now, expert, items, states)
         if ok:
-            changes = [(r[0], r[1], decide(n), r[5], r[6]) for n, r in ok]
+            changes = [(r[0], r[1], outcomes[n], r[5], r[6]) for n, r in ok]
             apply_outcomes(conn, now, changes)
         return out
 
@@ -83,8 +83,8 @@ def _owner_write(
 async def start(
     db: Database, expert: str, items: Sequence[tuple[str, int]]
 ) -> list[FencedOut | None]:
-    outcome = rules.started(expert)
-    return await db.tx(_owner_write(db, expert, items, rules.START_STATES, lambda n: outcome))
+    outcomes = [rules.started(expert)] * len(items)
+    return await db.tx(_owner_write(db, expert, items, rules.START_STATES, outcomes))
 
 
 async def checkpoint(db: Database, expert: str, task_id: str, fence: int, state_json: str) -> None:
@@ -110,10 +110,8 @@ async def complete(
         return []
     pairs = [(i.task_id, i.fence) for i in items]
 
-    def decide(n: int) -> Outcome:
-        return rules.completed(expert, items[n].result_json)
-
-    out = await db.tx(_owner_write(db, expert, pairs, rules.WRITE_STATES, decide))
+    outcomes = [rules.completed(expert, i.result_json) for i in items]
+    out = await db.tx(_owner_write(db, expert, pairs, rules.WRITE_STATES, outcomes))
     db.wakeups.touch()  # dependants may have become pending
     return out
 
@@ -125,11 +123,8 @@ async def fail(db: Database, expert: str, items: Sequence[Failure]) -> list[Fenc
         return []
     pairs = [(i.task_id, i.fence) for i in items]
 
-    def decide(n: int) -> Outcome:
-        item = items[n]
-        return rules.failed(expert, item.error_json, item.retry_delay, item.final_state)
-
-    out = await db.tx(_owner_write(db, expert, pairs, rules.WRITE_STATES, decide))
+    outcomes = [rules.failed(expert, i.error_json, i.retry_delay, i.final_state) for i in items]
+    out = await db.tx(_owner_write(db, expert, pairs, rules.WRITE_STATES, outcomes))
     db.wakeups.touch()
     return out
 
@@ -139,7 +134,7 @@ async def release(
 ) -> list[FencedOut | None]:
     if not items:
         return []
-    outcome = rules.released(expert)
-    out = await db.tx(_owner_write(db, expert, list(items), rules.WRITE_STATES, lambda n: outcome))
+    outcomes = [rules.released(expert)] * len(items)
+    out = await db.tx(_owner_write(db, expert, list(items), rules.WRITE_STATES, outcomes))
     db.wakeups.touch()
     return out

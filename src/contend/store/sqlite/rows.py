@@ -11,8 +11,9 @@ from typing import Any
 from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState
 from contend.store.port import Claimed
 
-#: A row of ``task_events``: task id, at, event, fence, expert, detail.
-EventRow = tuple[str, float, str, int, str | None, str | None]
+#: A row of ``task_events``: task id, at, event, fence, expert, detail ("" for none: see
+#: :func:`insert_events`).
+EventRow = tuple[str, float, str, int, str | None, str]
 
 
 def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...] = ()) -> Task:
@@ -63,9 +64,13 @@ def claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
 
 
 def insert_events(db: sqlite3.Connection, rows: list[EventRow]) -> None:
+    """Add history lines. A line without a detail passes "" and the column gets NULL: sqlite3
+    binds None through its adapter lookup, about a microsecond a parameter more than a str,
+    and most lines (every claim and completion) have no detail."""
     if rows:
         db.executemany(
-            "INSERT INTO task_events (task_id, at, event, fence, expert, detail) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO task_events (task_id, at, event, fence, expert, detail) "
+            "VALUES (?,?,?,?,?,NULLIF(?, ''))",
             rows,
         )
 
