@@ -1,15 +1,6 @@
-from __future__ import annotations
+"""The contract suite (``contend.testing.contract``) on this project's four backends."""
 
-from collections.abc import AsyncIterator
-from pathlib import Path
+from contend.testing.contract.plugin import harness, pytest_generate_tests
+from tests.contract import backends
 
-import pytest
-
-from tests.contract.backends import BACKENDS, Harness, backend_params
-
-
-@pytest.fixture(params=backend_params())
-async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
-    """An opened store on an empty target, for every registered backend."""
-    async with BACKENDS[request.param].factory(tmp_path) as h:
-        yield h
+__all__ = ["backends", "harness", "pytest_generate_tests"]

@@ -1,72 +1,268 @@
-"""How an expert behaves: every setting, its default and its check, in one place."""
+"""How an expert behaves: every setting, its default and its check, in one place.
+
+Each field of :class:`ExpertConfig` carries a :class:`Setting` in its ``metadata``: what it means,
+the bounds or choices :meth:`ExpertConfig.validate` holds it to, and, for the fields
+``contend expert`` exposes, the option's spelling. The CLI builds its options from these, so a
+default or a bound changes here and nowhere else.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 from contend.domain.scoring import Fitness, default_fitness
 from contend.domain.task import Capabilities
 from contend.errors import ConfigError
 from contend.runtime.competition import PressurePolicy
 
+SETTING = "contend"  # the key of a field's Setting in its metadata
+
+
+def number_text(x: float) -> str:
+    """A number as people write it: 86400 and 15, not 86400.0 and 15.0."""
+    return str(int(x)) if math.isfinite(x) and x == int(x) else str(x)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number may take: ``[lo, hi]``, or ``(lo, hi]`` when ``lo_open``."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.lo if self.lo_open else value >= self.lo
+        return above and value <= self.hi  # NaN is in no bounds
+
+    def __str__(self) -> str:
+        if self.lo_open:
+            return f"in ({number_text(self.lo)}, {number_text(self.hi)}]"
+        return f"between {number_text(self.lo)} and {number_text(self.hi)}"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the checks and the command line know about one field of ExpertConfig."""
+
+    help: str
+    bounds: Bounds | None = None
+    choices: tuple[str, ...] = ()
+    flag: str | None = None  # the ``contend expert`` option; None: set from Python only
+    short: str | None = None
+    metavar: str | None = None
+    repeat: bool = False  # the option may be given many times, each adding one value
+    default_text: str | None = None  # how ``--help`` words a default that is not a plain value
+
+
+def setting(help: str, **kwargs: Any) -> Mapping[str, Setting]:
+    """A field's ``metadata``: ``field(default=…, metadata=setting("what it means", …))``."""
+    return {SETTING: Setting(help, **kwargs)}
+
+
+def setting_of(f: Field[Any]) -> Setting:
+    found = f.metadata.get(SETTING)
+    if not isinstance(found, Setting):
+        raise TypeError(f"ExpertConfig.{f.name} has no Setting in its metadata")
+    return found
+
+
+TIERS = ("general", "specialized", "emergency")
+ONE_DAY = 86_400
+
 
 @dataclass
 class ExpertConfig:
     """How an expert behaves. Every field has a sensible default."""
 
-    name: str | None = None
-    concurrency: int = 8
-    queues: Sequence[str] | None = None  # None: the queues of the app's task types
-    capabilities: Capabilities = field(default_factory=Capabilities)
-    tier: str = "general"
-    specialties: frozenset[str] = frozenset()
-    lease_ttl: float = 15.0
-    heartbeat: float | None = None  # default lease_ttl / 3
-    window: float = 0.02  # base race window, seconds
-    jitter: float = 0.1
-    grace: float = 30.0  # SIGTERM: how long running tasks may take to finish
-    idle_wait: float = 1.0  # longest sleep between change checks when nothing happens
-    fitness: Fitness = default_fitness
-    zone_margin: float = 0.0  # extra race delay for a task that prefers tags this expert lacks
-    auction_window: float = 0.2  # how long an auction takes bids, seconds
-    auction_grace: float = 0.5  # how long each bidder has to claim before the next may
-    auction_threshold: float = 2.0  # mode="auto": auction types whose runs take this long
-    prefetch: int = 0  # tasks claimed ahead, unstarted, beyond the running ones
-    steal_ratio: float | None = 1.0  # steal from experts this loaded (None: never steal)
-    pressure: PressurePolicy = field(default_factory=PressurePolicy)
+    name: str | None = field(
+        default=None,
+        metadata=setting(
+            "expert id; must not be live elsewhere", flag="--name", default_text="host-pid"
+        ),
+    )
+    concurrency: int = field(
+        default=8,
+        metadata=setting(
+            "tasks run at once", bounds=Bounds(1, 10_000), flag="--concurrency", short="-c"
+        ),
+    )
+    queues: Sequence[str] | None = field(
+        default=None,
+        metadata=setting(
+            "a queue to claim from; repeat for more",
+            flag="--queue",
+            short="-q",
+            metavar="QUEUE",
+            repeat=True,
+            default_text="the queues of the app's task types",
+        ),
+    )
+    capabilities: Capabilities = field(
+        default_factory=Capabilities,
+        metadata=setting(
+            "a tag this expert has, or a resource and its amount; repeat for more",
+            flag="--capability",
+            metavar="TAG|NAME=AMOUNT",
+            repeat=True,
+            default_text="none",
+        ),
+    )
+    tier: str = field(
+        default="general",
+        metadata=setting(
+            "specialized: a bonus on its specialties; emergency: claims only under pressure",
+            choices=TIERS,
+            flag="--tier",
+        ),
+    )
+    specialties: frozenset[str] = field(
+        default=frozenset(),
+        metadata=setting(
+            "a task type this expert is best at; repeat for more",
+            flag="--specialty",
+            metavar="TASK_TYPE",
+            repeat=True,
+            default_text="none",
+        ),
+    )
+    lease_ttl: float = field(
+        default=15.0,
+        metadata=setting("lease TTL in seconds", bounds=Bounds(0.5, ONE_DAY), flag="--lease"),
+    )
+    heartbeat: float | None = field(
+        default=None,
+        metadata=setting("seconds between lease renewals (None: a third of the lease)"),
+    )
+    window: float = field(
+        default=0.02,
+        metadata=setting(
+            "base race window in seconds; 0 turns competition off",
+            bounds=Bounds(0, 60),
+            flag="--window",
+        ),
+    )
+    jitter: float = field(
+        default=0.1, metadata=setting("the race delay's random spread, a share of the delay")
+    )
+    grace: float = field(
+        default=30.0,
+        metadata=setting(
+            "seconds running tasks get to finish on SIGTERM",
+            bounds=Bounds(0, ONE_DAY),
+            flag="--grace",
+        ),
+    )
+    idle_wait: float = field(
+        default=1.0,
+        metadata=setting("longest sleep between change checks when nothing happens, seconds"),
+    )
+    fitness: Fitness = field(
+        default=default_fitness,
+        metadata=setting(
+            "a custom fitness function (expert view, task view) -> [0, 1]",
+            flag="--fitness",
+            metavar="MODULE:FUNCTION",
+            default_text="contend.domain.scoring:default_fitness",
+        ),
+    )
+    zone_margin: float = field(
+        default=0.0,
+        metadata=setting(
+            "extra race delay, seconds, for tasks that prefer tags (a zone) this expert lacks",
+            bounds=Bounds(0, 60),
+            flag="--zone-margin",
+        ),
+    )
+    auction_window: float = field(
+        default=0.2,
+        metadata=setting(
+            "how long an auction for a heavy task takes bids, seconds",
+            bounds=Bounds(0, 60),
+            flag="--auction-window",
+        ),
+    )
+    auction_grace: float = field(
+        default=0.5,
+        metadata=setting(
+            "how long each bidder has to claim before the next may, seconds",
+            bounds=Bounds(0, 600, lo_open=True),
+        ),
+    )
+    auction_threshold: float = field(
+        default=2.0,
+        metadata=setting(
+            'mode="auto": auction the task types whose runs take this long, seconds',
+            bounds=Bounds(0, ONE_DAY, lo_open=True),
+        ),
+    )
+    prefetch: int = field(
+        default=0,
+        metadata=setting(
+            "claim this many tasks ahead, unstarted; idle experts may steal them",
+            bounds=Bounds(0, 10_000),
+            flag="--prefetch",
+        ),
+    )
+    steal_ratio: float | None = field(  # None: never steal (--no-steal)
+        default=1.0,
+        metadata=setting(
+            "steal unstarted tasks from experts at least this loaded, 1 = full",
+            bounds=Bounds(0, 1, lo_open=True),
+            flag="--steal-ratio",
+        ),
+    )
+    pressure: PressurePolicy = field(
+        default_factory=PressurePolicy,
+        metadata=setting("when the cluster is under pressure, for emergency experts"),
+    )
 
     def validate(self) -> None:
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int):
-            raise ConfigError(f"concurrency must be an integer, got {self.concurrency!r}")
-        if not 1 <= self.concurrency <= 10_000:
-            raise ConfigError(f"concurrency must be between 1 and 10000, got {self.concurrency}")
-        if not 0.5 <= self.lease_ttl <= 86_400:
-            raise ConfigError(f"lease_ttl must be between 0.5 s and one day, got {self.lease_ttl}")
+        """Raise ConfigError naming the first setting out of its bounds or choices."""
+        hints = field_types()
+        for f in fields(self):
+            _check(f.name, getattr(self, f.name), hints[f.name], setting_of(f))
         hb = self.heartbeat_every
         if not 0 < hb < self.lease_ttl:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
-        if not 0 <= self.window <= 60:
-            raise ConfigError(f"window must be between 0 and 60 s, got {self.window}")
-        if self.tier not in ("general", "specialized", "emergency"):
-            raise ConfigError(f"tier must be general, specialized or emergency, got {self.tier!r}")
-        if not 0 <= self.auction_window <= 60 or not 0 < self.auction_grace <= 600:
-            raise ConfigError("auction_window must be in [0, 60] s and auction_grace in (0, 600] s")
-        if not 0 < self.auction_threshold <= 86_400:
-            raise ConfigError(f"auction_threshold must be positive, got {self.auction_threshold}")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int):
-            raise ConfigError(f"prefetch must be an integer, got {self.prefetch!r}")
-        if not 0 <= self.prefetch <= 10_000:
-            raise ConfigError(f"prefetch must be between 0 and 10000, got {self.prefetch}")
-        if self.steal_ratio is not None and not 0 < self.steal_ratio <= 1:
-            raise ConfigError(f"steal_ratio must be in (0, 1], got {self.steal_ratio}")
-        if not 0 <= self.zone_margin <= 60:
-            raise ConfigError(f"zone_margin must be between 0 and 60 s, got {self.zone_margin}")
-        if not 0 <= self.grace <= 86_400:
-            raise ConfigError(f"grace must be between 0 and one day, got {self.grace}")
         if self.name is not None and (not self.name or len(self.name) > 200):
             raise ConfigError("an expert name must be 1 to 200 characters")
 
     @property
     def heartbeat_every(self) -> float:
         return self.heartbeat if self.heartbeat is not None else self.lease_ttl / 3
+
+
+@functools.cache
+def field_types() -> dict[str, Any]:
+    """ExpertConfig's field types, resolved (the module's annotations are strings)."""
+    return typing.get_type_hints(ExpertConfig)
+
+
+def value_type(hint: Any) -> Any:
+    """The type a field holds when it is set: ``float`` for ``float | None``."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (kind,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return kind
+    return hint
+
+
+def _check(name: str, value: Any, hint: Any, s: Setting) -> None:
+    if value is None and value_type(hint) is not hint:
+        return  # None is allowed, and means what the field's help says
+    kind = value_type(hint)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if s.bounds is not None and value not in s.bounds:
+        raise ConfigError(f"{name} must be {s.bounds}, got {value}")
+    if s.choices and value not in s.choices:
+        *most, last = s.choices
+        raise ConfigError(f"{name} must be {', '.join(most)} or {last}, got {value!r}")

@@ -1,6 +1,6 @@
 """The store port: every backend implements :class:`Store`, in domain words.
 
-Rules every backend keeps (the contract suite in ``tests/contract`` checks them):
+Rules every backend keeps (the contract suite, ``contend.testing.contract``, checks them):
 
 * Times are the **store's** clock (``await store.now()``); an expert never compares its own
   clock with another host's.

@@ -14,8 +14,8 @@ from contend.domain.task import TaskState
 from contend.domain.transitions import Event, Refusal
 from contend.errors import FencedOut
 from contend.store.port import Store
-from tests.contract.backends import Harness
-from tests.contract.helpers import Expert, caps, spec
+from contend.testing.contract.harness import Harness
+from contend.testing.contract.helpers import Expert, caps, spec
 
 Line = tuple[str, int, str | None, str | None]
 

@@ -10,8 +10,8 @@ import pytest
 from contend.domain.task import TaskState
 from contend.errors import ConfigError, LeaseLost, TaskNotFound
 from contend.store.port import Heartbeat
-from tests.contract.backends import Harness
-from tests.contract.helpers import Expert, caps, spec
+from contend.testing.contract.harness import Harness
+from contend.testing.contract.helpers import Expert, caps, spec
 
 
 async def join(h: Harness, name: str) -> Expert:

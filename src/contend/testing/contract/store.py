@@ -26,8 +26,8 @@ from contend.errors import (
     TaskNotFound,
 )
 from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat, Store
-from tests.contract.backends import Harness
-from tests.contract.helpers import OWNER_WRITES, Expert, caps, snapshot, spec
+from contend.testing.contract.harness import Harness
+from contend.testing.contract.helpers import OWNER_WRITES, Expert, caps, snapshot, spec
 
 P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
 OK, FAILED, DEAD, CANCELLED = (

@@ -1,0 +1,159 @@
+"""``contend expert``: run one expert until SIGTERM or SIGINT (a second signal stops it now)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import Field, fields
+from typing import Any
+
+from contend.cli.common import (
+    Subcommands,
+    UsageError,
+    add_store_option,
+    bounded,
+    load_app,
+    load_callable,
+    resolve_store_url,
+)
+from contend.domain.task import Capabilities
+from contend.errors import TaskError
+from contend.runtime.config import (
+    ExpertConfig,
+    Setting,
+    field_types,
+    number_text,
+    setting_of,
+    value_type,
+)
+
+log = logging.getLogger("contend.cli")
+
+
+def _capabilities(items: list[str]) -> Capabilities:
+    try:
+        return Capabilities.parse(items)
+    except TaskError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _fitness(target: str) -> Any:
+    return load_callable(target, "--fitness")
+
+
+# The options whose text becomes the field's value by a conversion of its own. They default to
+# None, meaning "not given: the field's default". Every other option takes its type, bounds,
+# choices and default from the field.
+CONVERSIONS: dict[str, Callable[[Any], Any]] = {
+    "queues": list,  # --queue a --queue b
+    "capabilities": _capabilities,  # --capability gpu --capability mem_gb=16
+    "specialties": frozenset,  # --specialty render --specialty encode
+    "fitness": _fitness,  # --fitness MODULE:FUNCTION
+}
+
+
+def options() -> list[tuple[Field[Any], Setting]]:
+    """The fields of ExpertConfig that ``contend expert`` exposes, with their settings."""
+    return [(f, s) for f in fields(ExpertConfig) if (s := setting_of(f)).flag]
+
+
+def option(name: str) -> tuple[Field[Any], Setting]:
+    """The exposed field ``name`` and its setting, for a command that passes it on."""
+    (found,) = [(f, s) for f, s in options() if f.name == name]
+    return found
+
+
+def default_text(f: Field[Any], s: Setting) -> str:
+    """How ``--help`` words a field's default."""
+    if s.default_text is not None:
+        return s.default_text
+    if isinstance(f.default, int | float):
+        return number_text(f.default)
+    return str(f.default)
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per exposed field of ExpertConfig, in the order of the fields."""
+    types = field_types()
+    for f, s in options():
+        assert s.flag is not None
+        flags = [s.flag] if s.short is None else [s.flag, s.short]
+        given: dict[str, Any] = {
+            "dest": f.name,
+            "metavar": s.metavar or s.flag.lstrip("-").upper().replace("-", "_"),
+            "help": f"{s.help} (default: {default_text(f, s)})".replace("%", "%%"),
+        }
+        if s.repeat:
+            given["action"] = "append"
+        if f.name in CONVERSIONS:
+            given["default"] = None
+        else:
+            kind = value_type(types[f.name])
+            given["default"] = f.default
+            if kind is not str:
+                given["type"] = bounded(s.flag, kind, s.bounds)
+            if s.choices:
+                given["choices"] = s.choices
+                given["metavar"] = None  # argparse shows {a,b,c}
+        parser.add_argument(*flags, **given)
+
+
+def config_from_args(args: argparse.Namespace) -> ExpertConfig:
+    """The ExpertConfig that the options ask for; an option not given leaves its default."""
+    values: dict[str, Any] = {}
+    for f, _ in options():
+        given = getattr(args, f.name)
+        if f.name not in CONVERSIONS:
+            values[f.name] = given
+        elif given is not None:
+            values[f.name] = CONVERSIONS[f.name](given)
+    if args.no_steal:
+        values["steal_ratio"] = None
+    return ExpertConfig(**values)
+
+
+def add_parser(sub: Subcommands) -> None:
+    e = sub.add_parser("expert", help="run an expert until SIGTERM")
+    e.add_argument("app", help="MODULE:APP")
+    add_store_option(e)
+    add_config_options(e)
+    e.add_argument(
+        "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
+    )
+    e.set_defaults(func=cmd_expert)
+
+
+async def cmd_expert(args: argparse.Namespace) -> int:
+    from contend.runtime.expert import Expert
+
+    app = load_app(args.app)
+    url = resolve_store_url(args, app)
+    app.with_store(url)
+    config = config_from_args(args)
+    expert = Expert(app, config)
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            log.info(
+                "signal %s: stopping gracefully (again to stop now)", signal.Signals(signum).name
+            )
+            expert.stop()
+        else:
+            log.warning("second signal: stopping now")
+            expert.config.grace = 0
+            expert.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await expert.run()
+    finally:
+        await app.aclose()
+    return 0

@@ -1,0 +1,142 @@
+"""``contend tasks list|show|retry|cancel``: look at tasks and manage one by id."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from contend.cli.common import (
+    Subcommands,
+    add_read_options,
+    age,
+    positive_int,
+    print_json,
+    table,
+    with_store,
+)
+from contend.domain.task import TaskState
+from contend.store.port import Store
+
+# The fields of a task in ``list --json`` and in the answer of ``retry``/``cancel --json``.
+SUMMARY_FIELDS = (
+    "id",
+    "type",
+    "queue",
+    "state",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "fence",
+    "owner",
+    "result",
+    "error",
+    "created_at",
+    "updated_at",
+)
+# The fields ``show`` prints first, one a line.
+SHOW_FIELDS = (
+    "id",
+    "type",
+    "queue",
+    "state",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "fence",
+    "owner",
+    "key",
+)
+
+
+def add_parser(sub: Subcommands) -> None:
+    t = sub.add_parser("tasks", help="list, show, retry or cancel tasks")
+    tsub = t.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
+    tl = tsub.add_parser("list", help="list tasks")
+    tl.add_argument("--state", choices=[str(s) for s in TaskState])
+    tl.add_argument("--queue")
+    tl.add_argument("--limit", type=positive_int("--limit", 1_000_000), default=100)
+    tl.set_defaults(func=cmd_tasks_list)
+    ts = tsub.add_parser("show", help="one task, with its history of claims")
+    ts.add_argument("id")
+    ts.set_defaults(func=cmd_tasks_show)
+    tr = tsub.add_parser("retry", help="send a failed, dead or cancelled task back to pending")
+    tr.add_argument("id")
+    tr.set_defaults(func=cmd_tasks_retry)
+    tc = tsub.add_parser("cancel", help="cancel a pending or running task")
+    tc.add_argument("id")
+    tc.set_defaults(func=cmd_tasks_cancel)
+    for sp in (tl, ts, tr, tc):
+        add_read_options(sp)
+
+
+def task_summary(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in SUMMARY_FIELDS}
+
+
+async def cmd_tasks_list(args: argparse.Namespace) -> int:
+    async def run(store: Store) -> int:
+        tasks = await store.list_tasks(state=args.state, queue=args.queue, limit=args.limit)
+        if args.json:
+            print_json([task_summary(t.to_json()) for t in tasks])
+            return 0
+        rows = [
+            (t.id, t.type, t.queue, t.state, t.priority, t.attempts, t.fence, t.owner or "-")
+            for t in tasks
+        ]
+        print(table(rows, ["id", "type", "queue", "state", "prio", "attempts", "fence", "owner"]))
+        return 0
+
+    return await with_store(args, run)
+
+
+async def cmd_tasks_show(args: argparse.Namespace) -> int:
+    async def run(store: Store) -> int:
+        task = await store.get(args.id, history=True)
+        data = task.to_json()
+        if args.json:
+            print_json(data)
+            return 0
+        now = await store.now()
+        for k in SHOW_FIELDS:
+            print(f"{k:>13}: {data[k] if data[k] is not None else '-'}")
+        print(f"{'created':>13}: {age(now - task.created_at)} ago")
+        if task.lease_deadline is not None:
+            print(f"{'lease left':>13}: {age(task.lease_deadline - now)}")
+        print(f"{'args':>13}: {json.dumps(task.args)}  kwargs: {json.dumps(task.kwargs)}")
+        for k in ("result", "error", "checkpoint"):
+            if data[k] is not None:
+                print(f"{k:>13}: {json.dumps(data[k])[:2000]}")
+        if task.history:
+            print("      history:")
+            for e in task.history:
+                who = f" by {e.expert}" if e.expert else ""
+                more = f" ({e.detail})" if e.detail else ""
+                print(
+                    f"               {age(now - e.at):>8} ago  {e.event:<10} fence {e.fence}{who}{more}"
+                )
+        return 0
+
+    return await with_store(args, run)
+
+
+async def _manage(args: argparse.Namespace, action: str) -> int:
+    """``tasks retry`` and ``tasks cancel``: one store call, the task's new state printed."""
+
+    async def run(store: Store) -> int:
+        task = await (store.retry if action == "retry" else store.cancel)(args.id)
+        if args.json:
+            print_json(task_summary(task.to_json()))
+        else:
+            print(f"{task.id} {task.state}")
+        return 0
+
+    return await with_store(args, run)
+
+
+async def cmd_tasks_retry(args: argparse.Namespace) -> int:
+    return await _manage(args, "retry")
+
+
+async def cmd_tasks_cancel(args: argparse.Namespace) -> int:
+    return await _manage(args, "cancel")
