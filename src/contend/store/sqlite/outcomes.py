@@ -33,59 +33,66 @@ def apply_outcomes(conn: sqlite3.Connection, now: float, changes: list[Change]) 
     settle_dependants(conn, now, _write(conn, now, changes))
 
 
+#: The bits of an UPDATE's shape: what an outcome changes besides the state and updated_at.
+_ATTEMPTS, _RUN_AT, _ERROR, _RESULT, _OWNED = 1, 2, 4, 8, 16
+
+
 def _write(
     conn: sqlite3.Connection, now: float, changes: list[Change]
 ) -> list[tuple[str, TaskState]]:
     """Update the rows (one statement per shape of outcome) and add the history lines; return
-    the tasks that reached a terminal state."""
-    updates: dict[str, list[tuple[object, ...]]] = {}
+    the tasks that reached a terminal state. Written for speed: it runs per task, inside the
+    write lock."""
+    updates: dict[int, list[list[object]]] = {}
     events: list[EventRow] = []
     ended: list[tuple[str, TaskState]] = []
     for tid, fence, o, attempts, run_at in changes:
         new_attempts = attempts if o.attempts is _KEEP else o.attempts.apply(attempts)
         new_run_at = o.run_at(run_at, now)
         error, result = o.error_json, o.result_json
-        shape = (
-            new_attempts != attempts,
-            new_run_at != run_at,
-            error is not None,
-            result is not None,
-            o.owned,
-        )
         params: list[object] = [_TEXT[o.state]]
-        if shape[0]:
+        shape = _OWNED if o.owned else 0
+        if new_attempts != attempts:
             params.append(new_attempts)
-        if shape[1]:
+            shape |= _ATTEMPTS
+        if new_run_at != run_at:
             params.append(new_run_at)
-        if shape[2]:
+            shape |= _RUN_AT
+        if error is not None:
             params.append(error)
-        if shape[3]:
+            shape |= _ERROR
+        if result is not None:
             params.append(result)
-        params += (now, tid)
-        updates.setdefault(_update_sql(*shape), []).append(tuple(params))
+            shape |= _RESULT
+        params.append(now)
+        params.append(tid)
+        rows = updates.get(shape)
+        if rows is None:
+            rows = updates[shape] = []
+        rows.append(params)
         events.append((tid, now, _TEXT[o.event], fence, o.actor, o.detail or ""))
         if o.ends:
             ended.append((tid, o.state))
-    for sql, rows in updates.items():
-        conn.executemany(sql, rows)
+    for shape, rows in updates.items():
+        conn.executemany(_update_sql(shape), rows)
     insert_events(conn, events)
     return ended
 
 
-@lru_cache(maxsize=64)
-def _update_sql(attempts: bool, run_at: bool, error: bool, result: bool, owned: bool) -> str:
+@lru_cache(maxsize=32)
+def _update_sql(shape: int) -> str:
     """The UPDATE for one shape of outcome: the columns it changes, in the order of the
     parameters :func:`_write` passes."""
     sets = ["state = ?"]
-    if attempts:
+    if shape & _ATTEMPTS:
         sets.append("attempts = ?")
-    if run_at:
+    if shape & _RUN_AT:
         sets.append("run_at = ?")
-    if error:
+    if shape & _ERROR:
         sets.append("error = ?")
-    if result:
+    if shape & _RESULT:
         sets.append("result = ?")
-    if not owned:
+    if not shape & _OWNED:
         sets.append("owner = NULL, lease_deadline = NULL")
     sets.append("updated_at = ?")
     return f"UPDATE tasks SET {', '.join(sets)} WHERE id = ?"
