@@ -1,0 +1,29 @@
+"""The SQLite store: many processes on one host share one database file.
+
+* WAL journal, so readers never wait for the writer.
+* Every write is one ``BEGIN IMMEDIATE`` transaction (never a read upgraded to a write), and a
+  claim is a single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING`` statement.
+* ``busy_timeout`` is 0: SQLite's own busy handler sleeps in growing steps and lets one process
+  win nearly every time, so a busy write is retried here after a short random pause instead,
+  which shares the lock fairly between processes.
+* Wake-ups: ``PRAGMA data_version`` tells, without taking a lock, whether another connection
+  committed; an idle expert checks it every few milliseconds.
+* Times come from this host's clock (all processes share it); tests inject a fake clock.
+
+Durability: ``synchronous=NORMAL`` by default, which in WAL mode survives any process crash
+(``kill -9``) but may lose the last transactions on power loss; add ``?synchronous=full`` to the
+URL to survive that too, at the cost of an fsync per commit.
+"""
+
+from contend.store.sqlite.schema import APPLICATION_ID, SCHEMA, SCHEMA_VERSION, TASK_COLUMNS
+from contend.store.sqlite.store import SQLiteStore
+from contend.store.sqlite.url import parse_sqlite_url
+
+__all__ = [
+    "APPLICATION_ID",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "TASK_COLUMNS",
+    "SQLiteStore",
+    "parse_sqlite_url",
+]

@@ -1,0 +1,159 @@
+"""The claim path: peek at claimable tasks, claim them in one ``UPDATE … RETURNING``, and steal
+claimed-but-unstarted tasks from an overloaded expert."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from contend.domain import transitions as rules
+from contend.domain.scoring import TaskView
+from contend.domain.task import Capabilities, Requirements
+from contend.store._common import check_limit, check_ttl
+from contend.store.port import Claimed
+from contend.store.sqlite.connection import Database
+from contend.store.sqlite.outcomes import attempts_sql
+from contend.store.sqlite.rows import claimed_from_row, insert_events, load
+from contend.store.sqlite.sessions import check_session
+
+
+def _claimable_sql(queues: Sequence[str], with_ids: int | None, low_lane: bool = False) -> str:
+    """A predicate on claimable tasks: the best by effective priority (parameters: queues,
+    now, [ids], limit); with *low_lane*, or the oldest ones (more: queues, now, lane limit)."""
+    qmarks = ",".join("?" * len(queues))
+    ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
+    where = (
+        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids} "
+        "AND (requirements IS NULL OR contend_fits(requirements))"
+    )
+    # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
+    # then sorts every pending task; walking the claim order's own index stops at LIMIT
+    best = (
+        f"SELECT id FROM tasks INDEXED BY tasks_claimable WHERE {where} "
+        "ORDER BY eff_priority DESC, run_at, id LIMIT ?"
+    )
+    if not low_lane:
+        return f"id IN ({best})"
+    oldest = (
+        f"SELECT id FROM tasks INDEXED BY tasks_oldest WHERE {where} ORDER BY run_at, id LIMIT ?"
+    )
+    # one IN over a compound query, so the outer statement looks ids up by key (an OR of
+    # two INs would make SQLite scan the whole table)
+    return f"id IN (SELECT id FROM ({best}) UNION SELECT id FROM ({oldest}))"
+
+
+async def peek(
+    db: Database,
+    queues: Sequence[str],
+    capabilities: Capabilities,
+    limit: int,
+    *,
+    low_lane: int = 0,
+) -> list[TaskView]:
+    check_limit(limit)
+    if not queues or not limit:
+        return []
+    lane = min(low_lane, limit)
+    params: tuple[Any, ...] = (*queues, db.clock(), limit - lane)
+    if lane:
+        params += (*queues, db.clock(), lane)
+
+    def run() -> list[TaskView]:
+        db.caps = capabilities
+        inner = _claimable_sql(queues, None, bool(lane))
+        rows = db.conn.execute(
+            f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
+            f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
+            params,
+        ).fetchall()
+        return [
+            TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(load(r[4])), r[5]) for r in rows
+        ]
+
+    return await db.retry(run)
+
+
+async def claim(
+    db: Database,
+    expert: str,
+    session: str,
+    queues: Sequence[str],
+    capabilities: Capabilities,
+    *,
+    limit: int,
+    lease_ttl: float,
+    task_ids: Sequence[str] | None = None,
+    start: bool = True,
+    low_lane: int = 0,
+) -> list[Claimed]:
+    check_limit(limit)
+    ttl = check_ttl(lease_ttl)
+    ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
+    outcome = rules.claimed(expert, start=start)
+
+    def run(conn: sqlite3.Connection) -> list[Claimed]:
+        now = db.clock()
+        check_session(conn, expert, session, now)
+        if not queues or not limit or (ids is not None and not ids):
+            return []
+        db.caps = capabilities
+        lane = min(low_lane, limit) if ids is None else 0
+        inner = _claimable_sql(queues, None if ids is None else len(ids), bool(lane))
+        params: tuple[Any, ...] = (*queues, now, *(ids or ()), limit - lane)
+        if lane:
+            params += (*queues, now, lane)
+        rows = conn.execute(
+            f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "
+            f"WHERE {inner} "
+            "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+            "checkpoint, timeout, priority",
+            (str(outcome.state), expert, now + ttl, now, *params),
+        ).fetchall()
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
+        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
+        return [claimed_from_row(r, now + ttl) for r in rows]
+
+    return await db.tx(run)
+
+
+async def steal(
+    db: Database,
+    thief: str,
+    session: str,
+    victim: str,
+    queues: Sequence[str],
+    capabilities: Capabilities,
+    *,
+    limit: int,
+    lease_ttl: float,
+) -> list[Claimed]:
+    check_limit(limit)
+    ttl = check_ttl(lease_ttl)
+    if not queues or not limit:
+        return []
+    qmarks = ",".join("?" * len(queues))
+    outcome = rules.stolen(thief, victim)
+
+    def run(conn: sqlite3.Connection) -> list[Claimed]:
+        now = db.clock()
+        check_session(conn, thief, session, now)
+        db.caps = capabilities
+        rows = conn.execute(
+            f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE id IN ("
+            f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+            f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
+            "AND (requirements IS NULL OR contend_fits(requirements)) "
+            "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
+            "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+            "checkpoint, timeout, priority",
+            (str(outcome.state), thief, now + ttl, now, victim, now, *queues, limit),
+        ).fetchall()
+        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
+        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
+        rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
+        return [claimed_from_row(r, now + ttl) for r in rows]
+
+    return await db.tx(run)

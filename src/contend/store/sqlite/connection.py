@@ -1,0 +1,126 @@
+"""One connection to the store's file and its write discipline.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction (:meth:`Database.tx`). ``busy_timeout`` is 0,
+so a busy database raises at once and :meth:`Database.retry` tries again after a short random
+pause, which shares the lock fairly between processes (SQLite's own busy handler lets one
+process win nearly every time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from contend.domain.task import Capabilities, Requirements
+from contend.errors import ConfigError, StoreBusy, StoreError
+from contend.store.sqlite.wakeups import Wakeups
+
+T = TypeVar("T")
+
+
+class Database:
+    """What every part of the store shares: the connection, the clock, the capabilities that
+    the ``contend_fits`` SQL function checks requirements against, and the wake-ups."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: Callable[[], float],
+        busy_deadline: float,
+        idle_poll: float,
+    ) -> None:
+        self.path = path
+        self.clock = clock
+        self.busy_deadline = busy_deadline
+        self.caps = Capabilities()
+        self.wakeups = Wakeups(idle_poll)
+        self._db: sqlite3.Connection | None = None
+
+    async def open(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
+        """Connect, then run *prepare* (create or check the schema) while busy-retrying."""
+        if self._db is not None:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise ConfigError(
+                f"directory {directory!r} of SQLite store {self.path!r} does not exist"
+            )
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
+        db.execute("PRAGMA busy_timeout = 0")
+        db.create_function("contend_fits", 1, self._fits, deterministic=True)
+        self._db = db
+        try:
+            await self.retry(lambda: prepare(db))
+        except BaseException:
+            db.close()
+            self._db = None
+            raise
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreError("the SQLite store is not open (call await store.open())")
+        return self._db
+
+    def _fits(self, req_json: str) -> int:
+        return int(self.caps.satisfies(Requirements.from_json(json.loads(req_json))))
+
+    # -- the write discipline --------------------------------------------------------------
+    async def retry(self, fn: Callable[[], T]) -> T:
+        """Run *fn*, retrying after a short random pause while the database is busy."""
+        deadline = time.monotonic() + self.busy_deadline
+        pause = 0.0002
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc):
+                    raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise StoreBusy(
+                        f"{self.path!r} stayed locked for {self.busy_deadline:.0f}s"
+                    ) from exc
+            await asyncio.sleep(random.uniform(0, pause))
+            pause = min(pause * 2, 0.004)
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        db = self.conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    async def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run *fn* in one write transaction, retried as a whole while the database is busy."""
+
+        def run() -> T:
+            with self.write() as db:
+                return fn(db)
+
+        result = await self.retry(run)
+        return result
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text

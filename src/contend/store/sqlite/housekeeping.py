@@ -1,0 +1,72 @@
+"""Housekeeping: return tasks whose lease lapsed, age pending tasks' priority, and drop the
+auctions of tasks that are no longer pending."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from contend.domain import transitions as rules
+from contend.domain.task import aged_priority, next_promotion
+from contend.store.sqlite.auctions import clear_closed_auctions
+from contend.store.sqlite.connection import Database
+from contend.store.sqlite.outcomes import apply_outcomes
+
+
+async def expire(db: Database) -> int:
+    def run(conn: sqlite3.Connection) -> int:
+        now = db.clock()
+        lapsed = conn.execute(
+            "SELECT id, owner, fence, attempts, max_attempts, run_at FROM tasks "
+            "WHERE state IN ('claimed', 'running') AND lease_deadline < ?",
+            (now,),
+        ).fetchall()
+        if not lapsed:
+            return 0
+        changes = [
+            (tid, fence, rules.expired(owner, attempts, most), attempts, run_at)
+            for tid, owner, fence, attempts, most, run_at in lapsed
+        ]
+        apply_outcomes(conn, now, changes)
+        conn.execute("DELETE FROM experts WHERE lease_deadline < ?", (now - 3600,))
+        return len(lapsed)
+
+    await clear_closed_auctions(db)
+    # A cheap read first: most calls find nothing to do and need no write lock.
+    now = db.clock()
+    due = await db.retry(
+        lambda: db.conn.execute(
+            "SELECT 1 FROM tasks WHERE state IN ('claimed', 'running') AND lease_deadline < ? LIMIT 1",
+            (now,),
+        ).fetchone()
+    )
+    moved = 0 if due is None else await db.tx(run)
+    if moved:
+        db.wakeups.touch()
+    await _age(db)  # after the lapse: returned tasks catch up on their ageing too
+    return moved
+
+
+async def _age(db: Database) -> None:
+    """Ageing: raise the effective priority of pending tasks whose next step is due."""
+    now = db.clock()
+    due = await db.retry(
+        lambda: db.conn.execute(
+            "SELECT id, priority, created_at FROM tasks "
+            "WHERE state = 'pending' AND promote_at <= ? LIMIT 5000",
+            (now,),
+        ).fetchall()
+    )
+    if not due:
+        return
+    updates = []
+    for tid, priority, created in due:
+        aged = aged_priority(priority, now - created)
+        updates.append((aged, next_promotion(priority, aged, created), tid))
+
+    def run(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "UPDATE tasks SET eff_priority = ?, promote_at = ? WHERE id = ? AND state = 'pending'",
+            updates,
+        )
+
+    await db.tx(run)

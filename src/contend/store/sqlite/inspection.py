@@ -1,0 +1,128 @@
+"""Inspection: read tasks, experts, counts and backlogs without taking the write lock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from contend.domain.task import Task, TaskEvent, TaskState
+from contend.errors import TaskNotFound
+from contend.store._common import check_limit
+from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
+from contend.store.sqlite.connection import Database
+from contend.store.sqlite.rows import row_to_task
+from contend.store.sqlite.schema import TASK_COLUMNS
+
+
+async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
+    def run() -> Task:
+        conn = db.conn
+        row = conn.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise TaskNotFound(task_id)
+        events: tuple[TaskEvent, ...] = ()
+        if history:
+            events = tuple(
+                TaskEvent(*e)
+                for e in conn.execute(
+                    "SELECT at, event, fence, expert, detail FROM task_events "
+                    "WHERE task_id = ? ORDER BY rowid",
+                    (task_id,),
+                )
+            )
+        return row_to_task(row, events)
+
+    return await db.retry(run)
+
+
+async def list_tasks(
+    db: Database, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+) -> list[Task]:
+    check_limit(limit)
+    where, params = [], []
+    if state is not None:
+        where.append("state = ?")
+        params.append(str(TaskState(state)))
+    if queue is not None:
+        where.append("queue = ?")
+        params.append(queue)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY id LIMIT ?"
+    rows = await db.retry(lambda: db.conn.execute(sql, (*params, limit)).fetchall())
+    return [row_to_task(r) for r in rows]
+
+
+async def stats(db: Database) -> StoreStats:
+    def run() -> tuple[float, dict[str, dict[str, int]], int, float | None]:
+        conn = db.conn
+        now = db.clock()
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in conn.execute(
+            "SELECT queue, state, count(*) FROM tasks GROUP BY queue, state"
+        ):
+            counts.setdefault(queue, {})[state] = n
+        done = conn.execute(
+            "SELECT count(*) FROM tasks WHERE state = 'succeeded' AND updated_at > ?",
+            (now - 60,),
+        ).fetchone()[0]
+        oldest = conn.execute(
+            "SELECT min(run_at) FROM tasks WHERE state = 'pending' AND run_at <= ?", (now,)
+        ).fetchone()[0]
+        return now, counts, done, (None if oldest is None else now - oldest)
+
+    now, counts, done, oldest = await db.retry(run)
+    return StoreStats(now, counts, await list_experts(db), done, oldest)
+
+
+async def list_experts(db: Database) -> list[ExpertRecord]:
+    rows = await db.retry(
+        lambda: db.conn.execute(
+            "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
+            "claim_attempts, claims_won, tasks_done, metrics FROM experts ORDER BY id"
+        ).fetchall()
+    )
+    now = db.clock()
+    return [
+        ExpertRecord(
+            info=ExpertInfo.from_json_text(r[2]),
+            session=r[1],
+            alive=r[3] >= now,
+            load=r[6],
+            lease_deadline=r[3],
+            heartbeat_at=r[4],
+            started_at=r[5],
+            claim_attempts=r[7],
+            claims_won=r[8],
+            tasks_done=r[9],
+            metrics=json.loads(r[10]),
+        )
+        for r in rows
+    ]
+
+
+async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
+    if not queues:
+        return Backlog(0, None)
+    marks = ",".join("?" * len(queues))
+    now = db.clock()
+    row = await db.retry(
+        lambda: db.conn.execute(
+            f"SELECT count(*), min(run_at) FROM tasks WHERE state = 'pending' "
+            f"AND queue IN ({marks}) AND run_at <= ?",
+            (*queues, now),
+        ).fetchone()
+    )
+    return Backlog(row[0], None if row[1] is None else now - row[1])
+
+
+async def next_due(db: Database, queues: Sequence[str]) -> float | None:
+    if not queues:
+        return None
+    marks = ",".join("?" * len(queues))
+    row = await db.retry(
+        lambda: db.conn.execute(
+            f"SELECT min(run_at) FROM tasks WHERE state = 'pending' AND queue IN ({marks})",
+            tuple(queues),
+        ).fetchone()
+    )
+    return None if row is None else row[0]

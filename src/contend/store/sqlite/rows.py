@@ -1,0 +1,108 @@
+"""Rows and values: how a task row becomes a :class:`Task` or a :class:`Claimed`, how JSON
+columns are written, and the small reads and writes several parts share."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState
+from contend.store.port import Claimed
+
+#: A row of ``task_events``: task id, at, event, fence, expert, detail ("" for none: see
+#: :func:`insert_events`).
+EventRow = tuple[str, float, str, int, str | None, str]
+
+
+def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...] = ()) -> Task:
+    """A task from a row of ``TASK_COLUMNS``."""
+    return Task(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        state=TaskState(r[3]),
+        priority=r[4],
+        args=json.loads(r[5]),
+        kwargs=json.loads(r[6]),
+        key=r[7],
+        requirements=Requirements.from_json(load(r[8])),
+        attempts=r[9],
+        max_attempts=r[10],
+        fence=r[11],
+        owner=r[12],
+        lease_deadline=r[13],
+        run_at=r[14],
+        created_at=r[15],
+        updated_at=r[16],
+        timeout=r[17],
+        result=load(r[18]),
+        error=load(r[19]),
+        checkpoint=load(r[20]),
+        depends_on=tuple(load(r[21]) or ()),
+        history=history,
+    )
+
+
+def claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
+    """A claim from the ``RETURNING`` row of a claim or a steal."""
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=load(r[8]),
+        timeout=r[9],
+        lease_deadline=deadline,
+        priority=r[10],
+    )
+
+
+def insert_events(db: sqlite3.Connection, rows: list[EventRow]) -> None:
+    """Add history lines. A line without a detail passes "" and the column gets NULL: sqlite3
+    binds None through its adapter lookup, about a microsecond a parameter more than a str,
+    and most lines (every claim and completion) have no detail."""
+    if rows:
+        db.executemany(
+            "INSERT INTO task_events (task_id, at, event, fence, expert, detail) "
+            "VALUES (?,?,?,?,?,NULLIF(?, ''))",
+            rows,
+        )
+
+
+def existing_ids(db: sqlite3.Connection, ids: Iterable[str]) -> set[str]:
+    """Which of *ids* are tasks in the store."""
+    found: set[str] = set()
+    for chunk in chunks(list(ids), 500):
+        marks = ",".join("?" * len(chunk))
+        found.update(r[0] for r in db.execute(f"SELECT id FROM tasks WHERE id IN ({marks})", chunk))
+    return found
+
+
+def dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, TaskState]:
+    """The state of each of *ids* that is a task in the store."""
+    states: dict[str, TaskState] = {}
+    for chunk in chunks(list(ids), 500):
+        marks = ",".join("?" * len(chunk))
+        for tid, state in db.execute(f"SELECT id, state FROM tasks WHERE id IN ({marks})", chunk):
+            states[tid] = TaskState(state)
+    return states
+
+
+def chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+def req_json(req: Requirements) -> str | None:
+    data = req.to_json()
+    return None if data is None else json.dumps(data, separators=(",", ":"))

@@ -1,0 +1,131 @@
+"""The SQLite store's tables and indexes, and opening a file: create the schema or check it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from contend.errors import SchemaError
+from contend.store.sqlite.connection import is_busy
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
+
+SCHEMA = """
+CREATE TABLE contend_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY,
+    type TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    args TEXT NOT NULL,
+    kwargs TEXT NOT NULL,
+    key TEXT UNIQUE,
+    requirements TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    fence INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    lease_deadline REAL,
+    run_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    timeout REAL,
+    result TEXT,
+    error TEXT,
+    checkpoint TEXT,
+    depends_on TEXT,
+    deps_left INTEGER NOT NULL DEFAULT 0,
+    eff_priority INTEGER NOT NULL,
+    promote_at REAL NOT NULL
+);
+CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
+CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
+CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
+CREATE INDEX tasks_state ON tasks (state, queue);
+CREATE INDEX tasks_done ON tasks (updated_at) WHERE state = 'succeeded';
+CREATE TABLE task_deps (dep_id TEXT NOT NULL, task_id TEXT NOT NULL, PRIMARY KEY (dep_id, task_id))
+    WITHOUT ROWID;
+CREATE TABLE task_events (
+    task_id TEXT NOT NULL, at REAL NOT NULL, event TEXT NOT NULL, fence INTEGER NOT NULL,
+    expert TEXT, detail TEXT
+);
+CREATE INDEX task_events_task ON task_events (task_id);
+CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE bids (
+    task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, expert)
+) WITHOUT ROWID;
+CREATE TABLE experts (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    info TEXT NOT NULL,
+    lease_deadline REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    started_at REAL NOT NULL,
+    load INTEGER NOT NULL DEFAULT 0,
+    claim_attempts INTEGER NOT NULL DEFAULT 0,
+    claims_won INTEGER NOT NULL DEFAULT 0,
+    tasks_done INTEGER NOT NULL DEFAULT 0,
+    metrics TEXT NOT NULL DEFAULT '{}'
+);
+"""
+
+TASK_COLUMNS = (
+    "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
+    "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
+    "checkpoint, depends_on"
+)
+
+
+def prepare(db: sqlite3.Connection, path: str, sync: str) -> None:
+    """Create the schema in a new file, or check that an existing one is a contend store of
+    this version; then set the journal (WAL) and the *sync* mode."""
+    try:
+        # One read transaction: another process creating the schema meanwhile must not
+        # be seen half way (its application id not yet, its tables already).
+        db.execute("BEGIN")
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.execute("COMMIT")
+    except sqlite3.DatabaseError as exc:
+        if is_busy(exc):
+            raise
+        raise SchemaError(f"{path!r} is not an SQLite database ({exc})") from exc
+    if not tables and app_id == 0:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                for stmt in SCHEMA.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute(
+                    "INSERT INTO contend_meta VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    elif app_id != APPLICATION_ID or "contend_meta" not in tables:
+        raise SchemaError(
+            f"{path!r} is an SQLite database but not a contend store "
+            "(it has other tables); point --store at a new or existing contend file"
+        )
+    else:
+        row = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row else 0
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"{path!r} has contend schema version {version}; this contend "
+                f"understands version {SCHEMA_VERSION}"
+            )
+    if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        db.execute("PRAGMA journal_mode = WAL")
+    db.execute(f"PRAGMA synchronous = {sync}")

@@ -1,0 +1,114 @@
+"""Submission: insert a batch of tasks, deduplicated by id and idempotency key, with their
+dependency edges, in one transaction."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+
+from contend.domain import transitions as rules
+from contend.domain.task import TaskSpec, TaskState, next_promotion
+from contend.errors import StoreError
+from contend.store._common import check_batch_dependencies
+from contend.store.port import Submitted
+from contend.store.sqlite.connection import Database
+from contend.store.sqlite.outcomes import settle_dependants
+from contend.store.sqlite.rows import chunks, dep_states, existing_ids, req_json
+
+
+async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
+    if not specs:
+        return []
+
+    def run(conn: sqlite3.Connection) -> list[Submitted]:
+        now = db.clock()
+        fresh, out = _sort_out(conn, specs)
+        check_batch_dependencies(fresh, lambda ids: existing_ids(conn, ids))
+        _insert(conn, now, fresh)
+        return out
+
+    try:
+        result = await db.tx(run)
+    except sqlite3.IntegrityError as exc:
+        raise StoreError(f"submission refused by the database: {exc}") from exc
+    db.wakeups.touch()
+    return result
+
+
+def _sort_out(
+    conn: sqlite3.Connection, specs: Sequence[TaskSpec]
+) -> tuple[list[TaskSpec], list[Submitted]]:
+    """The specs to insert, and the answer for each spec: a task already known by its id (the
+    same spec sent again after a lost reply) or by its idempotency key is kept, not made."""
+    keys = [s.key for s in specs if s.key is not None]
+    existing: dict[str, str] = {}
+    for chunk in chunks(keys, 500):
+        marks = ",".join("?" * len(chunk))
+        existing.update(
+            conn.execute(f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk).fetchall()
+        )
+    known = existing_ids(conn, [s.id for s in specs])
+    fresh: list[TaskSpec] = []
+    out: list[Submitted] = []
+    for spec in specs:
+        if spec.id in known:  # the same spec sent again (a lost reply): keep the task
+            out.append(Submitted(spec.id, False))
+            continue
+        if spec.key is not None and spec.key in existing:
+            out.append(Submitted(existing[spec.key], False))
+            continue
+        if spec.key is not None:
+            existing[spec.key] = spec.id
+        fresh.append(spec)
+        out.append(Submitted(spec.id, True))
+    return fresh, out
+
+
+def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None:
+    """Insert the task rows, each in the state the rulebook gives a new task, and the
+    dependency edges still open."""
+    deps_state = dep_states(conn, {d for s in fresh for d in s.depends_on})
+    free = rules.submitted((), {})  # the birth of every task without dependencies
+    rows = []
+    dep_rows: list[tuple[str, str]] = []
+    born_dead: list[tuple[str, TaskState]] = []
+    for spec in fresh:
+        birth = rules.submitted(spec.depends_on, deps_state) if spec.depends_on else free
+        if birth.state.terminal:
+            born_dead.append((spec.id, birth.state))
+        rows.append(
+            (
+                spec.id,
+                spec.type,
+                spec.queue,
+                birth.state,
+                spec.priority,
+                spec.args_json,
+                spec.kwargs_json,
+                spec.key,
+                req_json(spec.requirements),
+                spec.max_attempts,
+                now + spec.delay,
+                now,
+                now,
+                spec.timeout,
+                json.dumps(list(spec.depends_on)) if spec.depends_on else None,
+                len(birth.waits_on),
+                birth.error_json,
+                spec.priority,
+                next_promotion(spec.priority, spec.priority, now),
+            )
+        )
+        dep_rows.extend((d, spec.id) for d in birth.waits_on)
+    conn.executemany(
+        "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
+        "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
+        "deps_left, error, eff_priority, promote_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
+    if dep_rows:
+        conn.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
+    # A task dead at birth (a dependency had failed) settles batch members that wait on it.
+    settle_dependants(conn, now, born_dead)
