@@ -47,6 +47,7 @@ from contend.store.port import (
     ExpertRecord,
     Failure,
     Heartbeat,
+    Promises,
     StoreStats,
     Submitted,
 )
@@ -135,6 +136,8 @@ class MemoryStore:
     instead of a scan of every task; owned tasks are indexed for ``renew`` and ``expire``.
     Every change of state goes through :meth:`_set_state`, which keeps the indexes in step.
     """
+
+    promises = Promises()  # one process: every submission is atomic
 
     def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
         self.url = url

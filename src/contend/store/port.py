@@ -15,6 +15,9 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
 * ``expire`` returns tasks whose lease lapsed to ``pending`` (``dead`` when their attempts are
   spent), keeping their checkpoint.
 * A refused submission (bad dependency, cycle) leaves the store unchanged.
+* ``submit`` is all or none up to ``promises.atomic_submit`` tasks (every size when it is
+  None). A larger batch may be written in parts: every check still runs before the first
+  part, and sending the same specs again (same ids) completes a batch cut short.
 """
 
 from __future__ import annotations
@@ -217,11 +220,21 @@ class StoreStats:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Promises:
+    """What a backend promises where the port lets backends differ; the contract suite reads
+    it instead of assuming. ``atomic_submit``: the largest submission written all or none
+    (None: any size)."""
+
+    atomic_submit: int | None = None
+
+
 @runtime_checkable
 class Store(Protocol):
     """The port. All methods are coroutines; a backend may block briefly inside them."""
 
     url: str
+    promises: Promises
 
     async def open(self) -> None:
         """Connect, create or check the schema. Raises SchemaError for a foreign target."""

@@ -150,6 +150,30 @@ async def test_resubmitting_the_same_spec_never_overwrites_the_task(harness: Har
 # -- claim -----------------------------------------------------------------------------------
 
 
+async def test_a_large_refused_submission_writes_nothing(harness: Harness) -> None:
+    """Every check runs before the first write, also for a batch a backend writes in parts."""
+    s = harness.store
+    n = 2 * (s.promises.atomic_submit or 200) + 1
+    specs = [spec() for _ in range(n - 1)] + [spec(depends_on=["no-such-task"])]
+    with pytest.raises(DependencyError, match="no-such-task"):
+        await s.submit(specs)
+    assert await snapshot(s) == []
+
+
+async def test_a_batch_cut_short_is_completed_by_sending_it_again(harness: Harness) -> None:
+    """What a backend that writes large batches in parts promises after a failure between two
+    parts: the same specs sent again add what is missing and duplicate nothing."""
+    s = harness.store
+    specs = [spec("job", n) for n in range(2 * (s.promises.atomic_submit or 200) + 1)]
+    first = await s.submit(specs[: len(specs) // 2])  # as if the rest never made it
+    again = await s.submit(specs)
+    assert all(sub.created for sub in first)
+    assert [sub.created for sub in again] == [False] * len(first) + [True] * (
+        len(specs) - len(first)
+    )
+    assert len(await s.list_tasks(limit=10_000)) == len(specs)
+
+
 async def test_claim_hands_a_task_to_one_expert(harness: Harness) -> None:
     s = harness.store
     t = spec("a", 1)
