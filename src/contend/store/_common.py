@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from contend.domain.task import TaskSpec, TaskState, find_cycle
+from contend.domain.task import TaskSpec, find_cycle
 from contend.errors import ConfigError, DependencyError, TaskError
 
 
@@ -26,10 +26,6 @@ def check_batch_dependencies(
     cycle = find_cycle({s.id: s.depends_on for s in specs if s.depends_on})
     if cycle:
         raise DependencyError(f"dependency cycle: {' -> '.join(cycle)}")
-
-
-def initial_state(spec: TaskSpec, unfinished_deps: int) -> TaskState:
-    return TaskState.WAITING if unfinished_deps else TaskState.PENDING
 
 
 def check_ttl(lease_ttl: float) -> float:
@@ -57,11 +53,6 @@ def check_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ConfigError(f"limit must be a non-negative integer, got {limit!r}")
     return limit
-
-
-def after_failure(attempts: int, max_attempts: int) -> TaskState:
-    """Where a task goes when its owner vanished (lease lapsed)."""
-    return TaskState.PENDING if attempts < max_attempts else TaskState.DEAD
 
 
 def check_bid(score: float, window: float) -> tuple[float, float]:

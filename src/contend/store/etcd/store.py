@@ -22,7 +22,7 @@ from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.submit import Submitter
 from contend.store.etcd.txn import absent, get, put
 from contend.store.etcd.watch import Changes
-from contend.store.port import Store
+from contend.store.port import Promises, Store
 
 #: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
 SCHEMA_VERSION = 4
@@ -35,6 +35,10 @@ class EtcdStore:
     options may also be given in the URL's query (docs/etcd.md). Each operation of the port
     is the method of the part that does it (the table at the end of ``__init__``); the parts
     share one connection (``_etcd``), the key layout (``_keys``) and the clock."""
+
+    #: A submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in
+    #: tasks without dependencies); only a single task is promised to be written all or none.
+    promises = Promises(atomic_submit=1)
 
     def __init__(
         self,

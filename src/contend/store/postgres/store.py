@@ -17,6 +17,7 @@ from contend.store.port import (
     ExpertRecord,
     Failure,
     Heartbeat,
+    Promises,
     StoreStats,
     Submitted,
 )
@@ -39,6 +40,8 @@ from contend.store.postgres.wakeups import Wakeups
 class PostgresStore:
     """A store in a PostgreSQL schema. One instance per process; it keeps a connection pool
     and one listener connection."""
+
+    promises = Promises()  # one transaction per submission, whatever its size
 
     def __init__(
         self,

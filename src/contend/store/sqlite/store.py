@@ -18,6 +18,7 @@ from contend.store.port import (
     ExpertRecord,
     Failure,
     Heartbeat,
+    Promises,
     StoreStats,
     Submitted,
 )
@@ -38,6 +39,8 @@ from contend.store.sqlite.url import parse_sqlite_url, sync_pragma
 
 class SQLiteStore:
     """A store in one SQLite file. One connection per instance; create one per process."""
+
+    promises = Promises()  # one write transaction per submission, whatever its size
 
     def __init__(
         self,
