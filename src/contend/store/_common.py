@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from contend.domain.task import TaskSpec, find_cycle
 from contend.errors import ConfigError, DependencyError, TaskError
+from contend.store.port import Submitted
 
 
 def check_batch_dependencies(
@@ -67,3 +68,32 @@ def rank_bids(bids: dict[str, tuple[float, float]]) -> tuple[tuple[str, float], 
     """{expert: (score, placed_at)} -> ((expert, score), ...), best first, then earliest."""
     order = sorted(bids.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
     return tuple((name, score) for name, (score, _) in order)
+
+
+def sort_out(
+    specs: Sequence[TaskSpec],
+    known: Collection[str],
+    taken: Mapping[str, str],
+    landed: Collection[str] = (),
+) -> tuple[list[TaskSpec], list[Submitted]]:
+    """What each spec of a submission comes to, the idempotency rule written once: a spec whose
+    id is stored (sent again after a lost reply) or whose key is taken — in the store (*taken*:
+    key -> id) or earlier in the same batch — answers with that task and writes nothing; the
+    others are new. Returns the specs to write and the answer for every spec, in order.
+    *landed*: ids this call already wrote (a backend that writes a batch in parts) — new, but
+    not to be written again."""
+    fresh: list[TaskSpec] = []
+    out: list[Submitted] = []
+    keys = dict(taken)
+    for spec in specs:
+        if spec.id in known:
+            out.append(Submitted(spec.id, False))
+        elif spec.key is not None and spec.key in keys:
+            out.append(Submitted(keys[spec.key], False))
+        else:
+            if spec.key is not None:
+                keys[spec.key] = spec.id
+            if spec.id not in landed:
+                fresh.append(spec)
+            out.append(Submitted(spec.id, True))
+    return fresh, out

@@ -36,6 +36,7 @@ from contend.store._common import (
     check_retry_delay,
     check_ttl,
     rank_bids,
+    sort_out,
 )
 from contend.store._sorted import SortedKeys
 from contend.store.port import (
@@ -211,25 +212,10 @@ class MemoryStore:
     # -- submission and inspection ---------------------------------------------------------
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         now = self._clock()
-        fresh = [
-            s
-            for s in specs
-            if s.id not in self._tasks and (s.key is None or s.key not in self._keys)
-        ]
+        fresh, out = sort_out(specs, self._tasks, self._keys)
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
-        out: list[Submitted] = []
-        batch_keys: dict[str, str] = {}
         born_dead: list[str] = []
-        for spec in specs:
-            if spec.id in self._tasks:  # the same spec sent again (a lost reply): keep the task
-                out.append(Submitted(spec.id, False))
-                continue
-            if spec.key is not None and spec.key in self._keys:
-                out.append(Submitted(self._keys[spec.key], False))
-                continue
-            if spec.key is not None and spec.key in batch_keys:
-                out.append(Submitted(batch_keys[spec.key], False))
-                continue
+        for spec in fresh:
             birth = rules.submitted(spec.depends_on, self._states_of(spec.depends_on))
             left = birth.waits_on
             row = _Row(spec, birth.state, now + spec.delay, now, now, len(left))
@@ -242,8 +228,6 @@ class MemoryStore:
                 self._dependents.setdefault(dep, set()).add(spec.id)
             if spec.key is not None:
                 self._keys[spec.key] = spec.id
-                batch_keys[spec.key] = spec.id
-            out.append(Submitted(spec.id, True))
             if row.state == TaskState.DEAD:
                 born_dead.append(spec.id)
         for tid in born_dead:  # batch members that wait on it were inserted before it

@@ -13,7 +13,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState
 from contend.domain.transitions import Birth
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending
 from contend.store.etcd.record import INLINE_MAX, Record
@@ -135,22 +135,7 @@ class Submitter:
             for k, kv in zip(keyed, key_kvs, strict=True)
             if kv and kv.value.decode() not in landed
         }
-        fresh: list[TaskSpec] = []
-        out: list[Submitted] = []
-        batch_keys: dict[str, str] = {}
-        for spec in specs:
-            if spec.id in known:
-                out.append(Submitted(spec.id, False))
-            elif spec.key is not None and spec.key in existing:
-                out.append(Submitted(existing[spec.key], False))
-            elif spec.key is not None and spec.key in batch_keys:
-                out.append(Submitted(batch_keys[spec.key], False))
-            else:
-                if spec.key is not None:
-                    batch_keys[spec.key] = spec.id
-                if spec.id not in landed:
-                    fresh.append(spec)
-                out.append(Submitted(spec.id, True))
+        fresh, out = sort_out(specs, known, existing, landed)
         return out, fresh
 
     def _groups(

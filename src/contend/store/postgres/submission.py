@@ -15,7 +15,7 @@ import psycopg.errors
 from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import req_json
@@ -99,20 +99,7 @@ async def _new_specs(
     if keys:
         await cur.execute(db.sql("SELECT key, id FROM {s}.tasks WHERE key = ANY(%s)"), (keys,))
         existing.update((r[0], r[1]) for r in await cur.fetchall())
-    fresh: list[TaskSpec] = []
-    out: list[Submitted] = []
-    for spec in specs:
-        if spec.id in known:  # the same spec sent again (a lost reply): keep the task
-            out.append(Submitted(spec.id, False))
-            continue
-        if spec.key is not None and spec.key in existing:
-            out.append(Submitted(existing[spec.key], False))
-            continue
-        if spec.key is not None:
-            existing[spec.key] = spec.id
-        fresh.append(spec)
-        out.append(Submitted(spec.id, True))
-    return fresh, out
+    return sort_out(specs, known, existing)
 
 
 async def _dependency_states(db: Database, cur: Cursor, fresh: list[TaskSpec]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import settle_dependants
@@ -49,20 +49,7 @@ def _sort_out(
             conn.execute(f"SELECT key, id FROM tasks WHERE key IN ({marks})", chunk).fetchall()
         )
     known = existing_ids(conn, [s.id for s in specs])
-    fresh: list[TaskSpec] = []
-    out: list[Submitted] = []
-    for spec in specs:
-        if spec.id in known:  # the same spec sent again (a lost reply): keep the task
-            out.append(Submitted(spec.id, False))
-            continue
-        if spec.key is not None and spec.key in existing:
-            out.append(Submitted(existing[spec.key], False))
-            continue
-        if spec.key is not None:
-            existing[spec.key] = spec.id
-        fresh.append(spec)
-        out.append(Submitted(spec.id, True))
-    return fresh, out
+    return sort_out(specs, known, existing)
 
 
 def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None:
