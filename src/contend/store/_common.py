@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from contend.domain.task import TaskSpec, find_cycle
-from contend.errors import ConfigError, DependencyError, TaskError
+from contend.errors import ConfigError, DependencyError, ExpertConflict, LeaseLost, TaskError
 from contend.store.port import Submitted
 
 
@@ -97,3 +97,16 @@ def sort_out(
                 fresh.append(spec)
             out.append(Submitted(spec.id, True))
     return fresh, out
+
+
+def session_not_live(expert: str, session: str) -> LeaseLost:
+    """The refusal of a call under a session that has ended or lapsed."""
+    return LeaseLost(f"expert {expert}: session {session} is not live")
+
+
+def live_elsewhere(expert: str, host: str, pid: int) -> ExpertConflict:
+    """The refusal of a registration whose expert id holds a live session."""
+    return ExpertConflict(
+        f"expert id {expert!r} is live elsewhere (host {host or '?'}, pid {pid}); "
+        "pick another --name or stop that expert"
+    )

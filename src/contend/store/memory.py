@@ -28,14 +28,16 @@ from contend.domain.task import (
     next_promotion,
 )
 from contend.domain.transitions import Holding, Outcome
-from contend.errors import ExpertConflict, FencedOut, LeaseLost, TaskNotFound
+from contend.errors import FencedOut, TaskNotFound
 from contend.store._common import (
     check_batch_dependencies,
     check_bid,
     check_limit,
     check_retry_delay,
     check_ttl,
+    live_elsewhere,
     rank_bids,
+    session_not_live,
     sort_out,
 )
 from contend.store._sorted import SortedKeys
@@ -388,7 +390,7 @@ class MemoryStore:
     def _live_session(self, expert: str, session: str, now: float) -> _Expert:
         e = self._experts.get(expert)
         if e is None or e.session != session or e.lease_deadline < now:
-            raise LeaseLost(f"expert {expert}: session {session} is not live")
+            raise session_not_live(expert, session)
         return e
 
     async def claim(
@@ -644,10 +646,7 @@ class MemoryStore:
         now = self._clock()
         old = self._experts.get(info.id)
         if old is not None and old.lease_deadline >= now:
-            raise ExpertConflict(
-                f"expert id {info.id!r} is live elsewhere (host {old.info.host or '?'}, "
-                f"pid {old.info.pid}); pick another --name or stop that expert"
-            )
+            raise live_elsewhere(info.id, old.info.host, old.info.pid)
         if old is not None:
             # The old session's claims end with it: a new session never inherits them.
             for row in self._tasks.values():

@@ -22,7 +22,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import Capabilities, Requirements, TaskState
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
-from contend.store._common import check_limit, check_ttl
+from contend.store._common import check_limit, check_ttl, session_not_live
 from contend.store.etcd.candidates import Rank, choose, rank_of
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
@@ -156,7 +156,7 @@ class Claims:
     def lost_session(self, claimant: Claimant) -> LeaseLost:
         """Forget a session a claim found ended; the error to raise."""
         self._sessions.cache.pop(claimant.session, None)
-        return LeaseLost(f"expert {claimant.expert}: session {claimant.session} is not live")
+        return session_not_live(claimant.expert, claimant.session)
 
     # -- steals ------------------------------------------------------------------------------
     async def steal(

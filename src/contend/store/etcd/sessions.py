@@ -18,8 +18,8 @@ from typing import Any
 
 from aetcd import rpc
 
-from contend.errors import ExpertConflict, LeaseLost, StoreError
-from contend.store._common import check_ttl
+from contend.errors import LeaseLost, StoreError
+from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import absent, get, put, value_is
@@ -55,7 +55,7 @@ class Sessions:
         kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
         if kv is None or json.loads(kv.value)["session"] != session:
             self.cache.pop(session, None)
-            raise LeaseLost(f"expert {expert}: session {session} is not live")
+            raise session_not_live(expert, session)
         lease = int(json.loads(kv.value)["lease"])
         self.remember(session, lease, kv.value)
         return lease, kv.value
@@ -130,10 +130,7 @@ class Sessions:
             await self.revoke(lease)
             kvs = resp.responses[0].response_range.kvs
             other = ExpertInfo.from_json_text(json.loads(kvs[0].value)["info"]) if kvs else info
-            raise ExpertConflict(
-                f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, "
-                f"pid {other.pid}); pick another --name or stop that expert"
-            )
+            raise live_elsewhere(info.id, other.host, other.pid)
         self.remember(session, lease, lvalue)
         self.records[session] = record
         return session
@@ -172,7 +169,7 @@ class Sessions:
         resp = await self._etcd.txn([value_is(lkey, session_value)], [put(ekey, json.dumps(d))])
         if not resp.succeeded:
             self.drop(session, lease)
-            raise LeaseLost(f"expert {expert}: session {session} is not live")
+            raise session_not_live(expert, session)
         self.records[session] = d
         cbase = k("c", "")
         claims = await self._etcd.read_many(await self.lease_claims(lease))

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from contend.errors import ExpertConflict, LeaseLost
-from contend.store._common import check_ttl
+from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.port import ExpertInfo, Heartbeat
 from contend.store.postgres.database import Cursor, Database, one
 
@@ -22,7 +21,7 @@ async def check_session(db: Database, cur: Cursor, expert: str, session: str) ->
         db.params(expert=expert, session=session),
     )
     if await cur.fetchone() is None:
-        raise LeaseLost(f"expert {expert}: session {session} is not live")
+        raise session_not_live(expert, session)
 
 
 async def register_expert(db: Database, info: ExpertInfo, lease_ttl: float) -> str:
@@ -57,10 +56,7 @@ async def register_expert(db: Database, info: ExpertInfo, lease_ttl: float) -> s
             return
         await cur.execute(db.sql("SELECT info FROM {s}.experts WHERE id = %s"), (info.id,))
         other = ExpertInfo.from_json_text(one(await cur.fetchone())[0])
-        raise ExpertConflict(
-            f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
-            f"{other.pid}); pick another --name or stop that expert"
-        )
+        raise live_elsewhere(info.id, other.host, other.pid)
 
     await db.run(run)
     return session
@@ -92,7 +88,7 @@ async def renew(
             ),
         )
         if await cur.fetchone() is None:
-            raise LeaseLost(f"expert {expert}: session {session} is not live")
+            raise session_not_live(expert, session)
         await cur.execute(
             db.sql(
                 "UPDATE {s}.tasks SET lease_deadline = {now} + %(ttl)s "

@@ -7,8 +7,7 @@ import json
 import sqlite3
 import uuid
 
-from contend.errors import ExpertConflict, LeaseLost
-from contend.store._common import check_ttl
+from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.port import ExpertInfo, Heartbeat
 from contend.store.sqlite.connection import Database
 
@@ -19,7 +18,7 @@ def check_session(conn: sqlite3.Connection, expert: str, session: str, now: floa
         "SELECT session, lease_deadline FROM experts WHERE id = ?", (expert,)
     ).fetchone()
     if row is None or row[0] != session or row[1] < now:
-        raise LeaseLost(f"expert {expert}: session {session} is not live")
+        raise session_not_live(expert, session)
 
 
 async def register_expert(db: Database, info: ExpertInfo, lease_ttl: float) -> str:
@@ -33,10 +32,7 @@ async def register_expert(db: Database, info: ExpertInfo, lease_ttl: float) -> s
         ).fetchone()
         if row is not None and row[1] >= now:
             other = ExpertInfo.from_json_text(row[0])
-            raise ExpertConflict(
-                f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, pid "
-                f"{other.pid}); pick another --name or stop that expert"
-            )
+            raise live_elsewhere(info.id, other.host, other.pid)
         if row is not None:
             # The old session's claims end with it: a new session never inherits them.
             conn.execute(
