@@ -125,6 +125,15 @@ def test_delay_stays_within_its_jitter_bounds(
     assert d <= max_backoff * (1 + jitter) + 1e-9
 
 
+def test_a_tiny_backoff_grows_without_overflowing_to_the_cap() -> None:
+    """factor ** 178 overflows a float while 2.2e-311 × 54 ** 178 is about 0.005 (found by
+    Hypothesis: the delay came out as max_backoff)."""
+    p = RetryPolicy(backoff=2.2e-311, factor=54, max_backoff=1.0, jitter=0.0)
+    expected = math.exp(math.log(2.2e-311) + 178 * math.log(54))
+    assert p.delay(179) == pytest.approx(expected)
+    assert p.delay(179) < 0.01
+
+
 def test_delay_jitter_spreads_both_ways() -> None:
     p = RetryPolicy(backoff=10, jitter=0.1)
     assert p.delay(1, rand=lambda: 0.0) == pytest.approx(9.0)

@@ -66,11 +66,17 @@ class RetryPolicy:
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
         base = 0.0
         if self.backoff > 0:
-            try:
-                grown = self.backoff * float(self.factor) ** max(0, attempt - 1)
-            except OverflowError:  # late attempts of a long policy: the cap applies
-                grown = math.inf
-            base = min(self.max_backoff, grown)
+            # In logarithms: factor ** n alone overflows long before backoff × factor ** n
+            # does when backoff is tiny (2.2e-311 × 54 ** 178 is about 0.005).
+            n, cap = max(0, attempt - 1), self.max_backoff
+            log_grown = math.log(self.backoff) + n * math.log(self.factor)
+            if cap <= 0 or log_grown >= math.log(cap):
+                base = cap
+            else:
+                try:
+                    base = min(cap, self.backoff * float(self.factor) ** n)  # exact when it fits
+                except OverflowError:
+                    base = math.exp(log_grown)
         return max(0.0, base * (1 + self.jitter * (2 * rand() - 1)))
 
     def decide(
