@@ -20,17 +20,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.errors import PayloadError, TaskError
+from contend.errors import PayloadError, TaskError, shown
 
 #: The largest JSON document (args+kwargs, result, checkpoint or error) a task may carry, in bytes.
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: How deep arrays and objects may nest in a payload. Python's own JSON reader gives up near
+#: 1,000 levels (fewer inside a deep call stack), so a payload is held well below that: what a
+#: store accepted, every reader can decode.
+MAX_JSON_DEPTH = 200
+#: The longest queue, task type, expert, tag or resource name, in characters.
+MAX_NAME_CHARS = 200
+#: The longest idempotency key, in characters.
+MAX_KEY_CHARS = 500
 
 JSON = Any
 
@@ -114,20 +124,121 @@ def new_task_id(now: float | None = None) -> str:
     return f"{value:028x}"
 
 
-def encode_json(value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
-    """Serialise *value* as compact JSON or raise :class:`PayloadError` naming *what* is wrong."""
+# A JSON string (skipped) or one bracket; enough to measure the depth of a JSON text.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nesting(text: str, limit: int) -> bool:
+    """Whether the arrays and objects of the JSON *text* nest more than *limit* deep."""
+    if text.count("[") + text.count("{") <= limit:
+        return False  # the common case: too few brackets to nest that deep
+    depth = 0
+    for match in _JSON_TOKEN.finditer(text):
+        bracket = match.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif bracket in ("]", "}"):
+            depth -= 1
+    return False
+
+
+def _too_deep(what: str, limit: int) -> PayloadError:
+    return PayloadError(f"{what} nests arrays or objects more than {limit} levels deep")
+
+
+def encode_json(
+    value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES, depth: int = MAX_JSON_DEPTH
+) -> str:
+    """Serialise *value* as compact JSON or raise :class:`PayloadError` naming *what* is wrong:
+    not JSON, text that is not valid Unicode (a lone surrogate), nested more than *depth*
+    levels, or more than *limit* bytes."""
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except RecursionError:
+        raise _too_deep(what, depth) from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        raise PayloadError(
+            f"{what} holds text that is not valid Unicode: character {exc.start} of its JSON "
+            f"is {_surrogate(text[exc.start])}"
+        ) from None
     if size > limit:
         raise PayloadError(f"{what} is {size} bytes of JSON; the limit is {limit} bytes")
+    if _nesting(text, depth):
+        raise _too_deep(what, depth)
     return text
+
+
+def _surrogate(ch: str) -> str:
+    """Name the lone surrogate *ch*; U+DC80 to U+DCFF is how Python keeps a byte that was not
+    UTF-8 in a command line or a file name."""
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:
+        return (
+            f"a lone surrogate U+{code:04X}, from the byte 0x{code - 0xDC00:02X} that is not UTF-8"
+        )
+    return f"a lone surrogate U+{code:04X}"
+
+
+def _no_constant(name: str) -> JSON:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str, what: str, depth: int = MAX_JSON_DEPTH) -> JSON:
+    """Read a user's JSON *text* (an option, a line of a batch file), or raise
+    :class:`PayloadError` naming *what* and the problem: not JSON (``NaN`` and ``Infinity``
+    are not JSON), or nested more than *depth* levels."""
+    if _nesting(text, depth):
+        raise _too_deep(what, depth)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise _too_deep(what, depth) from None
+    except ValueError as exc:  # JSONDecodeError, NaN, an integer of more than 4,300 digits
+        raise PayloadError(f"{what} is not valid JSON: {exc}") from None
 
 
 def decode_json(text: str | None) -> JSON:
     return None if text is None else json.loads(text)
+
+
+def text_problem(value: str) -> str | None:
+    """What makes *value* unfit to be a name or key, or None: a lone surrogate (not valid
+    Unicode, as a command line or a file in another encoding can give) or a control character
+    (PostgreSQL refuses NUL; a tab or newline garbles every listing)."""
+    if value.isprintable():
+        return None  # the common case, checked in C: no surrogate, no control character
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode ({_surrogate(value[exc.start])})"
+    for ch in value:
+        if unicodedata.category(ch) == "Cc":
+            return f"holds a control character (U+{ord(ch):04X})"
+    return None
+
+
+def check_name(value: object, what: str, limit: int = MAX_NAME_CHARS) -> str:
+    """*value* if it is a fit name for *what* (a queue, task type, tag, ...): a string of 1 to
+    *limit* characters, valid Unicode, without control characters. Raises TaskError."""
+    if not isinstance(value, str) or not value.strip():
+        raise TaskError(f"{what} must be a non-empty string, got {shown(value)}")
+    if len(value) > limit:
+        raise TaskError(f"{what} must be at most {limit} characters, got {shown(value)}")
+    problem = text_problem(value)
+    if problem is not None:
+        raise TaskError(f"{what} {problem}: {shown(value)}")
+    return value
+
+
+def check_queue(value: object) -> str:
+    """A queue name, as every submission and every expert's ``--queue`` is held to."""
+    return check_name(value, "queue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +262,7 @@ class Requirements:
             res = value.get("resources", {})
             unknown = set(value) - {"tags", "resources", "prefer"}
             if unknown:
-                raise TaskError(f"requirements have unknown keys: {sorted(unknown)}")
+                raise TaskError(f"requirements have unknown keys: {shown(sorted(unknown))}")
             return cls(_tags(tags), _resources(res), _tags(value.get("prefer", ())))
         return cls(_tags(value), {})
 
@@ -214,7 +325,7 @@ class Capabilities:
                 try:
                     value = float(amount)
                 except ValueError as exc:
-                    raise TaskError(f"capability {item!r}: amount must be a number") from exc
+                    raise TaskError(f"capability {shown(item)}: amount must be a number") from exc
                 res[_name(name)] = _amount(name, value)
             else:
                 tags.add(_name(item))
@@ -222,16 +333,14 @@ class Capabilities:
 
 
 def _name(value: object) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 200:
-        raise TaskError(f"a tag or resource name must be a non-empty string, got {value!r}")
-    return value.strip()
+    return check_name(value, "a tag or resource name").strip()
 
 
 def _amount(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TaskError(f"resource {name!r} must be a finite number, got {value!r}")
+        raise TaskError(f"resource {shown(name)} must be a finite number, got {shown(value)}")
     if value < 0:
-        raise TaskError(f"resource {name!r} must not be negative, got {value!r}")
+        raise TaskError(f"resource {shown(name)} must not be negative, got {shown(value)}")
     return float(value)
 
 
@@ -239,13 +348,13 @@ def _tags(value: object) -> frozenset[str]:
     if isinstance(value, str):
         return frozenset({_name(value)})
     if not isinstance(value, Iterable):
-        raise TaskError(f"requirement tags must be a list of strings, got {value!r}")
+        raise TaskError(f"requirement tags must be a list of strings, got {shown(value)}")
     return frozenset(_name(v) for v in value)
 
 
 def _resources(value: object) -> dict[str, float]:
     if not isinstance(value, Mapping):
-        raise TaskError(f"requirement resources must be a mapping, got {value!r}")
+        raise TaskError(f"requirement resources must be a mapping, got {shown(value)}")
     return {_name(k): _amount(k, v) for k, v in value.items()}
 
 
@@ -317,36 +426,36 @@ class TaskSpec:
         limit: int = MAX_PAYLOAD_BYTES,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem."""
-        if not isinstance(type, str) or not type:
-            raise TaskError(f"task type must be a non-empty string, got {type!r}")
+        check_name(type, "task type")
         if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-            raise PayloadError(f"args must be a JSON array (a list), got {args!r:.80}")
+            raise PayloadError(f"args must be a JSON array (a list), got {shown(args)}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise PayloadError(f"kwargs must be a JSON object (a dict), got {kwargs!r:.80}")
+            raise PayloadError(f"kwargs must be a JSON object (a dict), got {shown(kwargs)}")
         args_json = encode_json(list(args), "args", limit)
         kwargs_json = encode_json(dict(kwargs or {}), "kwargs", limit)
         if len(args_json) + len(kwargs_json) > limit:
             raise PayloadError(f"args and kwargs together exceed the {limit}-byte payload limit")
-        if not isinstance(queue, str) or not queue or len(queue) > 200:
-            raise TaskError(f"queue must be a non-empty string of at most 200 chars, got {queue!r}")
+        check_queue(queue)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TaskError(f"priority must be an integer, got {priority!r}")
+            raise TaskError(f"priority must be an integer, got {shown(priority)}")
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise TaskError(f"priority {priority} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
-        if key is not None and (not isinstance(key, str) or not key or len(key) > 500):
-            raise TaskError(f"idempotency key must be a non-empty string (≤500 chars), got {key!r}")
+            raise TaskError(
+                f"priority {shown(priority)} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]"
+            )
+        if key is not None:
+            check_name(key, "idempotency key", MAX_KEY_CHARS)
         if not _finite_nonneg(delay) or delay > 366 * 86400:
-            raise TaskError(f"delay must be between 0 and one year in seconds, got {delay!r}")
+            raise TaskError(f"delay must be between 0 and one year in seconds, got {shown(delay)}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TaskError(f"max_attempts must be an integer, got {max_attempts!r}")
+            raise TaskError(f"max_attempts must be an integer, got {shown(max_attempts)}")
         if not 1 <= max_attempts <= 1000:
             raise TaskError(f"max_attempts must be between 1 and 1000, got {max_attempts}")
         if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
-            raise TaskError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise TaskError(f"timeout must be a positive number of seconds, got {shown(timeout)}")
         deps = tuple(dict.fromkeys(depends_on))
         for dep in deps:
-            if not isinstance(dep, str) or not dep:
-                raise TaskError(f"a dependency must be a task id, got {dep!r}")
+            if not isinstance(dep, str) or not dep or text_problem(dep) is not None:
+                raise TaskError(f"a dependency must be a task id, got {shown(dep)}")
         return cls(
             type=type,
             args_json=args_json,
