@@ -4,11 +4,13 @@ error naming the problem, and a refused submission leaves the store unchanged.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contend import App
+from contend.cli.submit import read_batch
 from contend.domain.task import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
@@ -226,3 +228,21 @@ def test_unknown_ids_and_types_are_echoed_cut_short() -> None:
     with pytest.raises(TaskError) as info:
         App("memory://").build_spec(HUGE)
     assert "… (100,000 characters)" in str(info.value)
+
+
+# -- batch files ----------------------------------------------------------------------------------
+
+
+def test_read_batch_refuses_invalid_utf8_naming_the_line_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b'{"args": [1]}\n{"args": ["caf\xe9"]}\n')
+    with pytest.raises(TaskError, match=r"b.jsonl:2: not valid UTF-8 \(byte 0xE9 at byte 15"):
+        read_batch(str(path))
+
+
+def test_read_batch_skips_blank_lines_and_a_bom_and_counts_lines(tmp_path: Path) -> None:
+    path = tmp_path / "b.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"args": [1]}\r\n\r\n  \n{"key": "k"}\n')
+    lines, data = read_batch(str(path))
+    assert [(line.number, line.fields) for line in lines] == [(1, {"args": [1]}), (4, {"key": "k"})]
+    assert data == path.read_bytes()
