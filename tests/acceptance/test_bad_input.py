@@ -161,8 +161,10 @@ def test_batch_submits_every_line(seeded: tuple[str, Path], tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 3
     again = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
-    assert "1 already present" in again.stderr  # the keyed line is not duplicated
-    assert len(task_rows(db)) == 1 + 3 + 2
+    assert again.returncode == 0, again.stderr
+    assert "submitted 0 task(s), 3 already present" in again.stderr  # a rerun adds nothing
+    assert again.stdout == done.stdout  # the same tasks, in the file's order
+    assert len(task_rows(db)) == 1 + 3
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from contend import App
-from contend.cli.submit import read_batch
+from contend.cli.submit import batch_digest, batch_key, read_batch
 from contend.domain.task import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
@@ -231,6 +231,15 @@ def test_unknown_ids_and_types_are_echoed_cut_short() -> None:
 
 
 # -- batch files ----------------------------------------------------------------------------------
+
+
+def test_batch_keys_depend_on_type_content_and_line() -> None:
+    data = b'{"args": [1]}\n{"args": [2]}\n'
+    digest = batch_digest("echo", data)
+    assert digest == batch_digest("echo", data)
+    assert digest not in (batch_digest("other", data), batch_digest("echo", data + b"\n"))
+    assert batch_key(digest, 1) != batch_key(digest, 2)
+    TaskSpec.build("t", key=batch_key(digest, 10**9))  # a key a spec takes
 
 
 def test_read_batch_refuses_invalid_utf8_naming_the_line_and_byte(tmp_path: Path) -> None:

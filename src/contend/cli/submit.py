@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -43,7 +44,8 @@ def add_parser(sub: Subcommands) -> None:
     s.add_argument(
         "--batch",
         metavar="FILE.jsonl",
-        help="submit one task per JSON line ('-' = stdin)",
+        help="submit one task per JSON line ('-' = stdin); run it again after an interruption "
+        "and the lines already stored are not submitted twice",
     )
     s.add_argument(
         "--wait",
@@ -108,6 +110,17 @@ def read_batch(path: str) -> tuple[list[BatchLine], bytes]:
     return lines, data
 
 
+def batch_digest(task: str, data: bytes) -> str:
+    """What names one batch: its task type and the file's bytes."""
+    return hashlib.sha256(task.encode() + b"\0" + data).hexdigest()[:32]
+
+
+def batch_key(digest: str, line: int) -> str:
+    """The idempotency key of a batch line that gives none: the same task type, file content
+    and line make the same key, so running a batch again adds only the lines not yet stored."""
+    return f"batch:{digest}:{line}"
+
+
 # The single-task options a batch takes from each line instead (their defaults are None).
 SINGLE_OPTIONS = ("args", "kwargs", "priority", "key", "delay", "queue", "wait")
 
@@ -119,10 +132,12 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
             f"{', '.join(given)} cannot be combined with --batch: each line of the file "
             "gives its task's fields"
         )
-    lines, _ = read_batch(args.batch)
+    lines, data = read_batch(args.batch)
+    digest = batch_digest(args.task, data)
     specs = []
     for line in lines:
         item = line.fields
+        key = item.get("key")
         try:
             specs.append(
                 app.build_spec(
@@ -130,7 +145,7 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
                     item.get("args", []),
                     item.get("kwargs"),
                     priority=item.get("priority"),
-                    key=item.get("key"),
+                    key=batch_key(digest, line.number) if key is None else key,
                     delay=item.get("delay", 0.0),
                     queue=item.get("queue"),
                     requirements=item.get("requirements"),
@@ -139,7 +154,7 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
         except TaskError as exc:
             raise TaskError(f"{args.batch}:{line.number}: {exc}") from exc
     handles = []
-    for start in range(0, len(specs), CHUNK):
+    for start in range(0, len(specs), CHUNK):  # each chunk all or none; a rerun completes
         handles += await app.submit_many(specs[start : start + CHUNK])
     if args.json:
         print_json([{"id": h.id, "created": h.created} for h in handles])
