@@ -177,8 +177,14 @@ def test_an_expert_is_held_to_the_queue_rule_of_a_submission(queue: str) -> None
 
 
 def test_an_expert_takes_a_list_of_queues_and_a_fit_name() -> None:
-    with pytest.raises(ConfigError, match="queues must be a list of queue names"):
+    with pytest.raises(ConfigError, match="queues must be a list of names"):
         ExpertConfig(queues="default").validate()
+    with pytest.raises(ConfigError, match="specialties must be a list of names"):
+        ExpertConfig(specialties="render").validate()  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"a specialty \(a task type\) is not valid Unicode"):
+        ExpertConfig(specialties=frozenset({"render\udcff"})).validate()
+    with pytest.raises(ConfigError, match=r"a specialty \(a task type\) must be a non-empty"):
+        ExpertConfig(specialties=frozenset({""})).validate()
     with pytest.raises(ConfigError, match="an expert name must be at most 200 characters"):
         ExpertConfig(name=HUGE).validate()
     with pytest.raises(ConfigError, match="an expert name holds a control character"):

@@ -231,11 +231,14 @@ class ExpertConfig:
         hb = self.heartbeat_every
         if not 0 < hb < self.lease_ttl:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
-        if isinstance(self.queues, str):
-            raise ConfigError(f"queues must be a list of queue names, got {shown(self.queues)}")
+        for name, names in (("queues", self.queues), ("specialties", self.specialties)):
+            if isinstance(names, str):
+                raise ConfigError(f"{name} must be a list of names, got {shown(names)}")
         try:
             for queue in self.queues or ():
                 check_queue(queue)  # the rule every submission is held to
+            for specialty in self.specialties:
+                check_name(specialty, "a specialty (a task type)")
             if self.name is not None:
                 check_name(self.name, "an expert name")
         except TaskError as exc:
