@@ -27,6 +27,7 @@ from contend.runtime.app import App, TaskHandle, TaskType
 from contend.runtime.config import ExpertConfig
 from contend.runtime.context import TaskContext, current
 from contend.runtime.expert import Expert
+from contend.runtime.hooks import Hook
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,7 @@ __all__ = [
     "ExpertConfig",
     "ExpertConflict",
     "FencedOut",
+    "Hook",
     "LeaseLost",
     "MissingExtraError",
     "PayloadError",

@@ -49,6 +49,7 @@ async def test_the_next_bidder_claims_when_the_winner_never_does(tmp_path: Path)
 
 async def test_auto_mode_auctions_a_type_once_its_runs_are_long(tmp_path: Path) -> None:
     from contend import Expert
+    from contend.runtime.claimer import auction_types
 
     app = App(f"sqlite:///{tmp_path / 'auto.db'}")
 
@@ -57,10 +58,14 @@ async def test_auto_mode_auctions_a_type_once_its_runs_are_long(tmp_path: Path) 
         return None
 
     e = Expert(app, auction_threshold=1.0)
-    assert e._auction_types() == set()  # nothing known yet: raced
+
+    def auctioned() -> set[str]:
+        return auction_types(app.tasks.values(), e.competition, e.config.auction_threshold)
+
+    assert auctioned() == set()  # nothing known yet: raced
     for _ in range(3):
         e.competition.tracker.record("sometimes", True, 0.2)
-    assert e._auction_types() == set()  # short runs: raced
+    assert auctioned() == set()  # short runs: raced
     for _ in range(10):
         e.competition.tracker.record("sometimes", True, 5.0)
-    assert e._auction_types() == {"sometimes"}  # long runs pay for an auction
+    assert auctioned() == {"sometimes"}  # long runs pay for an auction

@@ -372,10 +372,10 @@ async def test_claims_the_expert_does_not_know_of_are_released(app: App) -> None
     async with expert(app, name="forgetful", queues=["default"], lease_ttl=0.9) as e:
         store = await app.store()
         handle = await app.submit(elsewhere)
-        assert e._session is not None
+        assert e.session is not None
         # a claim made in this expert's name whose reply never reached it
         (lost,) = await store.claim(
-            "forgetful", e._session, ["other"], Capabilities(), limit=1, lease_ttl=0.9
+            "forgetful", e.session.id, ["other"], Capabilities(), limit=1, lease_ttl=0.9
         )
 
         async def released() -> bool:

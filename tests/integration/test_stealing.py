@@ -44,11 +44,11 @@ async def test_an_idle_expert_steals_prefetched_work(tmp_path: Path) -> None:
 
 
 async def _prefetched(e: object, n: int) -> bool:
-    return len(e._prefetched) >= n  # type: ignore[attr-defined]
+    return len(e.parts.claimer.prefetched) >= n  # type: ignore[attr-defined]
 
 
 async def _no_prefetch(e: object) -> bool:
-    return len(e._prefetched) == 0  # type: ignore[attr-defined]
+    return len(e.parts.claimer.prefetched) == 0  # type: ignore[attr-defined]
 
 
 async def _beats(e: object, n: int) -> bool:

@@ -19,7 +19,7 @@ from contend.testing.clock import FakeClock
 
 
 def _outcome(strategy: str, seed: int, scenario: Scenario) -> dict[str, object]:
-    out = simulate(scenario, strategy, SimConfig(seed=seed, depth=8)).to_json()
+    out = simulate(scenario, strategy, SimConfig(seed=seed)).to_json()
     del out["wall_seconds"], out["cpu_seconds"]
     return out
 
@@ -79,6 +79,41 @@ def test_cpu_experts_keep_working_behind_a_head_of_gpu_tasks(strategy: str) -> N
     r = simulate(Scenario("gpu head", kinds, experts, jobs), strategy)
     # 40 s of gpu work on one slot; the cpu experts take the 10 cpu tasks meanwhile
     assert 40.0 - 1e-9 <= r.makespan < 40.0 + 40 * SimConfig().window + 1.0
+
+
+def _two_specialists() -> Scenario:
+    """a is four times faster at x, b at y; a y task is older than an x task."""
+    kinds = {"x": Kind("x", base=4.0), "y": Kind("y", base=4.0)}
+    experts = (SimExpert("a", speed={"x": 4.0}), SimExpert("b", speed={"y": 4.0}))
+    return Scenario("pair", kinds, experts, (Job("t0", "y", 0.0), Job("t1", "x", 0.0)))
+
+
+def test_real_experts_each_take_the_task_they_are_fastest_at() -> None:
+    # fifo: the first idle expert takes the oldest task, whatever it is good at
+    assert simulate(_two_specialists(), "fifo").makespan == pytest.approx(4.0)
+    for strategy in ("race", "race-nojitter", "auction"):
+        r = simulate(_two_specialists(), strategy)
+        assert r.makespan == pytest.approx(1.0, abs=0.2), strategy  # both at speed 4
+        assert r.claims_won == 2
+
+
+def test_the_race_delay_is_the_real_experts() -> None:
+    # b is four times slower at x than a: it waits window × (1 − its relative fitness) before
+    # it claims the task a cannot take yet; a longer window delays it by more
+    quick = simulate(_tiny(), "race-nojitter", SimConfig(window=0.0))
+    slow = simulate(_tiny(), "race-nojitter", SimConfig(window=2.0))
+    assert quick.makespan == pytest.approx(4.0)  # no race: b claims at once
+    assert 4.0 + 0.5 < slow.makespan < 4.0 + 2.0
+
+
+def test_counters_come_from_the_experts_and_the_store() -> None:
+    scenario = make_scenario(6, 120, seed=2)
+    race = simulate(scenario, "race")
+    assert race.claims_won == 120 and race.bids == 0
+    assert race.claim_calls >= 1 and race.claim_attempts >= race.claims_won
+    assert race.lost_races == race.claim_attempts - race.claims_won
+    auction = simulate(scenario, "auction")
+    assert auction.claims_won == 120 and auction.bids >= 120  # every task bid on
 
 
 def test_a_task_nobody_can_run_is_reported() -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import NamedTuple
 
@@ -77,17 +76,19 @@ class Attempts(Enum):
     RESET = "reset"  # a retry by hand: fresh attempts
 
     def apply(self, attempts: int) -> int:
-        if self is Attempts.COUNT:
+        if self is _KEEP:
+            return attempts
+        if self is _COUNT:
             return attempts + 1
-        if self is Attempts.GIVE_BACK:
+        if self is _GIVE_BACK:
             return max(0, attempts - 1)
-        if self is Attempts.RESET:
-            return 0
-        return attempts
+        return 0
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+_KEEP, _COUNT, _GIVE_BACK = Attempts.KEEP, Attempts.COUNT, Attempts.GIVE_BACK
+
+
+class Outcome(NamedTuple):
     """What one event does to one task, decided here and applied by a store as it is.
 
     * ``state`` — the next state; ``event``, ``actor`` and ``detail`` — the history line.
@@ -96,6 +97,9 @@ class Outcome:
       its due time); ``due_now`` — due no later than now (``run_at = max(run_at, now)``).
     * ``error_json`` / ``result_json`` — set when not ``None``, kept otherwise.
     * ``attempts`` — what happens to the attempt count.
+
+    A named tuple rather than a frozen dataclass: as immutable, and built in a third of the time
+    (one is made per task on the hot path of every backend).
     """
 
     state: TaskState

@@ -124,6 +124,7 @@ class Competition:
         self.pressure = pressure or PressurePolicy()
         self.tracker = TypeTracker()
         self.peers: list[ExpertRecord] = []
+        self._rivals: list[ExpertView] = []
         self.cluster_load = 0.0
         self.window = window
         self.typical: dict[str, float] = {}
@@ -144,6 +145,11 @@ class Competition:
         )
 
     def rivals(self) -> list[ExpertView]:
+        """The live rivals on a shared queue, as of the last :meth:`update_peers` (do not
+        modify the list)."""
+        return self._rivals
+
+    def _views_of_rivals(self) -> list[ExpertView]:
         out = []
         for p in self.peers:
             if not p.alive or p.info.id == self.name or not self.queues & set(p.info.queues):
@@ -182,6 +188,7 @@ class Competition:
                 if r.done >= MIN_RUNS and r.mean_seconds:
                     typical[t] = min(typical.get(t, r.mean_seconds), r.mean_seconds)
         self.typical = typical
+        self._rivals = self._views_of_rivals()  # read at every claim round: built once here
 
     def utilisation_of_regulars(self, my_load: int) -> tuple[int, float]:
         regulars = [

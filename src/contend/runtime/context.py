@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from contend.domain.task import JSON, encode_json
-
-if TYPE_CHECKING:
-    from contend.runtime.expert import Expert
 
 _current: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("contend_task")
 
@@ -21,6 +18,14 @@ def current() -> TaskContext:
         return _current.get()
     except LookupError:
         raise RuntimeError("contend.current() called outside a running task") from None
+
+
+class TaskHost(Protocol):
+    """What a context needs from the runtime running its task (the executor's run)."""
+
+    async def checkpoint(self, text: str) -> None:
+        """Save the encoded state under the run's fence; raises FencedOut when the run no
+        longer owns the task."""
 
 
 @dataclass
@@ -40,7 +45,7 @@ class TaskContext:
     max_attempts: int
     expert: str
     state: JSON = None  # the last checkpoint, as the previous owner saved it
-    _expert: Expert | None = field(default=None, repr=False)
+    _host: TaskHost | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
 
@@ -54,9 +59,9 @@ class TaskContext:
         """Save *state* (JSON) under this run's fence; the next owner starts from it.
         Raises :class:`~contend.errors.FencedOut` when this run no longer owns the task."""
         text = encode_json(state, f"checkpoint of task {self.task_id}")
-        if self._expert is None:
+        if self._host is None:
             raise RuntimeError("this context is not attached to an expert")
-        await self._expert._checkpoint(self, text)
+        await self._host.checkpoint(text)
         self.state = state
 
     def checkpoint_sync(self, state: JSON) -> None:

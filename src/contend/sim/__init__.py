@@ -1,7 +1,8 @@
-"""Placement simulation: competition against a plain queue, an auction and a central planner,
-in virtual time, through the real memory store."""
+"""Placement simulation: the real expert's race and auction against a plain queue and a
+central planner, in virtual time, through the real memory store."""
 
-from contend.sim.engine import STRATEGIES, Result, SimConfig, simulate
+from contend.sim.engine import STRATEGIES, simulate
+from contend.sim.result import Result, SimConfig
 from contend.sim.scenario import Job, Kind, Scenario, SimExpert, make_scenario
 
 __all__ = [

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from aetcd import rpc
 
+from contend.domain.retry import RetryPolicy
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import (
     ConfigError,
@@ -101,11 +102,15 @@ def test_url_parsing() -> None:
 
 def test_url_options() -> None:
     store = EtcdStore("etcd://h:1/app?max_txn_ops=1024&timeout=2.5")
-    assert (store._max_ops, store._timeout, store._p) == (1024, 2.5, b"app/")
-    assert EtcdStore("etcd://h:1", max_txn_ops=512)._max_ops == 512
-    assert EtcdStore("etcd://h:1")._compact_after == 60.0
-    assert EtcdStore("etcd://h:1?compact_after=0")._compact_after == 0.0
-    assert EtcdStore("etcd://h:1?max_txn_ops=512", max_txn_ops=512)._max_ops == 512
+    assert (store.options.max_txn_ops, store.options.timeout, store.options.prefix) == (
+        1024,
+        2.5,
+        b"app/",
+    )
+    assert EtcdStore("etcd://h:1", max_txn_ops=512).options.max_txn_ops == 512
+    assert EtcdStore("etcd://h:1").options.compact_after == 60.0
+    assert EtcdStore("etcd://h:1?compact_after=0").options.compact_after == 0.0
+    assert EtcdStore("etcd://h:1?max_txn_ops=512", max_txn_ops=512).options.max_txn_ops == 512
     for url, message in [
         ("etcd://h:1?x=1", "unknown option 'x'"),
         ("etcd://h:1?max_txn_ops=lots", "is not a number"),
@@ -140,7 +145,7 @@ async def test_foreign_prefix_is_refused(etcd_server: EtcdServer) -> None:
     # Write a key under the prefix that is not contend's, on a prefix without a meta key.
     other = EtcdStore(f"{etcd_server.url}/{prefix}-x")
     await other.open()
-    await other._txn([], [_raw_put(f"{prefix}2/alien", "x")])
+    await other._etcd.txn([], [_raw_put(f"{prefix}2/alien", "x")])
     await other.close()
     await plain.close()
     with pytest.raises(SchemaError, match="not a contend store"):
@@ -390,7 +395,7 @@ async def test_a_cut_keepalive_stream_is_reopened_and_a_lapsed_lease_is_lost(
         s = await store.register_expert(ExpertInfo("e"), 1)
         (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=1)
         assert await store.renew("e", s, 1, Heartbeat()) == {t.id: c.fence}
-        (ka,) = store._keepalives.values()
+        (ka,) = store._sessions.keepalives.values()
         first = ka._call
         first.cancel()  # the stream ends under the store
         assert await store.renew("e", s, 1, Heartbeat()) == {t.id: c.fence}
@@ -419,7 +424,7 @@ async def test_expire_and_renew_read_no_claim_keys_while_every_session_lives(
         )
         kept = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=2)
         ranges: list[bytes] = []
-        real_range, real_txn = store._range, store._txn
+        real_range, real_txn = store._etcd.range, store._etcd.txn
 
         async def range_(key: bytes, end: bytes | None = None, **kw: Any) -> Any:
             if end:
@@ -430,15 +435,15 @@ async def test_expire_and_renew_read_no_claim_keys_while_every_session_lives(
             ranges.extend(op[1] for op in [*ops, *failure] if op[0] == GET and op[2])
             return await real_txn(cmp, ops, failure)
 
-        monkeypatch.setattr(store, "_range", range_)
-        monkeypatch.setattr(store, "_txn", txn)
+        monkeypatch.setattr(store._etcd, "range", range_)
+        monkeypatch.setattr(store._etcd, "txn", txn)
         assert await store.expire() == 0
         assert await store.renew("e", s, 2, Heartbeat()) == {c.id: c.fence for c in kept}
-        claim_keys = (store._k("a", ""), store._k("c", ""))
+        claim_keys = (store._keys.k("a", ""), store._keys.k("c", ""))
         assert ranges and not [k for k in ranges if k.startswith(claim_keys)], ranges
         assert await other.end_session("e")  # the session ends: its claims are read, once
         assert await store.expire() == 2
-        assert [k for k in ranges if k.startswith(claim_keys)] == [store._k("a", "e", "")]
+        assert [k for k in ranges if k.startswith(claim_keys)] == [store._keys.k("a", "e", "")]
         assert {(await store.get(c.id)).state for c in kept} == {TaskState.PENDING}
         ranges.clear()
         assert await store.expire() == 0  # the ended session was forgotten
@@ -475,15 +480,25 @@ async def test_release_gives_the_attempt_back(store: EtcdStore) -> None:
 
 
 async def test_fail_retries_then_goes_final(store: EtcdStore) -> None:
+    """The owner's retry policy decides from the attempt its claim reported; the store applies
+    the decision (a retry delay on the last attempt would be retried: the store no longer
+    second-guesses it)."""
     t = spec(max_attempts=2)
     await store.submit([t])
     s = await store.register_expert(ExpertInfo("e"), 5)
-    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
     err = json.dumps({"type": "ValueError", "message": "boom"})
-    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    policy = RetryPolicy(backoff=0)
+
+    async def claim_and_fail() -> None:
+        (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
+        decision = policy.decide(c.attempt, None, max_attempts=c.max_attempts)
+        delay = decision.delay if decision.retry else None
+        failure = Failure(t.id, c.fence, err, delay, TaskState(decision.final_state))
+        assert await store.fail("e", [failure]) == [None]
+
+    await claim_and_fail()
     assert (await store.get(t.id)).state == TaskState.PENDING
-    (c,) = await store.claim("e", s, Q, ANY, limit=1, lease_ttl=5)
-    assert await store.fail("e", [Failure(t.id, c.fence, err, 0.0)]) == [None]
+    await claim_and_fail()
     final = await store.get(t.id)
     assert final.state == TaskState.DEAD and final.error["message"] == "boom"
 
@@ -653,7 +668,7 @@ async def test_fake_clock_lapses_sessions_through_the_helper(store_url: str) -> 
 
 async def levels(store: EtcdStore) -> list[str]:
     """The priority levels v/ lists for the default queue."""
-    return [inv for inv, _, _ in await store._levels("default")]
+    return [inv for inv, _, _ in await store._levels.of_queue("default")]
 
 
 async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_writes(
@@ -672,7 +687,7 @@ async def test_levels_are_listed_while_they_hold_tasks_and_ageing_needs_no_write
         await store.submit([fresh, urgent, spec(priority=2)])  # one level key for the two
         await store.expire()  # housekeeping: no level is empty, and no task needs a write
         assert await levels(store) == ["09999995", "09999998", "10000000"]
-        assert (await store._read_many([store._task_key(old.id)]))[0].version == 1
+        assert (await store._etcd.read_many([store._keys.task(old.id)]))[0].version == 1
         s = await store.register_expert(ExpertInfo("e"), 600)
         got = await store.claim("e", s, Q, ANY, limit=3, lease_ttl=600)
         assert [c.id for c in got] == [urgent.id, old.id, fresh.id]
@@ -708,14 +723,14 @@ async def test_a_level_swept_while_a_task_enters_it_stays_listed(
         s = await store.register_expert(ExpertInfo("e"), 600)
         assert len(await store.claim("e", s, Q, ANY, limit=1, lease_ttl=600)) == 1
         late = spec(priority=4)  # level 4 is empty now, and this task is about to enter it
-        real_txn = store._txn
+        real_txn = store._etcd.txn
 
         async def txn_after_a_submission(cmp: Any, ops: Any, failure: Any = ()) -> Any:
-            if ops and ops[0][0] == DELETE and ops[0][1].startswith(store._k("v", "")):
+            if ops and ops[0][0] == DELETE and ops[0][1].startswith(store._keys.k("v", "")):
                 await other.submit([late])  # between the sweep's read and its delete
             return await real_txn(cmp, ops, failure)
 
-        monkeypatch.setattr(store, "_txn", txn_after_a_submission)
+        monkeypatch.setattr(store._etcd, "txn", txn_after_a_submission)
         await store.expire()
         monkeypatch.undo()
         assert await levels(store) == ["09999996"]
@@ -737,21 +752,21 @@ async def test_claims_raise_the_floor_so_later_reads_skip_what_was_claimed(
     session = await store.register_expert(ExpertInfo("e"), 30)
     got = await store.claim("e", session, Q, ANY, limit=10, lease_ttl=30)
     assert [c.id for c in got] == [t.id for t in tasks[:10]]
-    ((_, floor, _),) = await store._levels("default")
-    head = (await store._read_many([store._task_key(tasks[10].id)]))[0]
-    assert floor == store._spot(_rec(head.value)).encode()  # the first task left
+    ((_, floor, _),) = await store._levels.of_queue("default")
+    head = (await store._etcd.read_many([store._keys.task(tasks[10].id)]))[0]
+    assert floor == store._keys.spot(_rec(head.value)).encode()  # the first task left
     starts: list[bytes] = []
-    real_range = store._range
+    real_range = store._etcd.range
 
     async def recording(key: bytes, end: bytes | None = None, **kw: object) -> object:
-        if key.startswith(store._k("q", "")):
+        if key.startswith(store._keys.k("q", "")):
             starts.append(key)
         return await real_range(key, end, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store, "_range", recording)
+    monkeypatch.setattr(store._etcd, "range", recording)
     got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=30)
     assert [c.id for c in got] == [t.id for t in tasks[10:15]]
-    assert starts and min(starts) == store._k("q", "default", "10000000", floor.decode())
+    assert starts and min(starts) == store._keys.k("q", "default", "10000000", floor.decode())
 
 
 async def test_a_task_entering_below_the_floor_is_claimed_first(store_url: str) -> None:
@@ -785,13 +800,13 @@ async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
         await store.submit(tasks)
         s = await store.register_expert(ExpertInfo("e"), 600)
         sooner = spec()
-        real_commit = store._commit
+        real_commit = store._etcd.commit
 
         async def entry_first(cmp: Any, ops: Any, failure: Any = ()) -> Any:
             await other.submit([sooner])  # between the claim's read and its commit
             return await real_commit(cmp, ops, failure)
 
-        monkeypatch.setattr(store, "_commit", entry_first)
+        monkeypatch.setattr(store._etcd, "commit", entry_first)
         got = await store.claim("e", s, Q, ANY, limit=2, lease_ttl=600)
         monkeypatch.undo()
         assert [c.id for c in got] == [t.id for t in tasks[:2]]
@@ -801,9 +816,9 @@ async def test_a_task_entering_while_a_claim_commits_is_not_hidden_by_its_raise(
 
 async def readable_at(store: EtcdStore, revision: int) -> bool:
     """Whether etcd still has its history at *revision* (False: compacted past it)."""
-    req = rpc.RangeRequest(key=store._k("meta"), revision=revision)
+    req = rpc.RangeRequest(key=store._keys.k("meta"), revision=revision)
     try:
-        await store._kv.Range(req, timeout=5)
+        await store._etcd.kv.Range(req, timeout=5)
     except rpc.AioRpcError as exc:
         if "compacted" in (exc.details() or ""):
             return False
@@ -822,11 +837,11 @@ async def test_expire_compacts_the_history_older_than_compact_after(store_url: s
     try:
         await store.submit([spec()])
         await store.expire()
-        first = store._rev  # the revision expire() noted
+        first = store._etcd.rev  # the revision expire() noted
         await store.submit([spec()])
         clock.advance(29)
         await store.expire()
-        second = store._rev
+        second = store._etcd.rev
         assert await readable_at(store, first - 1)  # not 30 s old yet
         clock.advance(1)
         await store.expire()
@@ -858,13 +873,13 @@ async def test_one_instance_compacts_per_interval(
     try:
         for s in stores:
             await s.open()
-            real = s._kv.Compact
+            real = s._etcd.kv.Compact
 
             async def counting(req: Any, real: Any = real, **kw: Any) -> Any:
                 compactions.append(req.revision)
                 return await real(req, **kw)
 
-            monkeypatch.setattr(s._kv, "Compact", counting)
+            monkeypatch.setattr(s._etcd.kv, "Compact", counting)
         await stores[0].submit([spec()])
         for s in stores:
             await s.expire()
@@ -900,7 +915,7 @@ async def test_a_write_whose_reply_was_lost_is_recognised(
 ) -> None:
     """The transaction lands but its reply never arrives: the store reads the task back and
     recognises its own write (STYLE: retries that may have succeeded are safe)."""
-    real = store._txn
+    real = store._etcd.txn
     lose_next = [False]
 
     async def flaky(compare: list[object], success: list[object], failure: object = ()) -> object:
@@ -911,7 +926,7 @@ async def test_a_write_whose_reply_was_lost_is_recognised(
             raise StoreError("reply lost")
         return resp
 
-    monkeypatch.setattr(store, "_txn", flaky)
+    monkeypatch.setattr(store._etcd, "txn", flaky)
     t = spec()
     await store.submit([t])
     s = await store.register_expert(ExpertInfo("e"), 5)
@@ -952,8 +967,8 @@ async def test_auction_bids_rank_and_are_cleared(store_url: str) -> None:
         closed = await store.bid("b", b, t.id, 0.9, 2.0)
         assert not closed.open and closed.bids == ()
         await store.expire()
-        assert await store._scan(store._k("b", "")) == []
-        assert await store._scan(store._k("u", "")) == []
+        assert await store._etcd.scan(store._keys.k("b", "")) == []
+        assert await store._etcd.scan(store._keys.k("u", "")) == []
         assert c.id == t.id
     finally:
         await store.close()
@@ -1014,7 +1029,7 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
     rival = EtcdStore(store_url)
     await rival.open()
     commits = 0
-    real_commit = store._commit
+    real_commit = store._etcd.commit
 
     async def commit_after_a_rival(*args: object) -> object:
         nonlocal commits
@@ -1024,14 +1039,14 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
             await rival.claim("rival", rs, Q, ANY, limit=1, lease_ttl=10, task_ids=[tasks[2].id])
         return await real_commit(*args)  # type: ignore[arg-type]
 
-    store._commit = commit_after_a_rival  # type: ignore[method-assign,assignment]
+    store._etcd.commit = commit_after_a_rival  # type: ignore[method-assign,assignment]
     try:
         got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=10)
     finally:
         await rival.close()
     assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
     assert commits == 2  # the batch, then the four still free in one more transaction
-    assert store._contended_until > time.monotonic()  # its next claims spread out
+    assert store._claims.contended_until > time.monotonic()  # its next claims spread out
 
 
 async def test_a_contended_claimer_spreads_over_equally_good_tasks(
@@ -1045,8 +1060,10 @@ async def test_a_contended_claimer_spreads_over_equally_good_tasks(
     assert first.id == urgent.id  # uncontended: the best first
     (second,) = await store.claim("e", session, Q, ANY, limit=1, lease_ttl=10)
     assert second.id == same[0].id  # and first in, first out
-    store._contended_until = time.monotonic() + 60  # as after a rival won a batch
-    monkeypatch.setattr("contend.store.etcd.random.randrange", lambda n: 2)  # the 3rd stripe
+    store._claims.contended_until = time.monotonic() + 60  # as after a rival won a batch
+    monkeypatch.setattr(
+        "contend.store.etcd.candidates.random.randrange", lambda n: 2
+    )  # the 3rd stripe
     got = await store.claim("e", session, Q, ANY, limit=3, lease_ttl=10)
     assert [c.id for c in got] == [t.id for t in same[7:10]]  # a stripe among equals
     late = spec(priority=9)
@@ -1065,15 +1082,15 @@ async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
         await store.submit(backlog[i : i + 500])
     session = await store.register_expert(ExpertInfo("e"), 30)
     counts: list[int] = []
-    real_range = store._range
+    real_range = store._etcd.range
 
     async def counting(key: bytes, end: bytes | None = None, **kw: object) -> object:
         resp = await real_range(key, end, **kw)  # type: ignore[arg-type]
-        if key.startswith(store._k("q", "")):
+        if key.startswith(store._keys.k("q", "")):
             counts.append(int(resp.count))  # the keys etcd walked for this read
         return resp
 
-    monkeypatch.setattr(store, "_range", counting)
+    monkeypatch.setattr(store._etcd, "range", counting)
 
     async def claim(n: int, low_lane: int = 0) -> list[str]:
         got = await store.claim("e", session, Q, ANY, limit=n, lease_ttl=30, low_lane=low_lane)
@@ -1101,7 +1118,9 @@ async def test_claims_read_a_bounded_window_of_a_big_backlog_in_order(
     assert await claim(2) == [backlog[0].id, backlog[taken].id]
     taken += 1
     # a claimer that drained past its window reads on to the end of the index
-    store._windows = {k: dataclasses.replace(w, span=1) for k, w in store._windows.items() if w}
+    store._levels.windows = {
+        k: dataclasses.replace(w, span=1) for k, w in store._levels.windows.items() if w
+    }
     assert await claim(30) == [t.id for t in backlog[taken : taken + 30]]
 
 

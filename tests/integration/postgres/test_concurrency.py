@@ -102,8 +102,10 @@ async def test_a_dependent_submitted_while_its_dependency_completes_is_released(
         async def complete_is_waiting() -> bool:
             async with await psycopg.AsyncConnection.connect(pg_url) as conn:
                 cur = await conn.execute(
+                    # the store's connections (application_name contend) and only complete()
+                    # among them touches A's row now
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE '%%succeeded%%'"
+                    "AND wait_event_type = 'Lock' AND application_name = 'contend'"
                 )
                 row = await cur.fetchone()
                 return row is not None and row[0] > 0

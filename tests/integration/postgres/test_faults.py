@@ -15,6 +15,7 @@ from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import FencedOut, StoreError
 from contend.store.port import Completion, ExpertInfo, Failure
 from contend.store.postgres import PostgresStore
+from contend.store.postgres.database import Database
 
 from .conftest import StoreFactory
 from .helpers import Proxy, eventually
@@ -139,15 +140,15 @@ async def test_a_write_retried_after_a_lost_reply_counts_once(
     session = await store.register_expert(ExpertInfo("e1"), 60)
     got = await store.claim("e1", session, ["default"], Capabilities(), limit=4, lease_ttl=60)
     a, b, c, d = got
-    real_run = PostgresStore._run
+    real_run = Database.run
 
     async def commit_then_retry(
-        self: PostgresStore, fn: Callable[[Any], Awaitable[Any]], *, tx: bool = True
+        self: Database, fn: Callable[[Any], Awaitable[Any]], *, tx: bool = True
     ) -> Any:
         await real_run(self, fn, tx=tx)  # committed, but say the reply never came
         return await real_run(self, fn, tx=tx)
 
-    monkeypatch.setattr(PostgresStore, "_run", commit_then_retry)
+    monkeypatch.setattr(Database, "run", commit_then_retry)
     assert await store.complete("e1", [Completion(a.id, a.fence, "1")]) == [None]
     assert await store.fail("e1", [Failure(b.id, b.fence, "{}", 1.0)]) == [None]
     assert await store.fail("e1", [Failure(c.id, c.fence, "{}", None)]) == [None]

@@ -11,8 +11,8 @@ import pytest
 
 from contend.domain.task import Capabilities, TaskSpec
 from contend.errors import SchemaError
-from contend.store.pg_migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from contend.store.postgres import PostgresStore
+from contend.store.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 
 from .conftest import StoreFactory
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from contend.domain.retry import RetryPolicy
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.errors import (
     ConfigError,
@@ -222,7 +223,11 @@ async def test_fail_retries_until_attempts_are_spent(
     clock.advance(5)
     (c,) = await store.claim("e1", session, Q, NO_CAPS, limit=1, lease_ttl=10)
     assert c.attempt == 2
-    await store.fail("e1", [Failure(sub.id, c.fence, '{"type":"E"}', 5.0)])
+    # the owner's retry policy decides, once, from the attempt its claim reported
+    decision = RetryPolicy(backoff=5.0).decide(c.attempt, None, max_attempts=c.max_attempts)
+    assert not decision.retry
+    final = TaskState(decision.final_state)
+    await store.fail("e1", [Failure(sub.id, c.fence, '{"type":"E"}', None, final)])
     assert (await store.get(sub.id)).state == TaskState.DEAD
 
 

@@ -1,0 +1,360 @@
+"""The claim loop: discover claimable work, compete for it, claim it, hand it to the executor.
+
+Per round it starts prefetched tasks when slots are free, or competes (``runtime.competition``
+plans the race: fitness against rivals, race delays) and claims; auctions the task types that
+pay for one; steals from a loaded rival when it got nothing; tops up its prefetch; and otherwise
+waits for the store to change, for a task to fall due or for an auction moment. Every claim of
+a round is made under one session; if that session is lost meanwhile, what the round claimed
+is not started (the store hands it back once its lease lapses, or the next heartbeat releases
+it as an orphan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Collection, Mapping
+from enum import StrEnum
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import LOW_LANE_SHARE
+from contend.errors import ContendError, LeaseLost
+from contend.runtime.app import TaskType
+from contend.runtime.clock import Clock, wait_event
+from contend.runtime.competition import Competition
+from contend.runtime.config import ExpertConfig
+from contend.runtime.executor import Executor
+from contend.runtime.hooks import Hook
+from contend.runtime.session import LeaseKeeper, Session
+from contend.store.port import Auction, Claimed, Store
+
+log = logging.getLogger("contend.expert")
+
+
+class SlotState(StrEnum):
+    IDLE = "idle"
+    CLAIMING = "claiming"
+    EXECUTING = "executing"
+
+
+def auction_types(
+    tasks: Collection[TaskType], competition: Competition, threshold: float
+) -> set[str]:
+    """Task types to auction now: mode "auction", and mode "auto" once their runs take at
+    least *threshold* seconds, so that an auction pays for itself (seed 000 §6.1)."""
+    out = set()
+    typical = competition.typical
+    mine = competition.tracker.snapshot()
+    for tt in tasks:
+        if tt.mode == "auction":
+            out.add(tt.name)
+        elif tt.mode == "auto":
+            mean = typical.get(tt.name) or (mine[tt.name].mean_seconds if tt.name in mine else None)
+            if mean is not None and mean >= threshold:
+                out.add(tt.name)
+    return out
+
+
+class ClaimLoop:
+    """Keeps the executor's slots (and the prefetch) filled until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        config: ExpertConfig,
+        queues: list[str],
+        tasks: Mapping[str, TaskType],
+        *,
+        competition: Competition,
+        keeper: LeaseKeeper,
+        executor: Executor,
+        clock: Clock,
+        hooks: Hook,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.config = config
+        self.queues = queues
+        self.tasks = tasks
+        self.competition = competition
+        self.keeper = keeper
+        self.executor = executor
+        self.clock = clock
+        self.hooks = hooks
+        self.stopping = stopping
+        self.state = SlotState.IDLE
+        self.prefetched: deque[Claimed] = deque()
+        self._wake = asyncio.Event()
+        self._lane_credit = 0.0
+        self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
+        self._auction_wake: float | None = None  # store time of the next auction moment
+
+    def wake(self) -> None:
+        """A slot may have freed, or something else worth a new round happened."""
+        self._wake.set()
+
+    # -- prefetched tasks as the other parts see them ---------------------------------------
+    def retain_prefetched(self, held: Mapping[str, int]) -> None:
+        """Forget prefetched tasks the store no longer gives this expert (stolen)."""
+        kept = [c for c in self.prefetched if held.get(c.id) == c.fence]
+        if len(kept) != len(self.prefetched):
+            gone = [c.id for c in self.prefetched if held.get(c.id) != c.fence]
+            self.hooks.on_taken_over(self.name, gone)
+        self.prefetched = deque(kept)
+
+    def take_prefetched(self) -> list[Claimed]:
+        out = list(self.prefetched)
+        self.prefetched.clear()
+        return out
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self) -> None:
+        cfg = self.config
+        while not self.stopping.is_set():
+            free = cfg.concurrency - self.executor.load
+            room = cfg.prefetch - len(self.prefetched)
+            if free <= 0 and room <= 0:
+                self._wake.clear()
+                if cfg.concurrency - self.executor.load <= 0:
+                    await self._wake.wait()
+                continue
+            session = self.keeper.session
+            if session is None or not session.safe():
+                await self.clock.sleep(cfg.heartbeat_every / 10)
+                continue
+            if not self.competition.active:  # an emergency expert while all is calm
+                self.state = SlotState.IDLE
+                self._wake.clear()
+                await wait_event(self.clock, self._wake, cfg.heartbeat_every)
+                continue
+            self.state = SlotState.CLAIMING
+            try:
+                claimed = await self._round(session, free, room)
+            except LeaseLost as exc:
+                self.keeper.lose(session, str(exc))
+                continue
+            except ContendError as exc:
+                log.warning("expert %s: claim failed: %s", self.name, exc)
+                await self._pause(0.5)
+                continue
+            if claimed:
+                self.state = SlotState.EXECUTING
+                for c in claimed:
+                    self.executor.launch(c, session)
+                await asyncio.sleep(0)
+                continue
+            if free <= 0:  # full, prefetch topped up: wait for a slot
+                self._wake.clear()
+                await wait_event(self.clock, self._wake, cfg.idle_wait)
+                continue
+            self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
+            await self._idle()
+
+    async def _round(self, session: Session, free: int, room: int) -> list[Claimed]:
+        """One round under *session*: what to start now; the prefetch topped up."""
+        if free > 0 and self.prefetched:
+            claimed = await self._start_prefetched(free)
+        elif free > 0:
+            claimed = await self._compete(session, free)
+            if not claimed:
+                claimed = await self._steal(session, free)
+        else:
+            claimed = []
+        ahead: list[Claimed] = []
+        if room > 0 and not (free > 0 and not claimed):
+            # claimed ahead, unstarted: they start the moment a slot frees, unless an idle
+            # expert steals them first
+            ahead = await self._claim(session, room, start=False)
+        if session.lost.is_set():
+            return []  # lost meanwhile: start nothing of it
+        self.prefetched.extend(ahead)
+        return claimed
+
+    # -- prefetch and work stealing (seed 003) ---------------------------------------------
+    async def _start_prefetched(self, free: int) -> list[Claimed]:
+        batch = [self.prefetched.popleft() for _ in range(min(free, len(self.prefetched)))]
+        results = await self.store.start(self.name, [(c.id, c.fence) for c in batch])
+        started, gone = [], []
+        for c, res in zip(batch, results, strict=True):
+            if res is None:
+                started.append(c)
+            else:
+                gone.append(c.id)
+                log.info("expert %s: prefetched task %s was taken over (%s)", self.name, c.id, res)
+        if gone:
+            self.hooks.on_taken_over(self.name, gone)
+        return started
+
+    async def _steal(self, session: Session, free: int) -> list[Claimed]:
+        """An idle expert takes unstarted tasks from an expert loaded above the steal ratio."""
+        ratio = self.config.steal_ratio
+        if ratio is None:
+            return []
+        victims = sorted(
+            (
+                p
+                for p in self.competition.peers
+                if p.alive
+                and p.info.id != self.name
+                and int(p.metrics.get("prefetched", 0) or 0) > 0
+                and p.load / max(1, p.info.capacity) >= ratio
+                and set(self.queues) & set(p.info.queues)
+            ),
+            key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
+        )
+        for victim in victims:
+            got = await self.store.steal(
+                self.name,
+                session.id,
+                victim.info.id,
+                self.queues,
+                self.config.capabilities,
+                limit=free,
+                lease_ttl=self.config.lease_ttl,
+            )
+            if got:
+                self.hooks.on_stolen(self.name, victim.info.id, got)
+                return got
+        return []
+
+    # -- competing -------------------------------------------------------------------------
+    async def _claim(
+        self,
+        session: Session,
+        limit: int,
+        *,
+        task_ids: list[str] | None = None,
+        start: bool = True,
+        low_lane: int = 0,
+    ) -> list[Claimed]:
+        """The one place this expert claims, and counts attempts: a claim of named tasks
+        attempts up to *limit* of them (what it does not get, a rival won); a claim of whatever
+        is best never loses a race."""
+        if task_ids is not None and not task_ids:
+            return []
+        got = await self.store.claim(
+            self.name,
+            session.id,
+            self.queues,
+            self.config.capabilities,
+            limit=limit,
+            lease_ttl=self.config.lease_ttl,
+            task_ids=task_ids,
+            start=start,
+            low_lane=low_lane,
+        )
+        attempted = len(got) if task_ids is None else min(len(task_ids), limit)
+        if attempted:
+            self.hooks.on_claimed(self.name, got, attempted)
+        return got
+
+    def _lane_slots(self, free: int) -> int:
+        """How many of *free* slots go to the low lane (the longest-waiting tasks, whatever
+        their priority): a running credit, so that over time the share is LOW_LANE_SHARE even
+        when slots free up one at a time."""
+        self._lane_credit += LOW_LANE_SHARE * free
+        slots = min(free, int(self._lane_credit))
+        self._lane_credit -= slots
+        return slots
+
+    async def _compete(self, session: Session, free: int) -> list[Claimed]:
+        comp = self.competition
+        load = self.executor.load
+        auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
+        lane = self._lane_slots(free)
+        if not auctioned and not comp.race_matters(load):
+            return await self._claim(session, free, low_lane=lane)
+        # look deep enough that equally fit experts do not all reach for the same few tasks
+        depth = max(16, free * 3)
+        views = await self.store.peek(self.queues, self.config.capabilities, depth, low_lane=lane)
+        self._auction_wake = None
+        if not views:
+            return []
+        claimed: list[Claimed] = []
+        lots = [v for v in views if v.type in auctioned]
+        if lots:
+            claimed = await self._bid_and_claim(session, lots, free)
+            free -= len(claimed)
+        races = [v for v in views if v.type not in auctioned]
+        if not races or free <= 0:
+            return claimed
+        plan = comp.plan(races, load)
+        first = plan[0][0]
+        if first > 0:
+            await self._pause(first)
+            if self.stopping.is_set():
+                return claimed
+        # Offer the store every candidate this expert is about as fit for as for the first
+        # one — more than it has room for: the store takes the best `free` still pending, so
+        # tasks a fitter rival took in the meantime cost no lost race.
+        slack = first + comp.window * 0.1
+        ids = [tid for d, _, tid in plan if d <= slack]
+        return claimed + await self._claim(session, free, task_ids=ids)
+
+    async def _bid_and_claim(
+        self, session: Session, lots: list[TaskView], free: int
+    ) -> list[Claimed]:
+        """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
+        and each next bidder may after its grace period."""
+        me = self.competition.me(self.executor.load)
+        grace = self.config.auction_grace
+        entitled: list[str] = []
+        now = await self.store.now()
+        seen = {v.id for v in lots}
+        for tid in [t for t in self._auctions if t not in seen]:
+            del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
+        for view in lots[: max(1, free)]:
+            state = self._auctions.get(view.id)
+            if state is None or (not state[1] and now >= state[0].closes_at):
+                score = self.config.fitness(me, view)
+                auction = await self.store.bid(
+                    self.name, session.id, view.id, score, self.config.auction_window
+                )
+                state = (auction, auction.now >= auction.closes_at)
+                self._auctions[view.id] = state
+            auction, _ = state
+            if not auction.open:
+                continue
+            at = auction.may_claim_at(self.name, grace)
+            if now >= at:
+                entitled.append(view.id)
+            else:
+                wake = at if now >= auction.closes_at else auction.closes_at
+                self._auction_wake = min(self._auction_wake or wake, wake)
+        return await self._claim(session, free, task_ids=entitled)
+
+    # -- waiting ---------------------------------------------------------------------------
+    async def _pause(self, seconds: float) -> None:
+        await wait_event(self.clock, self.stopping, seconds)
+
+    async def _idle(self) -> None:
+        """Wait for the store to change, a task to fall due or an auction moment."""
+        wait = self.config.idle_wait
+        due = await self.store.next_due(self.queues)
+        now = await self.store.now()
+        if due is not None:
+            # A task due later: wake up for it. One due already that we did not get is not
+            # ours (another expert's requirements, or a lost race): wait for a change.
+            until = due - now
+            if until > 0:
+                wait = min(wait, until)
+        if self._auction_wake is not None:
+            wait = max(0.001, min(wait, self._auction_wake - now))
+        if wait <= 0:
+            return
+        waiter = asyncio.create_task(self.store.wait_for_change(wait))
+        stopper = asyncio.create_task(self.stopping.wait())
+        try:
+            # the store's own timeout is on the host's clock; the expert's bounds the wait too
+            await self.clock.wait_for(
+                asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED), wait
+            )
+        except TimeoutError:
+            pass
+        finally:
+            for t in (waiter, stopper):
+                t.cancel()
+            await asyncio.gather(waiter, stopper, return_exceptions=True)

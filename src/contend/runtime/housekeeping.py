@@ -1,0 +1,105 @@
+"""Housekeeping, after each renewal but apart from it: slow housekeeping on a big store never
+delays a renewal. It expires lapsed leases (anyone's), refreshes the expert's view of its rivals
+and of the cluster's pressure, and releases claims the store says this expert holds but the
+expert does not know of (a claim whose reply was lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from contend.errors import ContendError
+from contend.runtime.competition import Competition
+from contend.runtime.session import Session
+from contend.store.port import Store
+
+log = logging.getLogger("contend.expert")
+
+
+class Orphans:
+    """Tasks held in the store but unknown to the expert. One heartbeat of grace (the reply
+    of a claim may be on its way), then they are to be released."""
+
+    def __init__(self) -> None:
+        self._unknown: set[str] = set()
+
+    def note(self, held: Mapping[str, int], known: set[str]) -> list[tuple[str, int]]:
+        """Take in one renewal's view; returns (id, fence) of the tasks unknown twice running."""
+        unknown = {tid for tid in held if tid not in known}
+        orphans = [(tid, held[tid]) for tid in sorted(unknown & self._unknown)]
+        self._unknown = unknown - {tid for tid, _ in orphans}
+        return orphans
+
+
+class Housekeeper:
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        queues: list[str],
+        *,
+        competition: Competition,
+        load: Callable[[], int],
+        on_join_or_leave: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.queues = queues
+        self.competition = competition
+        self._load = load
+        self._on_change = on_join_or_leave
+        self.orphans = Orphans()
+        self._due = asyncio.Event()
+        self._release: list[tuple[Session, list[tuple[str, int]]]] = []
+
+    def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
+        """Called by the heartbeat with what the store says this expert holds."""
+        orphans = self.orphans.note(held, known)
+        if orphans:
+            self._release.append((session, orphans))
+        self._due.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            try:
+                await self._release_orphans()
+                await self.store.expire()
+                await self.refresh_cluster()
+            except ContendError as exc:
+                log.warning("expert %s: housekeeping failed: %s", self.name, exc)
+
+    async def refresh_cluster(self) -> None:
+        """Rivals, cluster load and, for an emergency expert, whether to join in."""
+        comp = self.competition
+        comp.update_peers(await self.store.list_experts(), self._load())
+        if comp.tier == "emergency":
+            was = comp.active
+            now = comp.update_pressure(await self.store.backlog(self.queues), self._load())
+            if now != was:
+                log.info(
+                    "expert %s (emergency) %s",
+                    self.name,
+                    "joins: the cluster is under pressure" if now else "stands down",
+                )
+                self._on_change()
+
+    async def _release_orphans(self) -> None:
+        batches, self._release = self._release, []
+        for session, orphans in batches:
+            if not session.safe():
+                continue
+            try:
+                results = await self.store.release(self.name, orphans)
+            except ContendError as exc:
+                log.warning("expert %s: could not release orphaned claims: %s", self.name, exc)
+                continue
+            n = sum(1 for r in results if r is None)
+            log.warning(
+                "expert %s released %d task(s) it held in the store without knowing of them "
+                "(a claim reply was lost)",
+                self.name,
+                n,
+            )

@@ -1,0 +1,182 @@
+"""Which pending tasks a claim tries, and in what order.
+
+Ageing is reckoned when claims read, not written: a claim reads the head of each priority
+level of a queue (from its floor) and ranks what it read by effective priority (priority
+plus the age term, domain.aged_priority, from the created_at the index value starts with),
+then due time, then id. Then it takes the best, the low lane's share of the longest waiting,
+and, when rivals have been winning its races, a random stripe of equally good tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from contend.domain.scoring import TaskView
+from contend.domain.task import Capabilities, Requirements, aged_priority
+from contend.store.etcd.keys import PRIORITY_BASE, enc, micros, unenc
+from contend.store.etcd.levels import LevelRead, Levels
+from contend.store.etcd.record import REQ_NONE, Record, index_json
+
+#: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
+SPREAD_DEPTH = 6
+
+Rank = tuple[int, str, str]
+#: What the priority index holds of a task a peek returns: (queue, priority, index value).
+Views = dict[str, TaskView | tuple[str, int, bytes]]
+
+
+def rank_of(rec: Record, now: float) -> Rank:
+    """A pending task's place in claim order, smallest first: the highest effective
+    priority (the priority aged since the task was created, in whole steps), then the
+    earliest due time, then the id. candidates() makes the same from index keys."""
+    due = f"{micros(rec.run_at):017d}"
+    return -aged_priority(rec.priority, now - rec.created_at), due, rec.id
+
+
+async def choose(
+    levels: Levels,
+    queues: Sequence[str],
+    caps: Capabilities,
+    limit: int,
+    low_lane: int,
+    now: float,
+    spread: bool = False,
+    views: Views | None = None,
+    reads: dict[str, LevelRead] | None = None,
+) -> list[str]:
+    """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
+    priority, plus the ``low_lane`` due the longest; more of the best after them, to try
+    when rivals win some. With *spread* (rivals have been winning this instance's races),
+    the best are taken from a random place among the equally good candidates read, so that
+    experts reading the same head of the index do not all reach for the same tasks.
+    *views* receives what the priority index holds of the candidates it read, *reads*
+    the read of each one's level."""
+    low_lane = max(0, min(low_lane, limit))
+    want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
+    best = await candidates(levels, queues, caps, limit, now, want, views, reads)
+    # Each level's head is its longest waiting: those due first among all levels read.
+    oldest = sorted(best, key=lambda f: f[1][1:])[:low_lane] if low_lane else []
+    if spread and best:
+        top = best[0][1][0]
+        level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
+        if level > limit:  # more equally good tasks than wanted: take a stripe of them
+            shift = limit * random.randrange(level // limit)
+            best = best[shift:level] + best[:shift] + best[level:]
+    chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
+    for tid, _ in oldest:
+        chosen.setdefault(tid)
+    order = dict(best)
+    first = sorted(chosen, key=lambda t: order[t])
+    return first + [f[0] for f in best if f[0] not in chosen]
+
+
+async def candidates(
+    levels: Levels,
+    queues: Sequence[str],
+    caps: Capabilities,
+    limit: int,
+    now: float,
+    want: int = 0,
+    views: Views | None = None,
+    reads: dict[str, LevelRead] | None = None,
+) -> list[tuple[str, Rank]]:
+    """(task id, rank) of due tasks *caps* can run, best first: at least *limit* (or
+    *want*) of each priority level of each queue where there are that many. *views*, if
+    given, receives what the index holds of each: (queue, priority, index value); *reads*
+    the read of its level."""
+    want = max(want, limit)
+    # A claim reads twice what it wants, to have others to try when rivals win some; a
+    # peek (which fills *views*) only what it returns.
+    page = max(64, limit if views is not None else 2 * limit, want)
+    search = _Search(levels, _runnable_now(caps, micros(now)), now, page, want, views, reads)
+    found = [
+        f
+        for r in await asyncio.gather(*(search.queue(q) for q in dict.fromkeys(queues)))
+        for f in r
+    ]
+    found.sort(key=lambda f: f[1])
+    return found
+
+
+def _runnable_now(caps: Capabilities, now_us: int) -> Callable[[Any], bool]:
+    """Whether an index key is of a task due by *now_us* whose requirements *caps* meets."""
+
+    def keep(kv: Any) -> bool:
+        due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
+        return due <= now_us and (
+            REQ_NONE in kv.value
+            or caps.satisfies(Requirements.from_json(index_json(kv.value)["req"]))
+        )
+
+    return keep
+
+
+class _Search:
+    """One candidates() read: the levels of each queue, read with the same bounds."""
+
+    __slots__ = ("keep", "levels", "now", "page", "reads", "views", "want")
+
+    def __init__(
+        self,
+        levels: Levels,
+        keep: Callable[[Any], bool],
+        now: float,
+        page: int,
+        want: int,
+        views: Views | None,
+        reads: dict[str, LevelRead] | None,
+    ) -> None:
+        self.levels, self.keep, self.now = levels, keep, now
+        self.page, self.want, self.views, self.reads = page, want, views, reads
+
+    async def queue(self, queue: str) -> list[tuple[str, Rank]]:
+        """Read every level v/ lists, from its floor. The levels seen last time are read
+        from the floors seen then, meanwhile; a level whose floor came down since (a task
+        entered below it) is read again."""
+        known = self.levels.known.get(queue, {})
+        listed, done = await asyncio.gather(
+            self.levels.of_queue(queue), self._levels(queue, list(known.items()))
+        )
+        again = [(inv, f) for inv, f, _ in listed if inv not in known or f < known[inv]]
+        done.update(await self._levels(queue, again))
+        self.levels.known[queue] = {inv: f for inv, f, _ in listed}
+        for inv, f, mod in listed:
+            done[inv][0].floor, done[inv][0].listed_at = f, mod
+        found = []
+        for read, out in done.values():
+            found += out
+            if self.reads is not None:
+                for tid, _ in out:
+                    self.reads[tid] = read
+        return found
+
+    async def _levels(
+        self, queue: str, floors: Iterable[tuple[str, bytes]]
+    ) -> dict[str, tuple[LevelRead, list[tuple[str, Rank]]]]:
+        floors = list(floors)
+        got = await asyncio.gather(*(self._level(queue, inv, f) for inv, f in floors))
+        return dict(zip((inv for inv, _ in floors), got, strict=True))
+
+    async def _level(
+        self, queue: str, inv: str, floor: bytes
+    ) -> tuple[LevelRead, list[tuple[str, Rank]]]:
+        """Read one level from *floor*, and rank what it holds (as rank_of does)."""
+        prefix = self.levels.keys.k("q", enc(queue), inv, "")
+        priority = PRIORITY_BASE - int(inv)
+        aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
+        out = []
+        kvs, read = await self.levels.read(prefix, prefix + floor, self.page, self.want, self.keep)
+        now, views = self.now, self.views
+        for kv in kvs:
+            due, tid = kv.key[len(prefix) :].decode().split("/")
+            tid = unenc(tid) if "%" in tid else tid
+            created = kv.value[: kv.value.index(b" ")]
+            step = aged.get(created)
+            if step is None:
+                step = aged[created] = aged_priority(priority, now - float(created))
+            out.append((tid, (-step, due, tid)))  # as rank_of
+            if views is not None:
+                views[tid] = (queue, priority, kv.value)
+        return read, out

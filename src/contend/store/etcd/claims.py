@@ -1,0 +1,441 @@
+"""Claims and steals: the atomic step that makes an expert's session the owner of tasks.
+
+A claim compares, for each task, the task key's ``mod_revision`` with the one read (the task
+was pending then, and a pending task has no ``c/{task}``: every end of an ownership deletes
+it in the same transaction, or it vanished with its lease), and that the expert's session
+key still holds its session; then for each task it puts the task record (fence + 1,
+attempts + 1), puts ``c/{task}`` on the session's lease and ``a/{expert}/{task}``, deletes
+the index key, and raises the floors of the levels it took from. The tasks of one claim
+share a Txn (as many as ``max_txn_ops`` allows); when a rival took some of them, one read
+tells which, and the others are claimed together in the next Txn. A steal is a fenced
+transfer of another expert's claimed, unstarted task, one Txn per task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from contend.domain import transitions as rules
+from contend.domain.task import Capabilities, Requirements, TaskState
+from contend.domain.transitions import Outcome
+from contend.errors import LeaseLost
+from contend.store._common import check_limit, check_ttl
+from contend.store.etcd.candidates import Rank, choose, rank_of
+from contend.store.etcd.keys import Keys, enc, unenc
+from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
+from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.owner import Owned, remember_owned
+from contend.store.etcd.payloads import Args, read_payloads
+from contend.store.etcd.record import Record
+from contend.store.etcd.rpc import Etcd
+from contend.store.etcd.sessions import Sessions
+from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is
+from contend.store.port import Claimed
+
+#: The most operations one task's claim puts in a transaction (3 puts, the index delete).
+CLAIM_OPS = 4
+#: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
+CONTENDED_FOR = 2.0
+
+#: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
+Try = tuple[str, Any, Any, Any]
+
+
+class Claimant(NamedTuple):
+    """The live session a claim or a steal is made for."""
+
+    expert: str
+    session: str
+    lease: int  # the session's etcd lease: claim keys are put on it
+    value: bytes  # the session key's value (l/{expert}), compared by every claim
+    ttl: float  # the lease's TTL, for the deadlines reported
+
+
+def claimed(rec: Record, args: Args, checkpoint: Any, lease_deadline: float) -> Claimed:
+    return Claimed(
+        id=rec.id,
+        type=rec.type,
+        queue=rec.queue,
+        args=args[0],
+        kwargs=args[1],
+        fence=rec.fence,
+        attempt=rec.attempts,
+        max_attempts=rec.max_attempts,
+        checkpoint=checkpoint,
+        timeout=rec.timeout,
+        lease_deadline=lease_deadline,
+        priority=rec.priority,
+    )
+
+
+class Claims:
+    """The claims of one store instance, which spreads them out for CONTENDED_FOR seconds
+    after a rival won one of its batches (``contended_until``, monotonic time)."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: Keys,
+        clock: Callable[[], float],
+        sessions: Sessions,
+        levels: Levels,
+        owned: Owned,
+    ) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self._clock = clock
+        self._sessions = sessions
+        self.levels = levels
+        self.owned = owned
+        self.contended_until = 0.0
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+        low_lane: int = 0,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        if not queues or not limit or (task_ids is not None and not task_ids):
+            await self._sessions.check(expert, session)
+            return []
+        now = self._clock()
+        cands: list[str]  # task ids, best first
+        reads: dict[str, LevelRead] = {}  # task id -> the read of its level
+        # The session check and the first read overlap: one round trip less per claim.
+        if task_ids is None:
+            spread = time.monotonic() < self.contended_until
+            (lease, session_value), cands = await asyncio.gather(
+                self._sessions.check(expert, session),
+                choose(
+                    self.levels, queues, capabilities, limit, low_lane, now, spread, reads=reads
+                ),
+            )
+        else:
+            (lease, session_value), cands = await asyncio.gather(
+                self._sessions.check(expert, session),
+                self._named(task_ids, queues, capabilities, now),
+            )
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        claimant = Claimant(expert, session, lease, session_value, ttl)
+        return await _ClaimRun(self, claimant, now, start, reads).run(cands, limit)
+
+    async def _named(
+        self, task_ids: Sequence[str], queues: Sequence[str], caps: Capabilities, now: float
+    ) -> list[str]:
+        """The named tasks that may be claimed now, the best first."""
+        ids = list(dict.fromkeys(task_ids))
+        qs = set(queues)
+        kvs = await self.etcd.read_many([self.keys.task(t) for t in ids])
+        named: list[tuple[Rank, str]] = []
+        for tid, kv in zip(ids, kvs, strict=True):
+            if kv is None:
+                continue
+            rec = Record.loads(kv.value)
+            if (
+                rec.state == TaskState.PENDING
+                and rec.indexed
+                and rec.run_at <= now
+                and rec.queue in qs
+                and caps.satisfies(Requirements.from_json(rec.req))
+            ):
+                named.append((rank_of(rec, now), tid))
+        return [tid for _, tid in sorted(named)]
+
+    def lost_session(self, claimant: Claimant) -> LeaseLost:
+        """Forget a session a claim found ended; the error to raise."""
+        self._sessions.cache.pop(claimant.session, None)
+        return LeaseLost(f"expert {claimant.expert}: session {claimant.session} is not live")
+
+    # -- steals ------------------------------------------------------------------------------
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        check_ttl(lease_ttl)
+        lease, session_value = await self._sessions.check(thief, session)
+        if not queues or not limit:
+            return []
+        ttl = json.loads(session_value).get("ttl", lease_ttl)
+        loot = await self._loot(victim, queues, capabilities)
+        claimant = Claimant(thief, session, lease, session_value, ttl)
+        now = self._clock()
+        got = await asyncio.gather(
+            *(self._take(claimant, victim, t, c, now) for t, c in loot[:limit])
+        )
+        if any(lost for _, lost in got):
+            raise self.lost_session(claimant)
+        return [c for c, _ in got if c is not None]
+
+    async def _loot(
+        self, victim: str, queues: Sequence[str], capabilities: Capabilities
+    ) -> list[tuple[Any, Any]]:
+        """(task, claim) KeyValues of the victim's claimed, unstarted tasks of these queues
+        that *capabilities* can run, the best first: from the claim keys on its lease."""
+        keys = self.keys
+        live = (await self.etcd.read_many([keys.k("l", enc(victim))]))[0]
+        if live is None:
+            return []
+        cbase = keys.k("c", "")
+        held = [
+            unenc(k[len(cbase) :].decode())
+            for k in await self._sessions.lease_claims(int(json.loads(live.value)["lease"]))
+        ]
+        reads = await self.etcd.read_many([k for t in held for k in (keys.task(t), keys.claim(t))])
+        qs = set(queues)
+        loot: list[tuple[tuple[int, float, str], Any, Any]] = []
+        for n, tid in enumerate(held):
+            t, c = reads[2 * n : 2 * n + 2]
+            if t is None or c is None:
+                continue
+            rec = Record.loads(t.value)
+            if (
+                rec.owner == victim
+                and rec.state == TaskState.CLAIMED
+                and rec.queue in qs
+                and capabilities.satisfies(Requirements.from_json(rec.req))
+            ):
+                loot.append(((-rec.priority, rec.run_at, tid), t, c))
+        loot.sort(key=lambda item: item[0])
+        return [(t, c) for _, t, c in loot]
+
+    async def _take(
+        self, thief: Claimant, victim: str, t: Any, c: Any, now: float
+    ) -> tuple[Claimed | None, bool]:
+        """Move one task from *victim* to *thief*, started; (what was claimed or None, whether
+        the thief's session was found ended)."""
+        keys = self.keys
+        rec = Record.loads(t.value)
+        tid = rec.id
+        rec.owner, rec.session = thief.expert, thief.session
+        rec.fence += 1
+        rec.lease_deadline = now + thief.ttl
+        moves = apply_outcome(keys, rec, rules.stolen(thief.expert, victim), now)
+        claim = json.dumps({"expert": thief.expert, "session": thief.session, "fence": rec.fence})
+        session_key = keys.k("l", enc(thief.expert))
+        resp = await self.etcd.commit(
+            [
+                mod_is(t.key, t.mod_revision),
+                mod_is(c.key, c.mod_revision),
+                value_is(session_key, thief.value),
+            ],
+            [
+                put(t.key, rec.dumps()),
+                put(c.key, claim, thief.lease),
+                delete(keys.held(victim, tid)),
+                put(keys.held(thief.expert, tid), f"{rec.fence} {thief.session}"),
+                *moves,
+            ],
+            [get(session_key)],
+        )
+        if resp is not None and not resp.succeeded:
+            kvs = resp.responses[0].response_range.kvs
+            # the victim started it, or someone else stole it first
+            return None, not kvs or kvs[0].value != thief.value
+        ((a, _, ck),) = await read_payloads(self.etcd, keys, [rec], result=False)
+        return claimed(rec, a if a is not None else ([], {}), ck, now + thief.ttl), False
+
+
+class _ClaimRun:
+    """One claim() call: rounds of claim transactions over the candidates, in order, until
+    enough were won or the candidates ran out."""
+
+    __slots__ = (
+        "claim_head",
+        "claimant",
+        "claims",
+        "lost",
+        "now",
+        "orders",
+        "outcome",
+        "parsed",
+        "reads",
+        "session_key",
+        "won",
+    )
+
+    def __init__(
+        self,
+        claims: Claims,
+        claimant: Claimant,
+        now: float,
+        start: bool,
+        reads: dict[str, LevelRead],
+    ) -> None:
+        self.claims = claims
+        self.claimant = claimant
+        self.now = now
+        self.outcome: Outcome = rules.claimed(claimant.expert, start=start)
+        self.reads = reads  # task id -> the read of its level
+        self.session_key = claims.keys.k("l", enc(claimant.expert))
+        # the c/ value, left open for the fence
+        self.claim_head = json.dumps({"expert": claimant.expert, "session": claimant.session})[:-1]
+        self.won: list[tuple[Rank, Claimed]] = []
+        self.lost = False  # the session was found ended
+        self.orders: dict[str, Rank] = {}  # task id -> its claim order
+        self.parsed: dict[str, Record] = {}  # records parsed by the round's check, used once
+
+    async def run(self, cands: list[str], limit: int) -> list[Claimed]:
+        """Rounds: try as many candidates as claims are still wanted, in order, until enough
+        were won or the candidates ran out. The tries of a round are grouped into as few
+        transactions as etcd's operation limit allows, committed concurrently."""
+        per_txn = max(1, (self.claims.etcd.max_ops - 1 - RISE_OPS) // CLAIM_OPS)
+        won = self.won
+        rest = cands
+        while rest and len(won) < limit and not self.lost:
+            batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
+            tries = await self._ready(batch)
+            await asyncio.gather(
+                *(self._group(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
+            )
+        if self.lost:
+            # Claims won in the same round vanished with the lease; expire() returns them.
+            raise self.claims.lost_session(self.claimant)
+        won.sort(key=lambda w: w[0])
+        return [c for _, c in won]
+
+    async def _ready(self, batch: list[str]) -> list[Try]:
+        """The tasks of *batch* still pending and due, with their payloads, as read now."""
+        now = self.now
+        etcd, keys = self.claims.etcd, self.claims.keys
+        records = await etcd.read_many([keys.task(tid) for tid in batch])
+        ready: list[tuple[str, Any, Record]] = []
+        for tid, t in zip(batch, records, strict=True):
+            if t is None:
+                continue
+            rec = Record.loads(t.value)
+            if rec.state == TaskState.PENDING and rec.indexed and rec.run_at <= now:
+                ready.append((tid, t, rec))
+        tries: list[Try] = []
+        payloads = await read_payloads(etcd, keys, [rec for _, _, rec in ready], result=False)
+        for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
+            if a is None:  # not written yet: the submission is still going on
+                continue
+            tries.append((tid, t, a, c))
+            self.parsed[tid] = rec
+        return tries
+
+    def _prepare(self, tid: str, t: Any) -> tuple[list[Op], list[Op], Record]:
+        """(compares, operations, new record) that claim one task read as *t*."""
+        now, who, keys = self.now, self.claimant, self.claims.keys
+        rec = self.parsed.pop(tid, None) or Record.loads(t.value)
+        assert rec.indexed
+        self.orders[tid] = rank_of(rec, now)
+        rec.owner = who.expert
+        rec.session = who.session
+        rec.fence += 1
+        rec.lease_deadline = now + who.ttl
+        ops = apply_outcome(keys, rec, self.outcome, now)  # out of the priority index
+        claim = f'{self.claim_head},"fence":{rec.fence}}}'
+        return (
+            [mod_is(t.key, t.mod_revision)],  # pending as read: so no claim key either
+            [
+                put(t.key, rec.dumps()),
+                put(keys.claim(tid), claim, who.lease),
+                put(keys.held(who.expert, tid), f"{rec.fence} {who.session}"),
+                *ops,
+            ],
+            rec,
+        )
+
+    def _finish(self, tid: str, a: Any, c: Any, rec: Record, ops: list[Op], rev: int) -> None:
+        """Record a claim that landed at revision *rev* (0: unknown, a lost reply)."""
+        if rev:
+            remember_owned(self.claims.owned, tid, ops[0], ops[1], rev, rec)
+        self.won.append((self.orders[tid], claimed(rec, a, c, self.now + self.claimant.ttl)))
+
+    def _session_lost(self, resp: Any) -> bool:
+        kvs = resp.responses[0].response_range.kvs
+        return not kvs or kvs[0].value != self.claimant.value
+
+    def _contended(self) -> None:
+        self.claims.contended_until = time.monotonic() + CONTENDED_FOR
+
+    async def _one(self, tid: str, t: Any, a: Any, c: Any) -> None:
+        """One claim transaction for one task (the fallback when a batch lost a race)."""
+        cmp, ops, rec = self._prepare(tid, t)
+        levels = self.claims.levels
+        up = levels.rises([tid], self.reads)
+        resp = await self.claims.etcd.commit(
+            [*cmp, value_is(self.session_key, self.claimant.value)],
+            [*ops, *up],
+            [get(self.session_key)],
+        )
+        if resp is not None and not resp.succeeded:
+            if self._session_lost(resp):
+                self.lost = True
+            else:
+                self._contended()
+            return  # another expert won this one, or the session ended
+        levels.risen(up)
+        self._finish(tid, a, c, rec, ops, resp.header.revision if resp is not None else 0)
+
+    async def _group(self, group: list[Try]) -> None:
+        """Claim a group of tasks in one transaction: every task's revision and absent
+        claim key, and the live session, are compared at once. When any task moved
+        meanwhile (a rival claimed it), one read tells which: the tasks still as read are
+        tried again together, the others are left to the rival."""
+        levels = self.claims.levels
+        while group:
+            if len(group) == 1:
+                await self._one(*group[0])
+                return
+            plans = [self._prepare(tid, t) for tid, t, _, _ in group]
+            up = levels.rises([g[0] for g in group], self.reads)
+            resp = await self.claims.etcd.commit(
+                [
+                    *(x for p in plans for x in p[0]),
+                    value_is(self.session_key, self.claimant.value),
+                ],
+                [*(x for p in plans for x in p[1]), *up],
+                [get(self.session_key)],
+            )
+            if resp is None or resp.succeeded:
+                levels.risen(up)
+                rev = resp.header.revision if resp is not None else 0
+                for (tid, _, a, c), (_, ops, rec) in zip(group, plans, strict=True):
+                    self._finish(tid, a, c, rec, ops, rev)
+                return
+            if self._session_lost(resp):
+                self.lost = True
+                return
+            still = await self._still_as_read(group)
+            self._contended()
+            if len(still) == len(group):  # cannot tell what moved: one at a time
+                await asyncio.gather(*(self._one(*g) for g in group))
+                return
+            group = still
+
+    async def _still_as_read(self, group: list[Try]) -> list[Try]:
+        """The tasks of *group* that did not move since they were read, with no claim key
+        (one read: a lost race is rare once claims spread out)."""
+        keys = self.claims.keys
+        now_kvs = await self.claims.etcd.read_many(
+            [k for tid, t, _, _ in group for k in (t.key, keys.claim(tid))]
+        )
+        return [
+            g
+            for n, g in enumerate(group)
+            if now_kvs[2 * n] is not None
+            and now_kvs[2 * n].mod_revision == g[1].mod_revision
+            and now_kvs[2 * n + 1] is None
+        ]

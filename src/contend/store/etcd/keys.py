@@ -1,0 +1,77 @@
+"""The key layout (drawn in full in docs/etcd.md, "Key layout"): every key lives under the
+store's prefix, and ids, queue names and expert ids in keys are percent-encoded, so that a
+``/`` in a name can never be read as a separator."""
+
+from __future__ import annotations
+
+import functools
+from urllib.parse import quote, unquote
+
+from contend.store.etcd.record import Record
+
+#: Priorities are stored as PRIORITY_BASE − priority on 8 digits (a range read then yields
+#: the highest first); priorities are within ±1,000,000.
+PRIORITY_BASE = 10_000_000
+
+
+@functools.lru_cache(maxsize=8192)
+def enc(name: str) -> str:
+    return quote(name, safe="")
+
+
+def unenc(text: str) -> str:
+    return unquote(text)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with *prefix*."""
+    for i in range(len(prefix) - 1, -1, -1):
+        if prefix[i] < 0xFF:
+            return prefix[:i] + bytes([prefix[i] + 1])
+    return b"\0"
+
+
+def micros(t: float) -> int:
+    return max(0, round(t * 1_000_000))
+
+
+class Keys:
+    """The keys of one store, under its prefix *p* (which ends in ``/``)."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, prefix: bytes) -> None:
+        self.p = prefix
+
+    def k(self, *parts: str) -> bytes:
+        return self.p + "/".join(parts).encode()
+
+    def task(self, tid: str) -> bytes:
+        """``t/{task}``: the task record."""
+        return self.k("t", enc(tid))
+
+    def data(self, tid: str, what: str) -> bytes:
+        """``d/{task}/{what}``: a payload too big for the record (args, result, checkpoint)."""
+        return self.k("d", enc(tid), what)
+
+    def claim(self, tid: str) -> bytes:
+        """``c/{task}``: the claim, on the owner's lease."""
+        return self.k("c", enc(tid))
+
+    def held(self, expert: str, tid: str) -> bytes:
+        """``a/{expert}/{task}``: the ownership key, without a lease."""
+        return self.k("a", enc(expert), enc(tid))
+
+    @staticmethod
+    def level(rec: Record) -> str:
+        """``{queue}/{inv}``: the priority level of *rec* (under q/ its tasks, under v/ its key)."""
+        return f"{enc(rec.queue)}/{PRIORITY_BASE - rec.priority:08d}"
+
+    @staticmethod
+    def spot(rec: Record) -> str:
+        """``{due}/{id}``: where *rec* stands within its priority level."""
+        return f"{micros(rec.run_at):017d}/{enc(rec.id)}"
+
+    def pending(self, rec: Record) -> bytes:
+        """``q/{queue}/{inv}/{due}/{task}``: *rec*'s key in the priority index."""
+        return self.k("q", self.level(rec), self.spot(rec))

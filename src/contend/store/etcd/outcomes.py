@@ -1,0 +1,61 @@
+"""Applying what ``contend.domain.transitions`` decided to a task record.
+
+The store decides nothing here: an :class:`~contend.domain.transitions.Outcome` says what the
+task becomes, and apply_outcome() writes it into the record and returns the operations on the
+other keys the move touches (the priority index, the ownership keys, a result too big for the
+record, the end marker its waiters are told by). The caller puts the record, in the one Txn
+that also compares what it checked (fence, owner, claim)."""
+
+from __future__ import annotations
+
+from contend.domain.task import TaskState
+from contend.domain.transitions import Attempts, Outcome
+from contend.store.etcd.keys import Keys, enc
+from contend.store.etcd.levels import enter_pending, leave_pending
+from contend.store.etcd.record import INLINE_MAX, Record
+from contend.store.etcd.txn import Op, delete, put
+
+P = TaskState.PENDING
+KEEP = Attempts.KEEP
+
+
+def unown(keys: Keys, rec: Record, expert: str) -> list[Op]:
+    """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
+    rec.owner, rec.session, rec.lease_deadline = None, None, None
+    return [delete(keys.claim(rec.id)), delete(keys.held(expert, rec.id))]
+
+
+def ended_marker(keys: Keys, rec: Record) -> list[Op]:
+    """The marker ``s/{task}`` of a task that just ended with waiters to tell."""
+    return [put(keys.k("s", enc(rec.id)), rec.state)] if rec.has_waiters else []
+
+
+def apply_outcome(keys: Keys, rec: Record, outcome: Outcome, now: float) -> list[Op]:
+    """Make *rec* what *outcome* says, at *now*; the operations on keys other than the record.
+    The owner, fence and lease of a claim are the caller's to set first (the history line
+    carries the fence)."""
+    ops: list[Op] = []
+    state = outcome.state
+    if not outcome.owned and rec.owner is not None:
+        ops += unown(keys, rec, rec.owner)
+    if rec.indexed and state != P:
+        ops += leave_pending(keys, rec)
+    if outcome.attempts is not KEEP:
+        rec.attempts = outcome.attempts.apply(rec.attempts)
+    rec.run_at = outcome.run_at(rec.run_at, now)
+    if outcome.error_json is not None:
+        rec.error = outcome.error_json
+    result = outcome.result_json
+    if result is not None:
+        if len(result) <= INLINE_MAX:
+            rec.result = result
+        else:
+            ops.append(put(keys.data(rec.id, "result"), result))
+    rec.state = str(state)
+    rec.updated_at = now
+    rec.event(now, outcome.event, outcome.actor, outcome.detail)
+    if state == P:
+        ops += enter_pending(keys, rec)
+    elif rec.has_waiters and outcome.ends:
+        ops += ended_marker(keys, rec)
+    return ops

@@ -1,0 +1,315 @@
+"""Owner writes: start, checkpoint, complete, fail and release, each fenced.
+
+Every owner write reads the task and its claim, asks ``contend.domain.transitions`` whether
+the writer holds the task (``refusal``: fence, owner, state, and the claim key, which lives on
+the owner's session lease) and what the write leads to, and commits the outcome with a Txn
+comparing both ``mod_revision`` values. The writes of one batch share a Txn (as many as
+``max_txn_ops`` allows) and fall back to one Txn per task when any of them moved. After this
+instance's own claim, what the claim wrote stands in for the read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from contend.domain import transitions as rules
+from contend.domain.task import TaskState
+from contend.domain.transitions import Holding, Outcome
+from contend.errors import FencedOut, StoreError
+from contend.store._common import check_retry_delay
+from contend.store.etcd.dependants import Dependants
+from contend.store.etcd.keys import Keys
+from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.record import KV, Record
+from contend.store.etcd.rpc import Etcd
+from contend.store.etcd.txn import WRITE_RETRIES, Op, mod_is, put
+from contend.store.port import Completion, Failure
+
+#: How many claimed tasks' keys one store instance remembers, to write them without a read.
+OWNED_CACHE = 16_384
+
+#: What a write does to a record that passed the checks, at a time: its operations.
+Apply = Callable[[Record, float], list[Any]]
+#: task id -> (task, claim) keys and the record, as this instance's claim wrote them.
+Owned = dict[str, tuple[KV, KV, Record]]
+States = frozenset[TaskState]
+
+
+def remember_owned(
+    owned: Owned, tid: str, task_put: Op, claim_put: Op, rev: int, rec: Record
+) -> None:
+    """Keep the task and claim keys as a claim of this instance put them at *rev*, and
+    the record it wrote (not to be changed after)."""
+    owned[tid] = (
+        KV(task_put[1], task_put[2], rev),
+        KV(claim_put[1], claim_put[2], rev),
+        rec,
+    )
+    while len(owned) > OWNED_CACHE:  # tasks lost to expiry are never written again
+        del owned[next(iter(owned))]
+
+
+def refusal(
+    expert: str,
+    task_id: str,
+    fence: int,
+    states: States,
+    rec: Record | None,
+    claimed: bool,
+    now: float,
+) -> FencedOut | None:
+    """The domain's refusal of *expert*'s write to *rec* at *fence* (None: no such task), or
+    None. *claimed*: the task's claim key exists and holds *fence*. The claim key lives on the
+    owner's session lease: while it exists the lease is live (its deadline is etcd's to keep),
+    and once it vanished the lease lapsed."""
+    holding = None
+    if rec is not None:
+        holding = Holding(rec.fence, rec.owner, rec.state, now if claimed else None)
+    return rules.refusal(task_id, fence, expert, holding, now, expert_live=True, states=states)
+
+
+def check_owner(
+    expert: str, task_id: str, fence: int, states: States, t: Any, c: Any, now: float
+) -> Record | FencedOut:
+    """The task record when *expert* may write it at *fence*, else why not."""
+    rec = None if t is None else Record.loads(t.value)
+    claimed = c is not None and json.loads(c.value)["fence"] == fence
+    refused = refusal(expert, task_id, fence, states, rec, claimed, now)
+    if refused is not None:
+        return refused
+    assert rec is not None
+    return rec
+
+
+class OwnerWrites:
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: Keys,
+        clock: Callable[[], float],
+        owned: Owned,
+        dependants: Dependants,
+        touch: Callable[[], None],
+    ) -> None:
+        self._etcd = etcd
+        self._keys = keys
+        self._clock = clock
+        self._owned = owned
+        self._dependants = dependants
+        self._touch = touch
+
+    # -- the five writes ---------------------------------------------------------------------
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        started = rules.started(expert)
+        return await self._transition(expert, items, rules.START_STATES, [started] * len(items))
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        def apply(rec: Record, now: float) -> list[Any]:
+            rec.updated_at = now
+            rec.checkpointed = True
+            return [
+                put(self._keys.task(rec.id), rec.dumps()),
+                put(self._keys.data(rec.id, "checkpoint"), state_json),
+            ]
+
+        self._owned.pop(task_id, None)  # the task key moves: the next write reads it
+        res = await self._write(expert, task_id, fence, rules.WRITE_STATES, apply)
+        if res is not None:
+            raise res
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        outcomes = [rules.completed(expert, i.result_json) for i in items]
+        tasks = [(i.task_id, i.fence) for i in items]
+        return await self._transition(expert, tasks, rules.WRITE_STATES, outcomes)
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for i in items:
+            check_retry_delay(i.retry_delay)
+        outcomes = [rules.failed(expert, i.error_json, i.retry_delay, i.final_state) for i in items]
+        tasks = [(i.task_id, i.fence) for i in items]
+        return await self._transition(expert, tasks, rules.WRITE_STATES, outcomes)
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        released = rules.released(expert)
+        return await self._transition(expert, items, rules.WRITE_STATES, [released] * len(items))
+
+    async def _transition(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: States,
+        outcomes: Sequence[Outcome],
+    ) -> list[FencedOut | None]:
+        """Apply the n-th outcome to the n-th task (id, fence) where *expert* holds it; then
+        tell the waiters of the tasks that ended, and wake this process's waiters when a
+        task left its owner."""
+        keys = self._keys
+        ended: set[str] = set()  # tasks that ended with waiters to tell
+
+        def apply(n: int) -> Apply:
+            outcome = outcomes[n]
+
+            def ops(rec: Record, now: float) -> list[Any]:
+                ended.discard(rec.id)  # a write retried after a race decides again
+                if rec.has_waiters and outcome.ends:
+                    ended.add(rec.id)
+                out = apply_outcome(keys, rec, outcome, now)
+                out.append(put(keys.task(rec.id), rec.dumps()))
+                return out
+
+            return ops
+
+        out = await self._write_many(expert, items, states, apply)
+        landed = [n for n, res in enumerate(out) if res is None]
+        await self._dependants.settle_many([items[n][0] for n in landed if items[n][0] in ended])
+        if any(not outcomes[n].owned for n in landed):
+            self._touch()  # wakes result() waiters of this process; experts watch q/ only
+        return out
+
+    # -- how they are written ----------------------------------------------------------------
+    async def _write(
+        self,
+        expert: str,
+        task_id: str,
+        fence: int,
+        states: States,
+        apply: Apply,
+        first: tuple[Any, Any] | None = None,
+    ) -> FencedOut | None:
+        """Check owner, fence, state and live claim, then commit *apply*'s operations in one
+        Txn that compares the task and claim revisions read; re-read when either moved.
+        *first* is the (task, claim) pair already read for the first try, if any."""
+        tkey, ckey = self._keys.task(task_id), self._keys.claim(task_id)
+        for _ in range(WRITE_RETRIES):
+            if first is not None:
+                (t, c), first = first, None
+            else:
+                t, c = await self._etcd.read_many([tkey, ckey])
+            now = self._clock()
+            checked = check_owner(expert, task_id, fence, states, t, c, now)
+            if isinstance(checked, FencedOut):
+                return checked
+            rec = checked
+            ops = apply(rec, now)
+            resp = await self._etcd.commit(
+                [mod_is(tkey, t.mod_revision), mod_is(ckey, c.mod_revision)], ops
+            )
+            if resp is None or resp.succeeded:
+                return None
+        raise StoreError(f"task {task_id} kept changing; gave up after {WRITE_RETRIES} tries")
+
+    async def _write_many(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: States,
+        apply: Callable[[int], Apply],
+    ) -> list[FencedOut | None]:
+        """Owner writes of a batch: one read for all, then the writes that pass the checks
+        grouped into as few transactions as etcd's operation limit allows (each compares
+        every task's and claim's revision), committed concurrently. When a group's
+        transaction fails because one of its tasks moved, each of its tasks is written on
+        its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
+        known, checks = await self._read_owned(expert, items, states)
+        out: list[FencedOut | None] = [None] * len(items)
+        groups = self._group(expert, items, states, apply, known, checks, out)
+
+        async def write(group: list[tuple[int, list[Any], list[Any]]]) -> None:
+            if await self._commit_group(group):
+                return
+            results = await asyncio.gather(
+                *(
+                    self._write(expert, items[n][0], items[n][1], states, apply(n))
+                    for n, _, _ in group
+                )
+            )
+            for (n, _, _), res in zip(group, results, strict=True):
+                out[n] = res
+
+        await asyncio.gather(*(write(g) for g in groups))
+        return out
+
+    async def _read_owned(
+        self, expert: str, items: Sequence[tuple[str, int]], states: States
+    ) -> tuple[list[tuple[Any, Any]], dict[int, Record]]:
+        """The (task, claim) pair of each item, and the records already checked (by their
+        place in *items*). What this instance's own claim wrote stands in for a read: the
+        transaction compares both revisions, so a task that changed since makes it fail and
+        be re-read."""
+        known: list[tuple[Any, Any] | None] = []
+        checks: dict[int, Record] = {}
+        now = self._clock()
+        for n, (tid, fence) in enumerate(items):
+            mine = self._owned.pop(tid, None)
+            if mine is not None and refusal(expert, tid, fence, states, mine[2], True, now) is None:
+                known.append((mine[0], mine[1]))  # the claim key holds the same fence
+                checks[n] = mine[2]
+            else:
+                known.append(None)  # decide refusals on what etcd holds now
+        unknown = [n for n, k in enumerate(known) if k is None]
+        keys = self._keys
+        reads = await self._etcd.read_many(
+            [k for n in unknown for k in (keys.task(items[n][0]), keys.claim(items[n][0]))]
+        )
+        for i, n in enumerate(unknown):
+            known[n] = (reads[2 * i], reads[2 * i + 1])
+        return [k or (None, None) for k in known], checks
+
+    def _group(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        states: States,
+        apply: Callable[[int], Apply],
+        known: list[tuple[Any, Any]],
+        checks: dict[int, Record],
+        out: list[FencedOut | None],
+    ) -> list[list[tuple[int, list[Any], list[Any]]]]:
+        """The writes that pass the checks as groups of (item, compares, operations), each
+        group one transaction; the refusals go into *out*."""
+        groups: list[list[tuple[int, list[Any], list[Any]]]] = [[]]
+        n_cmp = n_ops = 0
+        in_group: set[str] = set()
+        max_ops = self._etcd.max_ops
+        now = self._clock()
+        for n, (tid, fence) in enumerate(items):
+            t, c = known[n]
+            checked = checks.pop(n, None) or check_owner(expert, tid, fence, states, t, c, now)
+            if isinstance(checked, FencedOut):
+                out[n] = checked
+                continue
+            assert t is not None and c is not None  # the checks passed
+            ops = apply(n)(checked, now)
+            cmp = [mod_is(t.key, t.mod_revision), mod_is(c.key, c.mod_revision)]
+            # A key may appear once per transaction: a repeated task starts a new group.
+            if groups[-1] and (
+                tid in in_group or n_cmp + len(cmp) > max_ops or n_ops + len(ops) > max_ops
+            ):
+                groups.append([])
+                n_cmp = n_ops = 0
+                in_group = set()
+            groups[-1].append((n, cmp, ops))
+            in_group.add(tid)
+            n_cmp += len(cmp)
+            n_ops += len(ops)
+        return groups
+
+    async def _commit_group(self, group: list[tuple[int, list[Any], list[Any]]]) -> bool:
+        """Commit a group's writes in one transaction; False when one of its tasks moved."""
+        if len(group) > 1:
+            resp = await self._etcd.commit(
+                [x for _, cmp, _ in group for x in cmp],
+                [x for _, _, ops in group for x in ops],
+            )
+            if resp is None or resp.succeeded:
+                return True
+        elif group:
+            _, cmp, ops = group[0]
+            resp = await self._etcd.commit(cmp, ops)
+            if resp is None or resp.succeeded:
+                return True
+        return False

@@ -1,0 +1,144 @@
+"""The connection to etcd and the calls every part of the store makes through it: one
+transaction, a write safe against a lost reply, a range, a count, a paged scan, a batch of
+point reads. Every error becomes a StoreError that names the endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from aetcd import rpc
+
+from contend.errors import StoreError
+from contend.store.etcd.keys import prefix_end
+from contend.store.etcd.txn import PUT, Op, build, get, one_entry_per_level
+
+T = TypeVar("T")
+
+# gRPC reconnects with exponential back-off up to two minutes by default; an etcd restart should
+# be noticed within seconds.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+)
+
+
+class Etcd:
+    """One gRPC channel to an etcd server and its KV, Lease and Watch stubs. *tasks* is the
+    prefix of the task records (``{p}t/``), by which commit() recognises its own write."""
+
+    def __init__(self, host: str, port: int, timeout: float, max_ops: int, tasks: bytes) -> None:
+        self.host, self.port = host, port
+        self.timeout = timeout
+        self.max_ops = max_ops  # the operations one transaction may carry (--max-txn-ops)
+        self._tasks = tasks
+        self.channel: Any = None
+        self.kv: Any = None
+        self.lease: Any = None
+        self.watch: Any = None
+        self.rev = 0  # the highest etcd revision this instance has seen
+
+    def connect(self) -> None:
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        self.channel = rpc.insecure_channel(f"{host}:{self.port}", options=CHANNEL_OPTIONS)
+        self.kv = rpc.KVStub(self.channel)
+        self.lease = rpc.LeaseStub(self.channel)
+        self.watch = rpc.WatchStub(self.channel)
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            channel, self.channel = self.channel, None
+            await channel.close()
+
+    def where(self) -> str:
+        return f"etcd at {self.host}:{self.port}"
+
+    async def call(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        if self.channel is None:
+            raise StoreError("the etcd store is not open (call await store.open())")
+        try:
+            return await make()
+        except rpc.AioRpcError as exc:
+            code = exc.code()
+            if code == rpc.StatusCode.UNAVAILABLE:
+                raise StoreError(
+                    f"cannot reach {self.where()} ({what}): {exc.details()}; is etcd running?"
+                ) from exc
+            if code == rpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StoreError(
+                    f"{self.where()} did not answer {what} within {self.timeout:g}s"
+                ) from exc
+            raise StoreError(
+                f"{self.where()} refused {what}: {code.name}: {exc.details()}"
+            ) from exc
+
+    async def txn(
+        self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> Any:
+        if len(success) > 2:
+            success = one_entry_per_level(success)
+        req = build(compare, success, failure)
+        resp = await self.call("a transaction", lambda: self.kv.Txn(req, timeout=self.timeout))
+        self.rev = max(self.rev, resp.header.revision)
+        return resp
+
+    async def commit(
+        self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> Any | None:
+        """A write transaction that puts a task record, safe against a lost reply: when the
+        call fails, the record is read back, and if it holds exactly the value this write put
+        (every record carries the writer's timestamp and history), the write landed and None
+        is returned. Otherwise the error stands: the outcome is unknown."""
+        try:
+            return await self.txn(compare, success, failure)
+        except StoreError:
+            tasks = self._tasks
+            task_puts = [op for op in success if op[0] == PUT and op[1].startswith(tasks)]
+            if not task_puts:
+                raise
+            try:
+                kv = (await self.read_many([task_puts[0][1]]))[0]
+            except StoreError:
+                kv = None
+            if kv is not None and kv.value == task_puts[0][2]:
+                return None
+            raise
+
+    async def range(
+        self, key: bytes, end: bytes | None = None, *, limit: int = 0, keys_only: bool = False
+    ) -> Any:
+        req = rpc.RangeRequest(key=key, limit=limit, keys_only=keys_only)
+        if end is not None:
+            req.range_end = end
+        resp = await self.call("a read", lambda: self.kv.Range(req, timeout=self.timeout))
+        self.rev = max(self.rev, resp.header.revision)
+        return resp
+
+    async def count(self, key: bytes, end: bytes) -> int:
+        req = rpc.RangeRequest(key=key, range_end=end, count_only=True)
+        resp = await self.call("a count", lambda: self.kv.Range(req, timeout=self.timeout))
+        return int(resp.count)
+
+    async def scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
+        """Every key under *prefix*, in key order, read in pages."""
+        out: list[Any] = []
+        start, end = prefix, prefix_end(prefix)
+        while True:
+            resp = await self.range(start, end, limit=page, keys_only=keys_only)
+            out.extend(resp.kvs)
+            if not resp.more or not resp.kvs:
+                return out
+            start = resp.kvs[-1].key + b"\0"
+
+    async def read_many(self, keys: Sequence[bytes]) -> list[Any]:
+        """Read several keys in one round trip; returns the KeyValue or None for each."""
+        out: list[Any] = []
+        for i in range(0, len(keys), self.max_ops):
+            chunk = keys[i : i + self.max_ops]
+            resp = await self.txn([], [get(k) for k in chunk])
+            out.extend(
+                r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses
+            )
+        return out

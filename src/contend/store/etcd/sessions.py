@@ -1,0 +1,302 @@
+"""Experts and their sessions: one etcd lease per session, granted by register(), kept alive
+by renew() on a long-lived keep-alive stream, revoked by deregister().
+
+Keys: ``e/{expert}`` the expert's record (info, session, counters; it outlives the session),
+``l/{expert}`` the live session on the expert's lease, ``x/{expert}/{session}`` a marker of a
+session that may hold claims (expire() deletes it once the session ended and its tasks are
+returned). The store never keeps a lease alive on its own: the expert's heartbeat is the
+liveness signal, so a stalled expert loses its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aetcd import rpc
+
+from contend.errors import ExpertConflict, LeaseLost, StoreError
+from contend.store._common import check_ttl
+from contend.store.etcd.keys import Keys, enc, unenc
+from contend.store.etcd.rpc import Etcd
+from contend.store.etcd.txn import absent, get, put, value_is
+from contend.store.port import ExpertInfo, ExpertRecord, Heartbeat
+
+#: How many sessions' lease ids and records one store instance keeps cached.
+SESSION_CACHE = 256
+
+
+def session_deadline(record: dict[str, Any]) -> float:
+    """When an expert record's session ends: its last heartbeat plus the TTL, or earlier when
+    it was deregistered."""
+    deadline = float(record["heartbeat_at"] + record["ttl"])
+    ended_at = record.get("ended_at")
+    return deadline if ended_at is None else min(deadline, float(ended_at))
+
+
+class Sessions:
+    """The sessions of experts, with a bounded cache of the live ones this instance knows:
+    session -> (lease id, ``l/`` value), the keep-alive stream of each lease, and the expert
+    record as this instance last put it."""
+
+    def __init__(self, etcd: Etcd, keys: Keys, clock: Callable[[], float]) -> None:
+        self._etcd = etcd
+        self._keys = keys
+        self._clock = clock
+        self.cache: dict[str, tuple[int, bytes]] = {}  # session -> (lease id, l/ value)
+        self.keepalives: dict[int, KeepAlive] = {}
+        self.records: dict[str, dict[str, Any]] = {}  # session -> its expert record, as put
+
+    async def check(self, expert: str, session: str) -> tuple[int, bytes]:
+        """(lease id, session key value) of a live session; raises LeaseLost."""
+        kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
+        if kv is None or json.loads(kv.value)["session"] != session:
+            self.cache.pop(session, None)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        lease = int(json.loads(kv.value)["lease"])
+        self.remember(session, lease, kv.value)
+        return lease, kv.value
+
+    def remember(self, session: str, lease: int, value: bytes) -> None:
+        """Cache a live session's lease (etcd has the truth); keep the newest sessions only."""
+        self.cache[session] = (lease, value)
+        while len(self.cache) > SESSION_CACHE:
+            oldest = next(iter(self.cache))
+            self.drop(oldest, self.cache[oldest][0])
+
+    def drop(self, session: str, lease: int) -> None:
+        """Forget a session and close its keep-alive stream."""
+        self.cache.pop(session, None)
+        self.records.pop(session, None)
+        ka = self.keepalives.pop(lease, None)
+        if ka is not None:
+            ka.close()
+
+    def close(self) -> None:
+        for ka in list(self.keepalives.values()):
+            ka.close()
+        self.keepalives.clear()
+
+    async def register(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = max(1, math.ceil(check_ttl(lease_ttl)))
+        etcd = self._etcd
+        grant = await etcd.call(
+            "a lease grant",
+            lambda: etcd.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl), timeout=etcd.timeout),
+        )
+        if grant.error:
+            raise StoreError(f"{etcd.where()} refused a lease: {grant.error}")
+        lease = int(grant.ID)
+        granted = int(grant.TTL)
+        session = uuid.uuid4().hex
+        now = self._clock()
+        k = self._keys.k
+        lkey, ekey = k("l", enc(info.id)), k("e", enc(info.id))
+        lvalue = json.dumps({"session": session, "lease": lease, "ttl": granted}).encode()
+        old = (await etcd.read_many([ekey]))[0]
+        ended: dict[str, float] = {}
+        if old is not None:
+            # Remember when the last sessions ended: their unexpired claims report it.
+            o = json.loads(old.value)
+            ended = dict(list(o.get("ended", {}).items())[-3:])
+            ended[o["session"]] = session_deadline(o)
+        record = {
+            "info": info.to_json_text(),
+            "session": session,
+            "lease": lease,
+            "ttl": granted,
+            "started_at": now,
+            "heartbeat_at": now,
+            "ended_at": None,
+            "ended": ended,
+            "load": 0,
+            "claim_attempts": 0,
+            "claims_won": 0,
+            "tasks_done": 0,
+        }
+        resp = await etcd.txn(
+            [absent(lkey)],
+            [
+                put(lkey, lvalue, lease),
+                put(ekey, json.dumps(record)),
+                put(k("x", enc(info.id), session), b""),
+            ],
+            [get(ekey)],
+        )
+        if not resp.succeeded:
+            await self.revoke(lease)
+            kvs = resp.responses[0].response_range.kvs
+            other = ExpertInfo.from_json_text(json.loads(kvs[0].value)["info"]) if kvs else info
+            raise ExpertConflict(
+                f"expert id {info.id!r} is live elsewhere (host {other.host or '?'}, "
+                f"pid {other.pid}); pick another --name or stop that expert"
+            )
+        self.remember(session, lease, lvalue)
+        self.records[session] = record
+        return session
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        """One keep-alive of the session's lease and a fresh expert record; what it holds."""
+        check_ttl(lease_ttl)
+        lease, session_value = self.cache.get(session) or await self.check(expert, session)
+        ka = self.keepalives.get(lease)
+        if ka is None:
+            ka = self.keepalives[lease] = KeepAlive(self._etcd, lease)
+        remaining = await ka.refresh()
+        if remaining <= 0:
+            self.drop(session, lease)
+            raise LeaseLost(f"expert {expert}: the etcd lease of session {session} expired")
+        now = self._clock()
+        k = self._keys.k
+        ekey, lkey = k("e", enc(expert)), k("l", enc(expert))
+        d = self.records.get(session)
+        if d is None:
+            e = (await self._etcd.read_many([ekey]))[0]
+            if e is None:
+                self.drop(session, lease)
+                raise LeaseLost(f"expert {expert}: its record is gone")
+            d = json.loads(e.value)
+        d.update(
+            heartbeat_at=now,
+            load=beat.load,
+            claim_attempts=beat.claim_attempts,
+            claims_won=beat.claims_won,
+            tasks_done=beat.tasks_done,
+            metrics=dict(beat.metrics),
+        )
+        resp = await self._etcd.txn([value_is(lkey, session_value)], [put(ekey, json.dumps(d))])
+        if not resp.succeeded:
+            self.drop(session, lease)
+            raise LeaseLost(f"expert {expert}: session {session} is not live")
+        self.records[session] = d
+        cbase = k("c", "")
+        claims = await self._etcd.read_many(await self.lease_claims(lease))
+        held: dict[str, int] = {}
+        for kv in claims:
+            if kv is not None:
+                held[unenc(kv.key[len(cbase) :].decode())] = json.loads(kv.value)["fence"]
+        return held
+
+    async def lease_claims(self, lease: int) -> list[bytes]:
+        """The claim keys (c/) on *lease*, as etcd lists them: what its session holds, read
+        without walking the claim keys deleted since the last compaction."""
+        etcd = self._etcd
+        lookup = rpc.LeaseTimeToLiveRequest(ID=lease, keys=True)
+        attached = await etcd.call(
+            "a lease lookup", lambda: etcd.lease.LeaseTimeToLive(lookup, timeout=etcd.timeout)
+        )
+        cbase = self._keys.k("c", "")
+        return [k for k in attached.keys if k.startswith(cbase)]
+
+    async def revoke(self, lease: int) -> None:
+        etcd = self._etcd
+        try:
+            await etcd.call(
+                "a lease revoke",
+                lambda: etcd.lease.LeaseRevoke(
+                    rpc.LeaseRevokeRequest(ID=lease), timeout=etcd.timeout
+                ),
+            )
+        except StoreError as exc:
+            if "not found" not in str(exc):
+                raise
+
+    async def deregister(self, expert: str, session: str) -> None:
+        k = self._keys.k
+        lkey, ekey = k("l", enc(expert)), k("e", enc(expert))
+        lkv, ekv = await self._etcd.read_many([lkey, ekey])
+        if lkv is None or json.loads(lkv.value)["session"] != session or ekv is None:
+            return
+        d = json.loads(ekv.value)
+        d.update(load=0, ended_at=self._clock() - 1e-6)
+        await self._etcd.txn([value_is(lkey, lkv.value)], [put(ekey, json.dumps(d))])
+        lease = int(json.loads(lkv.value)["lease"])
+        self.drop(session, lease)
+        await self.revoke(lease)
+
+    async def end(self, expert: str) -> bool:
+        """Revoke the etcd lease of *expert*'s live session, as if it had run out; False when
+        it had none."""
+        kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
+        if kv is None:
+            return False
+        await self.revoke(int(json.loads(kv.value)["lease"]))
+        return True
+
+    async def experts(self) -> list[ExpertRecord]:
+        """Every expert's record, live or not, by id."""
+        k = self._keys.k
+        resp = await self._etcd.txn(
+            [], [get(k("e", ""), prefix=True), get(k("l", ""), prefix=True)]
+        )
+        experts, sessions = (r.response_range.kvs for r in resp.responses)
+        live = {json.loads(kv.value)["session"] for kv in sessions}
+        out = []
+        for kv in experts:
+            d = json.loads(kv.value)
+            alive = d["session"] in live
+            deadline = session_deadline(d)
+            out.append(
+                ExpertRecord(
+                    info=ExpertInfo.from_json_text(d["info"]),
+                    session=d["session"],
+                    alive=alive,
+                    load=d["load"],
+                    lease_deadline=deadline,
+                    heartbeat_at=d["heartbeat_at"],
+                    started_at=d["started_at"],
+                    claim_attempts=d["claim_attempts"],
+                    claims_won=d["claims_won"],
+                    tasks_done=d["tasks_done"],
+                    metrics=d.get("metrics") or {},
+                )
+            )
+        return sorted(out, key=lambda e: e.info.id)
+
+
+class KeepAlive:
+    """One long-lived ``LeaseKeepAlive`` stream for one lease: each refresh() sends one request
+    and reads one answer (aetcd's ``refresh()`` opens a new stream per call). The stream is
+    reopened once when it broke (etcd restarted)."""
+
+    def __init__(self, etcd: Etcd, lease: int) -> None:
+        self._etcd = etcd
+        self._lease = lease
+        self._call: Any = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> int:
+        """Send one keep-alive; return the TTL etcd granted (0 when the lease is gone)."""
+        etcd = self._etcd
+        async with self._lock:
+            for attempt in range(2):
+                if self._call is None:
+                    self._call = etcd.lease.LeaseKeepAlive()
+                try:
+                    await asyncio.wait_for(
+                        self._call.write(rpc.LeaseKeepAliveRequest(ID=self._lease)),
+                        etcd.timeout,
+                    )
+                    resp = await asyncio.wait_for(self._call.read(), etcd.timeout)
+                except Exception as exc:  # a broken stream raises several kinds; reopen it
+                    self.close()
+                    if attempt == 1:
+                        raise StoreError(
+                            f"cannot renew lease {self._lease:x} at {etcd.where()}: {exc}"
+                        ) from exc
+                    continue
+                if resp is None or not isinstance(resp, rpc.LeaseKeepAliveResponse):
+                    self.close()
+                    continue
+                return int(resp.TTL)
+        raise StoreError(f"the keep-alive stream of lease {self._lease:x} keeps closing")
+
+    def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None

@@ -1,0 +1,157 @@
+"""EtcdStore: the Store port on etcd, composed of the parts that do the work."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from contend.errors import SchemaError, StoreError
+from contend.store.etcd.auctions import Auctions
+from contend.store.etcd.claims import Claims
+from contend.store.etcd.config import Options
+from contend.store.etcd.dependants import Dependants
+from contend.store.etcd.housekeeping import Housekeeping
+from contend.store.etcd.inspection import Inspection
+from contend.store.etcd.keys import Keys
+from contend.store.etcd.levels import Levels
+from contend.store.etcd.manage import Management
+from contend.store.etcd.owner import Owned, OwnerWrites
+from contend.store.etcd.rpc import Etcd
+from contend.store.etcd.sessions import Sessions
+from contend.store.etcd.submit import Submitter
+from contend.store.etcd.txn import absent, get, put
+from contend.store.etcd.watch import Changes
+from contend.store.port import Store
+
+#: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
+SCHEMA_VERSION = 4
+
+
+class EtcdStore:
+    """A store in an etcd v3 cluster, reached over gRPC. One instance per process.
+
+    ``EtcdStore(url, clock=..., timeout=..., max_txn_ops=..., compact_after=...)``: the
+    options may also be given in the URL's query (docs/etcd.md). Each operation of the port
+    is the method of the part that does it (the table at the end of ``__init__``); the parts
+    share one connection (``_etcd``), the key layout (``_keys``) and the clock."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout: float | None = None,
+        max_txn_ops: int | None = None,
+        compact_after: float | None = None,
+    ) -> None:
+        self.url = url
+        o = Options.of(url, timeout=timeout, max_txn_ops=max_txn_ops, compact_after=compact_after)
+        self.options = o
+        self.host, self.port = o.host, o.port
+        self._clock = clock
+        self._keys = keys = Keys(o.prefix)
+        self._etcd = etcd = Etcd(o.host, o.port, o.timeout, o.max_txn_ops, keys.k("t", ""))
+        self._changes = Changes(etcd, keys)
+        touch = self._changes.touch
+        self._sessions = sessions = Sessions(etcd, keys, clock)
+        self._levels = levels = Levels(etcd, keys)
+        dependants = Dependants(etcd, keys, clock)
+        owned: Owned = {}  # what this instance's claims wrote, for the owner writes after them
+        self._owner = owner = OwnerWrites(etcd, keys, clock, owned, dependants, touch)
+        self._claims = claims = Claims(etcd, keys, clock, sessions, levels, owned)
+        inspection = Inspection(etcd, keys, clock, levels, sessions)
+        auctions = Auctions(etcd, keys, clock, sessions)
+        housekeeping = Housekeeping(
+            etcd, keys, clock, o.compact_after, sessions, dependants, auctions, touch
+        )
+        manage = Management(etcd, keys, clock, dependants, touch, inspection.get)
+
+        # The port, operation by operation, and the module that holds each.
+        self.submit = Submitter(etcd, keys, clock, touch).submit  # submit.py
+        self.get = inspection.get  # inspection.py
+        self.list_tasks = inspection.list_tasks
+        self.stats = inspection.stats
+        self.peek = inspection.peek
+        self.next_due = inspection.next_due
+        self.backlog = inspection.backlog
+        self.list_experts = sessions.experts  # sessions.py
+        self.register_expert = sessions.register
+        self.renew = sessions.renew
+        self.deregister_expert = sessions.deregister
+        self.end_session = sessions.end  # fault injection: as if the lease had run out
+        self.claim = claims.claim  # claims.py
+        self.steal = claims.steal
+        self.start = owner.start  # owner.py
+        self.checkpoint = owner.checkpoint
+        self.complete = owner.complete
+        self.fail = owner.fail
+        self.release = owner.release
+        self.expire = housekeeping.expire  # housekeeping.py
+        self.bid = auctions.bid  # auctions.py
+        self.cancel = manage.cancel  # manage.py
+        self.retry = manage.retry
+        self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
+        self.compact_history = manage.compact_history
+        self.wait_for_change = self._changes.wait  # watch.py
+
+    # -- connection --------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._etcd.channel is not None:
+            return
+        self._etcd.connect()
+        try:
+            await self._check_schema()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_schema(self) -> None:
+        meta = self._keys.k("meta")
+        p = self._keys.p
+        for _ in range(3):
+            # One snapshot: contend writes the meta key before any other key and never deletes
+            # it, so keys without it belong to something else, even with contend processes
+            # opening the same new prefix at once.
+            resp = await self._etcd.txn(
+                [], [get(meta), get(p, prefix=True, limit=1, keys_only=True)]
+            )
+            found, some = (r.response_range.kvs for r in resp.responses)
+            if found:
+                self._check_meta(found[0].value)
+                return
+            if some:
+                raise SchemaError(
+                    f"etcd prefix {p.decode()!r} at {self.host}:{self.port} holds keys that "
+                    "are not a contend store; pick another prefix (etcd://host:port/prefix)"
+                )
+            want = json.dumps({"schema": SCHEMA_VERSION}).encode()
+            if (await self._etcd.txn([absent(meta)], [put(meta, want)])).succeeded:
+                return
+        raise StoreError(f"could not set up the contend store at {self._etcd.where()}")
+
+    def _check_meta(self, value: bytes) -> None:
+        p = self._keys.p
+        try:
+            version = json.loads(value)["schema"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SchemaError(
+                f"etcd prefix {p.decode()!r} is not a contend store (bad meta key)"
+            ) from exc
+        if version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"etcd prefix {p.decode()!r} has contend schema version {version}; "
+                f"this contend understands version {SCHEMA_VERSION}"
+            )
+
+    async def close(self) -> None:
+        await self._changes.close()
+        self._sessions.close()
+        await self._etcd.close()
+
+    async def now(self) -> float:
+        return self._clock()
+
+
+def _is_a_store(store: EtcdStore) -> Store:
+    return store  # mypy checks here that EtcdStore implements the whole port

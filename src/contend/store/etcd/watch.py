@@ -1,0 +1,88 @@
+"""Wake-ups: a watch on the pending index (``q/``, new keys only) and this instance's own
+writes wake wait_for_change(). The watch starts from just after the last revision this
+client saw and resumes where it stopped when the stream breaks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aetcd import rpc
+
+from contend.store.etcd.keys import Keys, prefix_end
+from contend.store.etcd.rpc import Etcd
+
+
+class Changes:
+    """Every change seen (a watch event or a write of this instance) sets the current event
+    and replaces it, so that every waiter of the moment wakes."""
+
+    def __init__(self, etcd: Etcd, keys: Keys) -> None:
+        self._etcd = etcd
+        self._keys = keys
+        self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+        if self._version == self._seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+        self._seen = self._version
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _watch(self) -> None:
+        """Watch the pending index for new keys, from just after the last revision this client
+        saw (so nothing written since is missed); resume where it stopped when the stream
+        breaks, with back-off."""
+        etcd = self._etcd
+        pause = 0.05
+        prefix = self._keys.k("q", "")
+        start = etcd.rev + 1 if etcd.rev else 0
+        while etcd.channel is not None:
+            call = etcd.watch.Watch()
+            try:
+                create = rpc.WatchCreateRequest(
+                    key=prefix,
+                    range_end=prefix_end(prefix),
+                    filters=[rpc.WatchCreateRequest.NODELETE],
+                    start_revision=start,
+                )
+                await call.write(rpc.WatchRequest(create_request=create))
+                while True:
+                    resp = await call.read()
+                    if resp is None or not isinstance(resp, rpc.WatchResponse):
+                        break
+                    if resp.created:
+                        pause = 0.05
+                    if resp.compact_revision:
+                        # History was compacted past where we stopped: changes may have been
+                        # missed, so wake the waiters and watch from now on.
+                        start = 0
+                        self.touch()
+                        break
+                    if resp.events:
+                        start = resp.events[-1].kv.mod_revision + 1
+                        self.touch()
+                    if resp.canceled:
+                        break
+            except rpc.AioRpcError:
+                pass
+            finally:
+                call.cancel()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)

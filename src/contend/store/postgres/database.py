@@ -1,0 +1,166 @@
+"""The connection pool, and running a piece of work on it with retries.
+
+:class:`Database` is what every other module of the package is handed: it runs a function
+on a pooled cursor (:meth:`Database.run`), fills the ``{s}`` (schema) and ``{now}`` (the
+store's clock) holes of SQL text (:meth:`Database.sql`), and adds the injected clock's value to
+a statement's parameters (:meth:`Database.params`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+from psycopg import AsyncConnection, AsyncCursor
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from contend.errors import StoreError
+from contend.store.postgres.url import safe
+
+T = TypeVar("T")
+Cursor = AsyncCursor[TupleRow]
+Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
+
+log = logging.getLogger("contend.store.postgres")
+
+#: The store's "now" in every statement: the injected clock's value, else the database's.
+NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
+
+
+class Database:
+    """One schema of one PostgreSQL database, reached through a pool of connections."""
+
+    def __init__(
+        self,
+        dsn: str,
+        schema: str,
+        *,
+        clock: Callable[[], float] | None,
+        pgbouncer: bool,
+        pool_size: int,
+        retry_deadline: float,
+        connect_timeout: float,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._s = f'"{schema}"'
+        self.channel = f"contend_{schema}"
+        self.clock = clock
+        self.retry_deadline = retry_deadline
+        self._pgbouncer = pgbouncer
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._pool: Pool | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    def connect_kwargs(self, dsn: str) -> dict[str, Any]:
+        given = psycopg.conninfo.conninfo_to_dict(dsn)
+        kwargs: dict[str, Any] = {"autocommit": True}
+        defaults = {
+            "connect_timeout": str(max(1, round(self._connect_timeout))),
+            "keepalives": "1",
+            "keepalives_idle": "10",
+            "keepalives_interval": "5",
+            "keepalives_count": "3",
+            "application_name": "contend",
+        }
+        kwargs.update({k: v for k, v in defaults.items() if k not in given})
+        if self._pgbouncer:
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+    async def open(self) -> None:
+        pool: Pool = AsyncConnectionPool(
+            self.dsn,
+            kwargs=self.connect_kwargs(self.dsn),
+            min_size=min(2, self._pool_size),
+            max_size=self._pool_size,
+            open=False,
+            timeout=self.retry_deadline,
+            reconnect_timeout=self.retry_deadline,
+            name=f"contend-{self.schema}",
+        )
+        try:
+            await pool.open(wait=True, timeout=self.retry_deadline)
+        except (PoolTimeout, psycopg.Error) as exc:
+            await pool.close()
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {safe(self.dsn)} within "
+                f"{self.retry_deadline:.0f}s: {exc}"
+            ) from exc
+        self._pool = pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    def sql(self, text: str) -> str:
+        return text.replace("{s}", self._s).replace("{now}", NOW)
+
+    def params(self, **params: Any) -> dict[str, Any]:
+        params["now"] = None if self.clock is None else float(self.clock())
+        return params
+
+    async def notify(self, cur: Cursor) -> None:
+        await cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+
+    async def now(self) -> float:
+        if self.clock is not None:
+            return self.clock()
+
+        async def run(cur: Cursor) -> float:
+            await cur.execute("SELECT extract(epoch from clock_timestamp())::float8")
+            return float(one(await cur.fetchone())[0])
+
+        return await self.run(run, tx=False)
+
+    async def run(self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = True) -> T:
+        """Run *fn* on a pooled connection (in a transaction when *tx*), retrying with back-off
+        on connection loss, serialization failures and deadlocks; give up after the deadline."""
+        if self._pool is None:
+            raise StoreError("the PostgreSQL store is not open (call await store.open())")
+        pool = self._pool
+        deadline = time.monotonic() + self.retry_deadline
+        pause = 0.05
+        while True:
+            try:
+                async with pool.connection() as conn:
+                    if tx:
+                        async with conn.transaction(), conn.cursor() as cur:
+                            return await fn(cur)
+                    async with conn.cursor() as cur:
+                        return await fn(cur)
+            except (psycopg.OperationalError, PoolTimeout) as exc:
+                if time.monotonic() + pause > deadline:
+                    raise StoreError(
+                        f"PostgreSQL at {safe(self.dsn)} failed for "
+                        f"{self.retry_deadline:.0f}s: {exc}"
+                    ) from exc
+                log.warning("PostgreSQL operation failed (%s); retrying in %.2fs", exc, pause)
+                if not isinstance(exc, psycopg.errors.TransactionRollback):
+                    try:
+                        await pool.check()  # drop the other broken connections now
+                    except Exception as check_exc:  # fails too while the server is down
+                        log.debug("pool check failed: %s", check_exc)
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL error: {exc}") from exc
+            await asyncio.sleep(random.uniform(pause / 2, pause))
+            pause = min(pause * 2, 1.0)
+
+
+def one(row: T | None) -> T:
+    if row is None:
+        raise StoreError("PostgreSQL returned no row where one was expected")
+    return row

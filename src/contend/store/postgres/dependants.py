@@ -1,0 +1,91 @@
+"""Dependants of tasks that just ended: the domain's
+:func:`~contend.domain.transitions.dependency_ended` decides what each waiting dependant
+becomes (one fewer dependency left, ready, or dead), and a dependant that dies settles its own
+in turn. The caller wakes the listeners (every caller that ends a task notifies)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contend.domain import transitions as rules
+from contend.domain.task import TaskState
+from contend.store.postgres.apply import LOCKED, Decided, apply
+from contend.store.postgres.database import Cursor, Database
+
+
+async def settle_dependents(db: Database, cur: Cursor, ended: Sequence[tuple[str, str]]) -> None:
+    """Tell the waiting dependants of *ended* ((task, the state it ended in), in the order
+    they ended) that those dependencies are over, down the chain."""
+    todo = [(tid, TaskState(state)) for tid, state in ended]
+    while todo:
+        waiting = await _waiting_on(db, cur, [tid for tid, _ in todo])
+        if not waiting:
+            return
+        decided, still = _decide(todo, waiting)
+        await _apply(db, cur, decided, still)
+        todo = [(tid, o.state) for tid, _, o in decided if o.ends]
+
+
+# dependant -> (its fence, its dependencies left, which of the ended ones it waited on)
+Waiting = dict[str, tuple[int, int, list[str]]]
+
+
+async def _waiting_on(db: Database, cur: Cursor, ended: list[str]) -> Waiting:
+    """Remove the dependency edges of *ended*; the dependants still waiting, locked.
+
+    A statement of its own, after the write that ended them: it sees a dependant whose
+    submission committed while that write waited for the dependency's row lock."""
+    await cur.execute(
+        db.sql(
+            "WITH gone AS ("
+            "  DELETE FROM {s}.task_deps WHERE dep_id = ANY(%(ids)s) RETURNING dep_id, task_id"
+            ") SELECT g.dep_id, t.id, t.fence, t.deps_left"
+            " FROM gone g JOIN {s}.tasks t ON t.id = g.task_id"
+            " WHERE t.state = 'waiting' ORDER BY t.id FOR UPDATE OF t"
+        ),
+        db.params(ids=ended),
+    )
+    waiting: Waiting = {}
+    for dep, tid, fence, left in await cur.fetchall():
+        waiting.setdefault(tid, (fence, left, []))[2].append(dep)
+    return waiting
+
+
+def _decide(
+    ended: list[tuple[str, TaskState]], waiting: Waiting
+) -> tuple[list[Decided], list[tuple[str, int]]]:
+    """Each dependant's outcome, its ended dependencies taken in the order they ended; and
+    (dependant, dependencies left) of those that go on waiting."""
+    order = {tid: n for n, (tid, _) in enumerate(ended)}
+    how = dict(ended)
+    decided: list[Decided] = []
+    still: list[tuple[str, int]] = []
+    for tid, (fence, left, deps) in waiting.items():
+        outcome = None
+        for dep in sorted(deps, key=order.__getitem__):
+            outcome = rules.dependency_ended(dep, how[dep], left)
+            left -= 1
+            if outcome is not None:
+                break
+        if outcome is None:
+            still.append((tid, left))
+        else:
+            decided.append((tid, fence, outcome))
+    return decided, still
+
+
+async def _apply(
+    db: Database, cur: Cursor, decided: list[Decided], still: list[tuple[str, int]]
+) -> None:
+    """One statement: the outcomes, and the count of those that go on waiting."""
+    counted = (
+        "counted AS ("
+        "  UPDATE {s}.tasks t SET deps_left = c.n"
+        "  FROM unnest(%(still)s::text[], %(left)s::int[]) AS c(id, n) WHERE t.id = c.id"
+        "),"
+    )
+    sql, outcomes = apply(db, LOCKED, decided, before=counted)
+    await cur.execute(
+        sql,
+        db.params(still=[tid for tid, _ in still], left=[n for _, n in still], **outcomes),
+    )

@@ -1,0 +1,143 @@
+"""Reading without changing: one task (with its history), lists, statistics, the experts, the
+backlog of some queues and when their next task is due."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from contend.domain.task import Task, TaskEvent, TaskState
+from contend.errors import TaskNotFound
+from contend.store._common import check_limit
+from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
+from contend.store.postgres.database import Cursor, Database, one
+from contend.store.postgres.rows import TASK_COLUMNS, row_to_task
+
+
+async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
+    async def run(cur: Cursor) -> Task:
+        await cur.execute(
+            db.sql(f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE id = %s"), (task_id,)
+        )
+        row = await cur.fetchone()
+        if row is None:
+            raise TaskNotFound(task_id)
+        events: tuple[TaskEvent, ...] = ()
+        if history:
+            await cur.execute(
+                db.sql(
+                    "SELECT at, event, fence, expert, detail FROM {s}.task_events "
+                    "WHERE task_id = %s ORDER BY seq"
+                ),
+                (task_id,),
+            )
+            events = tuple(TaskEvent(*e) for e in await cur.fetchall())
+        return row_to_task(row, events)
+
+    return await db.run(run, tx=history)
+
+
+async def list_tasks(
+    db: Database, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+) -> list[Task]:
+    check_limit(limit)
+    where, params = [], []
+    if state is not None:
+        where.append("state = %s")
+        params.append(str(TaskState(state)))
+    if queue is not None:
+        where.append("queue = %s")
+        params.append(queue)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    sql = db.sql(f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks {clause} ORDER BY id LIMIT %s")
+
+    async def run(cur: Cursor) -> list[Task]:
+        await cur.execute(sql, (*params, limit))
+        return [row_to_task(r) for r in await cur.fetchall()]
+
+    return await db.run(run, tx=False)
+
+
+async def stats(db: Database) -> StoreStats:
+    async def run(cur: Cursor) -> tuple[float, dict[str, dict[str, int]], int, float | None]:
+        await cur.execute(
+            db.sql(
+                "SELECT {now}, "
+                "(SELECT count(*) FROM {s}.tasks WHERE state = 'succeeded' "
+                " AND updated_at > {now} - 60), "
+                "(SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending' "
+                " AND run_at <= {now})"
+            ),
+            db.params(),
+        )
+        now, done, oldest = one(await cur.fetchone())
+        await cur.execute(
+            db.sql("SELECT queue, state, count(*) FROM {s}.tasks GROUP BY queue, state")
+        )
+        counts: dict[str, dict[str, int]] = {}
+        for queue, state, n in await cur.fetchall():
+            counts.setdefault(queue, {})[state] = int(n)
+        return now, counts, int(done), (None if oldest is None else now - oldest)
+
+    now, counts, done, oldest = await db.run(run)
+    return StoreStats(now, counts, await list_experts(db), done, oldest)
+
+
+async def list_experts(db: Database) -> list[ExpertRecord]:
+    async def run(cur: Cursor) -> list[ExpertRecord]:
+        await cur.execute(
+            db.sql(
+                "SELECT id, session, info, lease_deadline, heartbeat_at, started_at, load, "
+                "claim_attempts, claims_won, tasks_done, lease_deadline >= {now}, metrics "
+                "FROM {s}.experts ORDER BY id"
+            ),
+            db.params(),
+        )
+        return [
+            ExpertRecord(
+                info=ExpertInfo.from_json_text(r[2]),
+                session=r[1],
+                alive=r[10],
+                load=r[6],
+                lease_deadline=r[3],
+                heartbeat_at=r[4],
+                started_at=r[5],
+                claim_attempts=r[7],
+                claims_won=r[8],
+                tasks_done=r[9],
+                metrics=json.loads(r[11]),
+            )
+            for r in await cur.fetchall()
+        ]
+
+    return await db.run(run, tx=False)
+
+
+async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
+    async def run(cur: Cursor) -> Backlog:
+        await cur.execute(
+            db.sql(
+                "SELECT {now}, count(*), min(run_at) FROM {s}.tasks WHERE state = 'pending' "
+                "AND queue = ANY(%(queues)s) AND run_at <= {now}"
+            ),
+            db.params(queues=list(queues)),
+        )
+        now, n, oldest = one(await cur.fetchone())
+        return Backlog(int(n), None if oldest is None else now - oldest)
+
+    return await db.run(run, tx=False)
+
+
+async def next_due(db: Database, queues: Sequence[str]) -> float | None:
+    if not queues:
+        return None
+
+    async def run(cur: Cursor) -> float | None:
+        await cur.execute(
+            db.sql("SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending' AND queue = ANY(%s)"),
+            (list(queues),),
+        )
+        row = await cur.fetchone()
+        return None if row is None else row[0]
+
+    return await db.run(run, tx=False)

@@ -1,0 +1,152 @@
+"""Versioned schema migrations for the PostgreSQL store.
+
+Each step is a list of SQL statements; ``{s}`` stands for the quoted schema name. A step, once
+released, is never edited: a change to the schema is a new step appended to :data:`MIGRATIONS`.
+The ``contend_schema_version`` table records every applied step, so ``max(version)`` is the
+schema's version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_STATES = "'pending','waiting','claimed','running','succeeded','failed','dead','cancelled'"
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "tasks, dependencies, history and experts",
+        (
+            f"""
+            CREATE TABLE {{s}}.tasks (
+                id text PRIMARY KEY,
+                type text NOT NULL,
+                queue text NOT NULL,
+                state text NOT NULL CHECK (state IN ({_STATES})),
+                priority integer NOT NULL,
+                args text NOT NULL,
+                kwargs text NOT NULL,
+                key text UNIQUE,
+                requirements jsonb,
+                attempts integer NOT NULL DEFAULT 0,
+                max_attempts integer NOT NULL,
+                fence bigint NOT NULL DEFAULT 0,
+                owner text,
+                lease_deadline float8,
+                run_at float8 NOT NULL,
+                created_at float8 NOT NULL,
+                updated_at float8 NOT NULL,
+                timeout float8,
+                result text,
+                error text,
+                checkpoint text,
+                depends_on text[],
+                deps_left integer NOT NULL DEFAULT 0
+            )
+            """,
+            "CREATE INDEX tasks_claimable ON {s}.tasks (queue, priority DESC, run_at, id) "
+            "WHERE state = 'pending'",
+            "CREATE INDEX tasks_owned ON {s}.tasks (owner) WHERE state IN ('claimed', 'running')",
+            "CREATE INDEX tasks_lease ON {s}.tasks (lease_deadline) "
+            "WHERE state IN ('claimed', 'running')",
+            "CREATE INDEX tasks_state ON {s}.tasks (state, queue)",
+            "CREATE INDEX tasks_done ON {s}.tasks (updated_at) WHERE state = 'succeeded'",
+            """
+            CREATE TABLE {s}.task_deps (
+                dep_id text NOT NULL,
+                task_id text NOT NULL,
+                PRIMARY KEY (dep_id, task_id)
+            )
+            """,
+            """
+            CREATE TABLE {s}.task_events (
+                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                task_id text NOT NULL,
+                at float8 NOT NULL,
+                event text NOT NULL,
+                fence bigint NOT NULL,
+                expert text,
+                detail text
+            )
+            """,
+            "CREATE INDEX task_events_task ON {s}.task_events (task_id, seq)",
+            """
+            CREATE TABLE {s}.experts (
+                id text PRIMARY KEY,
+                session text NOT NULL,
+                info text NOT NULL,
+                lease_deadline float8 NOT NULL,
+                heartbeat_at float8 NOT NULL,
+                started_at float8 NOT NULL,
+                load integer NOT NULL DEFAULT 0,
+                claim_attempts bigint NOT NULL DEFAULT 0,
+                claims_won bigint NOT NULL DEFAULT 0,
+                tasks_done bigint NOT NULL DEFAULT 0
+            )
+            """,
+        ),
+    ),
+    Migration(
+        2,
+        "expert metrics, auctions and bids",
+        (
+            "ALTER TABLE {s}.experts ADD COLUMN metrics text NOT NULL DEFAULT '{}'",
+            "CREATE TABLE {s}.auctions (task_id text PRIMARY KEY, closes_at float8 NOT NULL)",
+            """
+            CREATE TABLE {s}.bids (
+                task_id text NOT NULL,
+                expert text NOT NULL,
+                score float8 NOT NULL,
+                at float8 NOT NULL,
+                PRIMARY KEY (task_id, expert)
+            )
+            """,
+        ),
+    ),
+    Migration(
+        3,
+        "effective priority that grows as a task waits, and the low-priority lane",
+        (
+            "ALTER TABLE {s}.tasks ADD COLUMN eff_priority integer, ADD COLUMN promote_at float8",
+            # due at once: the next expire() computes both from each task's age
+            "UPDATE {s}.tasks SET eff_priority = priority, promote_at = created_at",
+            "ALTER TABLE {s}.tasks ALTER COLUMN eff_priority SET NOT NULL, "
+            "ALTER COLUMN promote_at SET NOT NULL",
+            "DROP INDEX {s}.tasks_claimable",
+            "CREATE INDEX tasks_claimable ON {s}.tasks (queue, eff_priority DESC, run_at, id) "
+            "WHERE state = 'pending'",
+            "CREATE INDEX tasks_oldest ON {s}.tasks (queue, run_at, id) WHERE state = 'pending'",
+            "CREATE INDEX tasks_ageing ON {s}.tasks (promote_at) WHERE state = 'pending'",
+        ),
+    ),
+    Migration(
+        4,
+        "claims walk the claim-order index: drop the (state, queue) index that lured the planner",
+        (
+            # A task table churns faster than its statistics: right after a large submit the
+            # planner believes few tasks are pending, picks this index for claims and then
+            # sorts every pending task (20 ms at 20,000). Without it, claims walk
+            # tasks_claimable in order and stop at LIMIT (under 2 ms).
+            "DROP INDEX IF EXISTS {s}.tasks_state",
+        ),
+    ),
+)
+
+#: The version this contend understands.
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS {s}.contend_schema_version (
+    version integer PRIMARY KEY,
+    description text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""

@@ -1,0 +1,95 @@
+"""Columns and rows: the task columns read back, the requirement filter, and the conversions
+between rows and the domain's records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from contend.domain.task import JSON, Capabilities, Requirements, Task, TaskEvent, TaskState
+from contend.store.port import Claimed
+
+TASK_COLUMNS = (
+    "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
+    "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
+    "checkpoint, depends_on"
+)
+
+#: What a claim or a steal returns of each task it takes (read by :func:`claimed`).
+CLAIMED_COLUMNS = (
+    "t.id, t.type, t.queue, t.args, t.kwargs, t.fence, t.attempts,"
+    "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at,"
+    "   t.eff_priority"
+)
+
+# The requirement filter: tags a subset of the expert's, every resource need within its amount.
+FITS = (
+    "(requirements IS NULL OR ("
+    "coalesce(requirements->'tags', '[]'::jsonb) <@ %(tags)s::jsonb "
+    "AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(coalesce(requirements->'resources', "
+    "'{}'::jsonb)) AS need(name, amount) "
+    "WHERE coalesce((%(resources)s::jsonb->>need.name)::float8, 0) < need.amount::float8)))"
+)
+
+
+def caps(capabilities: Capabilities) -> dict[str, str]:
+    """The parameters of :data:`FITS` for an expert's capabilities."""
+    return {
+        "tags": json.dumps(sorted(capabilities.tags)),
+        "resources": json.dumps(dict(capabilities.resources)),
+    }
+
+
+def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
+    return Task(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        state=TaskState(r[3]),
+        priority=r[4],
+        args=json.loads(r[5]),
+        kwargs=json.loads(r[6]),
+        key=r[7],
+        requirements=Requirements.from_json(r[8]),
+        attempts=r[9],
+        max_attempts=r[10],
+        fence=r[11],
+        owner=r[12],
+        lease_deadline=r[13],
+        run_at=r[14],
+        created_at=r[15],
+        updated_at=r[16],
+        timeout=r[17],
+        result=load(r[18]),
+        error=load(r[19]),
+        checkpoint=load(r[20]),
+        depends_on=tuple(r[21] or ()),
+        history=history,
+    )
+
+
+def claimed(r: Sequence[Any]) -> Claimed:
+    return Claimed(
+        id=r[0],
+        type=r[1],
+        queue=r[2],
+        args=json.loads(r[3]),
+        kwargs=json.loads(r[4]),
+        fence=r[5],
+        attempt=r[6],
+        max_attempts=r[7],
+        checkpoint=load(r[8]),
+        timeout=r[9],
+        lease_deadline=r[10],
+        priority=r[11],
+    )
+
+
+def load(text: str | None) -> JSON:
+    return None if text is None else json.loads(text)
+
+
+def req_json(req: Requirements) -> str | None:
+    data = req.to_json()
+    return None if data is None else json.dumps(data, separators=(",", ":"))

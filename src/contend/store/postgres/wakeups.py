@@ -1,0 +1,140 @@
+"""Wake-ups: writes that make work claimable ``NOTIFY`` the schema's channel; one dedicated
+connection ``LISTEN``s to it. If that connection drops it reconnects with back-off, and
+meanwhile :meth:`Wakeups.wait_for_change` returns after a short poll interval."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import psycopg
+import psycopg.conninfo
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+
+from contend.errors import StoreError
+from contend.store.postgres.database import Database
+from contend.store.postgres.url import parse_postgres_url, safe
+
+log = logging.getLogger("contend.store.postgres")
+
+
+class Wakeups:
+    """The LISTEN connection and the change counter that :meth:`wait_for_change` watches."""
+
+    def __init__(self, db: Database, *, listen_url: str | None, poll_interval: float) -> None:
+        self._db = db
+        self._listen_url = listen_url
+        self._poll_interval = poll_interval
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False
+        self._closing = False
+        self._listener_conn: AsyncConnection[TupleRow] | None = None
+        self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
+
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
+    def _touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def opening(self) -> None:
+        self._closing = False
+
+    async def _listen_connect(self) -> AsyncConnection[TupleRow]:
+        dsn = self._listen_url or self._db.dsn
+        if self._listen_url:
+            dsn, _ = parse_postgres_url(self._listen_url)
+        kwargs = self._db.connect_kwargs(dsn)
+        name = psycopg.conninfo.conninfo_to_dict(dsn).get("application_name") or "contend"
+        kwargs["application_name"] = f"{name}-listen"
+        conn = await AsyncConnection.connect(dsn, **kwargs)
+        try:
+            await conn.execute(f'LISTEN "{self._db.channel}"')
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def start(self) -> None:
+        try:
+            conn = await asyncio.wait_for(self._listen_connect(), self._db.retry_deadline)
+        except (psycopg.Error, TimeoutError) as exc:
+            raise StoreError(
+                f"cannot LISTEN on PostgreSQL at {safe(self._listen_url or self._db.dsn)}: "
+                f"{exc}; add ?listen=off to the store URL to poll instead"
+            ) from exc
+        self._listener_conn = conn
+        self._listening = True
+        self._listener = asyncio.get_running_loop().create_task(
+            self._listen_loop(conn), name=f"contend-listen-{self._db.schema}"
+        )
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.wait([self._listener], timeout=self._db.retry_deadline)
+            self._listener = None
+        if self._listener_conn is not None:
+            await self._listener_conn.close()
+            self._listener_conn = None
+        self._listening = False
+
+    async def _listen_loop(self, conn: AsyncConnection[TupleRow] | None) -> None:
+        """Turn notifications into wake-ups; on a lost connection, poll and reconnect.
+
+        It stops when ``_closing`` is set: psycopg may turn a cancellation that lands inside
+        a connection attempt into an OperationalError, so cancelling alone is not enough."""
+        pause = 0.05
+        while not self._closing:
+            if conn is None:
+                try:
+                    conn = await asyncio.wait_for(self._listen_connect(), self._db.retry_deadline)
+                except (psycopg.Error, OSError, TimeoutError) as exc:
+                    if self._closing:
+                        return
+                    log.warning("LISTEN connection failed (%s); retrying in %.2fs", exc, pause)
+                    await asyncio.sleep(random.uniform(pause / 2, pause))
+                    pause = min(pause * 2, 2.0)
+                    continue
+                if self._closing:
+                    await conn.close()
+                    return
+                self._listener_conn = conn
+                self._listening = True
+                self._touch()  # changes may have been missed while it was down
+                log.info("LISTEN connection restored")
+            pause = 0.05
+            try:
+                async for _ in conn.notifies():
+                    self._touch()
+            except psycopg.Error as exc:
+                if not self._closing:
+                    log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self._listening = False
+            self._listener_conn = None
+            try:
+                await conn.close()
+            except psycopg.Error:
+                pass
+            conn = None
+            self._touch()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return on a notification (or a missed one), else after *timeout* seconds; while the
+        LISTEN connection is down (or disabled), after at most the poll interval."""
+        if self._version == self._seen:
+            wait = timeout if self._listening else min(timeout, self._poll_interval)
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), wait)
+                except TimeoutError:
+                    pass
+        self._seen = self._version
