@@ -11,14 +11,14 @@ import pytest
 
 from contend import App
 from contend.cli.submit import batch_digest, batch_key, read_batch
-from contend.domain.task import (
+from contend.domain.payload import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
-    TaskSpec,
     check_queue,
     encode_json,
     parse_json,
 )
+from contend.domain.task import TaskSpec
 from contend.errors import ConfigError, PayloadError, TaskError, TaskNotFound, shown
 from contend.runtime.config import ExpertConfig
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
-from contend.domain.task import check_queue, parse_json, text_problem
+from contend.domain.payload import check_queue, parse_json, text_problem
 from contend.errors import ConfigError, TaskError, clip, shown
 from contend.runtime.app import App
 from contend.runtime.config import Bounds

@@ -22,7 +22,7 @@ from contend.cli.common import (
     resolve_store_url,
     seconds,
 )
-from contend.domain.task import parse_json
+from contend.domain.payload import parse_json
 from contend.errors import TaskError, shown
 from contend.runtime.app import App
 

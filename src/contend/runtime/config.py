@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from contend.domain.payload import check_name, check_queue
 from contend.domain.scoring import Fitness, default_fitness
-from contend.domain.task import Capabilities, check_name, check_queue
+from contend.domain.task import Capabilities
 from contend.errors import ConfigError, TaskError, shown
 from contend.runtime.competition import PressurePolicy
 
