@@ -22,6 +22,25 @@ The tree::
 
 from __future__ import annotations
 
+#: How many characters of a user's value an error message echoes (see :func:`shown`).
+ECHO_LIMIT = 80
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """*text*, cut after *limit* characters with its full length said."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def shown(value: object, limit: int = ECHO_LIMIT) -> str:
+    """A user's value as an error message echoes it: its ``repr``, cut after *limit*
+    characters with the full length said, so a 100 KB name does not fill the screen."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value):,} characters)"
+    try:
+        return clip(repr(value), limit)
+    except ValueError:  # an int of more than 4,300 digits refuses to become text
+        return f"an {type(value).__name__} too large to show"
+
 
 class ContendError(Exception):
     """Root of every error raised by contend."""
@@ -47,7 +66,7 @@ class TaskError(ContendError, ValueError):
 class UnknownTaskType(TaskError):
     def __init__(self, name: str, known: list[str] | None = None) -> None:
         hint = f" (registered: {', '.join(sorted(known))})" if known else ""
-        super().__init__(f"unknown task type {name!r}{hint}")
+        super().__init__(f"unknown task type {shown(name)}{hint}")
         self.name = name
 
 
@@ -61,7 +80,7 @@ class DependencyError(TaskError):
 
 class TaskNotFound(TaskError, LookupError):
     def __init__(self, task_id: str) -> None:
-        super().__init__(f"no task with id {task_id!r}")
+        super().__init__(f"no task with id {shown(task_id)}")
         self.task_id = task_id
 
 

@@ -33,13 +33,16 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, input: str | None = None, timeout: float = 60
+    *args: str, input: str | None = None, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """Run ``contend *args``; *env* adds to the environment. An argument may hold a lone
+    surrogate U+DC80-U+DCFF: it reaches the CLI as the byte that is not UTF-8."""
     return subprocess.run(
         [sys.executable, "-m", "contend", *args],
         capture_output=True,
         text=True,
-        env=cli_env(),
+        errors="backslashreplace",
+        env={**cli_env(), **(env or {})},
         cwd=ROOT,
         input=input,
         timeout=timeout,

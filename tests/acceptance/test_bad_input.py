@@ -11,6 +11,9 @@ import pytest
 
 from tests.acceptance.conftest import APP, run_cli
 
+DEEP = "[" * 30_000 + "]" * 30_000  # Python's JSON reader gives up near 1,000 levels
+HUGE = "q" * 100_000
+
 
 def task_rows(db: Path) -> list[tuple[object, ...]]:
     with sqlite3.connect(db) as conn:
@@ -48,6 +51,23 @@ def seeded(tmp_path: Path) -> tuple[str, Path]:
         (["expert", APP, "--fitness", "no_such_module:f"], "--fitness: cannot import module"),
         (["expert", APP, "--fitness", "tests.acceptance.sample_app:app"], "is not a function"),
         (["expert", APP, "--prefetch", "-2"], "--prefetch must be between 0 and 10000"),
+        # text that is not valid Unicode: a lone surrogate escaped in JSON, or a byte that is
+        # not UTF-8 in the command line (Python keeps it as the surrogate U+DCFF)
+        (["submit", APP, "echo", "--args", '["\\ud800"]'], "args holds text that is not valid"),
+        (["submit", APP, "echo", "--args", '["\udcff"]'], "from the byte 0xFF that is not UTF-8"),
+        (["submit", APP, "echo", "--key", "k\udcff"], "idempotency key is not valid Unicode"),
+        (["tasks", "show", "\udcff"], "argument id: ID is not valid Unicode"),
+        (["submit", APP, "echo", "--args", DEEP], "--args nests arrays or objects more than 200"),
+        (["submit", APP, "echo", "--kwargs", '{"a": [NaN]}'], "NaN is not a JSON number"),
+        (["submit", APP, "echo", "--args", f"[{'9' * 5000}]"], "--args is not valid JSON"),
+        (["submit", APP, "echo", "--queue", ""], "argument --queue: queue must be a non-empty"),
+        (["submit", APP, "echo", "--queue", HUGE], "queue must be at most 200 characters"),
+        (["expert", APP, "--queue", ""], "argument --queue/-q: queue must be a non-empty"),
+        (["expert", APP, "--queue", HUGE], "argument --queue/-q: queue must be at most 200"),
+        (["expert", APP, "--name", HUGE], "an expert name must be at most 200 characters"),
+        (["tasks", "list", "--queue", ""], "argument --queue: queue must be a non-empty"),
+        (["submit", "..relative:app", "echo"], "a module name cannot be relative"),
+        (["submit", APP, "echo", "--batch", "-", "--priority", "3"], "cannot be combined"),
     ],
 )
 def test_bad_option_is_refused_and_changes_nothing(
@@ -59,6 +79,47 @@ def test_bad_option_is_refused_and_changes_nothing(
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+    assert len(done.stderr) < 2000  # a 100 KB value is echoed cut short
+    assert task_rows(db) == before
+
+
+@pytest.mark.parametrize("command", [["submit", APP, "echo"], ["status"], ["expert", APP]])
+@pytest.mark.parametrize("url", ["", "  "])
+def test_an_empty_store_is_refused_not_replaced(
+    seeded: tuple[str, Path], command: list[str], url: str
+) -> None:
+    """``--store ''`` is refused, even where an app or $CONTEND_STORE would supply a store."""
+    seeded_url, db = seeded
+    before = task_rows(db)
+    done = run_cli(*command, "--store", url, env={"CONTEND_STORE": seeded_url})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "argument --store: --store is empty" in done.stderr
+    assert task_rows(db) == before
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"args": ["caf\xe9"]}', "bad.jsonl:2: not valid UTF-8 (byte 0xE9 at byte 15"),
+        (b'{"args": ["\\ud800"]}', "bad.jsonl:2: args holds text that is not valid Unicode"),
+        (b'{"args": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", "bad.jsonl:2: the line nests"),
+        (b'{"args": [NaN]}', "bad.jsonl:2: the line is not valid JSON: NaN is not a JSON"),
+        (b'{"queue": ""}', "bad.jsonl:2: queue must be a non-empty string"),
+        (b'{"queue": "' + b"q" * 100_000 + b'"}', "bad.jsonl:2: queue must be at most 200"),
+        (b'{"key": "a\\u0000b"}', "bad.jsonl:2: idempotency key holds a control character"),
+    ],
+)
+def test_one_bad_line_among_good_ones_refuses_the_batch(
+    seeded: tuple[str, Path], tmp_path: Path, line: bytes, message: str
+) -> None:
+    url, db = seeded
+    before = task_rows(db)
+    batch = tmp_path / "bad.jsonl"
+    batch.write_bytes(b'{"args": [1]}\n' + line + b'\n{"args": [3]}\n')
+    done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr) < 2000
     assert task_rows(db) == before
 
 
@@ -88,7 +149,7 @@ def test_batch_line_that_is_not_json(seeded: tuple[str, Path], tmp_path: Path) -
     batch.write_text('{"args": [1]}\n{"args": [2\n')
     done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
     assert done.returncode == 2
-    assert "bad.jsonl:2: not valid JSON" in done.stderr
+    assert "bad.jsonl:2: the line is not valid JSON" in done.stderr
     assert task_rows(db) == before
 
 
@@ -100,8 +161,10 @@ def test_batch_submits_every_line(seeded: tuple[str, Path], tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 3
     again = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
-    assert "1 already present" in again.stderr  # the keyed line is not duplicated
-    assert len(task_rows(db)) == 1 + 3 + 2
+    assert again.returncode == 0, again.stderr
+    assert "submitted 0 task(s), 3 already present" in again.stderr  # a rerun adds nothing
+    assert again.stdout == done.stdout  # the same tasks, in the file's order
+    assert len(task_rows(db)) == 1 + 3
 
 
 @pytest.mark.parametrize(

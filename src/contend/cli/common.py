@@ -8,22 +8,41 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
-from contend.errors import ConfigError
+from contend.domain.payload import check_queue, parse_json, text_problem
+from contend.errors import ConfigError, TaskError, clip, shown
 from contend.runtime.app import App
 from contend.runtime.config import Bounds
 from contend.store.port import Store
 
 # What ``add_subparsers()`` returns: each command module adds its parser to it.
-Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
 N = TypeVar("N", int, float)
 
 
 class UsageError(ConfigError):
     """Bad command-line input."""
+
+
+# A run of characters long enough to be a user's value echoed whole (a name, a URL, a path).
+_LONG_WORD = re.compile(r"\S{100,}")
+
+
+def clip_long_words(message: str) -> str:
+    """*message* with every very long word cut short: the last guard against an error message
+    that echoes a 100 KB value (messages of our own echo values through ``shown``)."""
+    return _LONG_WORD.sub(lambda m: clip(m.group()), message)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose own messages (an invalid choice, say) echo no value whole."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(clip_long_words(message))
 
 
 # -- argument types: each refuses bad input with a message naming the option -------------------
@@ -35,7 +54,7 @@ def bounded(name: str, kind: Callable[[str], N], bounds: Bounds | None) -> Calla
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {shown(text)}") from None
         if bounds is not None and (not math.isfinite(value) or value not in bounds):
             raise argparse.ArgumentTypeError(f"{name} must be {bounds}, got {text}")
         return value
@@ -71,19 +90,50 @@ def int_list(name: str) -> Callable[[str], list[int]]:
 def json_arg(name: str, kind: type) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"{name} is not valid JSON: {exc}") from None
+            value = parse_json(text, name)
+        except TaskError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         if not isinstance(value, kind):
             want = "array" if kind is list else "object"
-            raise argparse.ArgumentTypeError(f"{name} must be a JSON {want}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be a JSON {want}, got {shown(text)}")
         return value
 
     return parse
 
 
+def text_arg(name: str) -> Callable[[str], str]:
+    """A free-text option or argument (a URL, an id): not empty, and valid Unicode without
+    control characters (a byte that is not UTF-8 reaches Python as a lone surrogate)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{name} is empty")
+        problem = text_problem(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{name} {problem}: {shown(text)}")
+        return text
+
+    return parse
+
+
+def queue_arg() -> Callable[[str], str]:
+    """A queue name, held to the rule of every submission (``check_queue``)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check_queue(text)
+        except TaskError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def add_store_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="store URL (default: $CONTEND_STORE, then the app's)")
+    parser.add_argument(
+        "--store",
+        type=text_arg("--store"),
+        help="store URL (default: $CONTEND_STORE, then the app's)",
+    )
 
 
 def add_read_options(parser: argparse.ArgumentParser) -> None:
@@ -94,22 +144,30 @@ def add_read_options(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the app and the store -----------------------------------------------------------------
+def import_module(name: str, failure: str) -> Any:
+    """Import module *name* (the current directory is importable); a UsageError that starts
+    with *failure* when it cannot be."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise UsageError(f"{failure} {shown(name)}: {clip(str(exc))}") from exc
+    except TypeError as exc:  # a relative name such as '.tasks'
+        raise UsageError(f"{failure} {shown(name)}: a module name cannot be relative") from exc
+
+
 def load_app(target: str) -> App:
     """Import ``module:attribute`` (the current directory is importable) and return the App."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(
-            f"an app is named MODULE:ATTRIBUTE (e.g. myproject.tasks:app), got {target!r}"
+            f"an app is named MODULE:ATTRIBUTE (e.g. myproject.tasks:app), got {shown(target)}"
         )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import module {module_name!r}: {exc}") from exc
+    module = import_module(module_name, "cannot import module")
     app = getattr(module, attr, None)
     if not isinstance(app, App):
-        raise UsageError(f"{target!r} is not a contend App (got {type(app).__name__})")
+        raise UsageError(f"{shown(target)} is not a contend App (got {type(app).__name__})")
     return app
 
 
@@ -117,20 +175,16 @@ def load_callable(target: str, option: str) -> Callable[..., Any]:
     """Import ``module:function`` for an option such as ``--fitness``."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise UsageError(f"{option} takes MODULE:FUNCTION, got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"{option}: cannot import module {module_name!r}: {exc}") from exc
+        raise UsageError(f"{option} takes MODULE:FUNCTION, got {shown(target)}")
+    module = import_module(module_name, f"{option}: cannot import module")
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise UsageError(f"{option}: {target!r} is not a function")
+        raise UsageError(f"{option}: {shown(target)} is not a function")
     return fn  # type: ignore[no-any-return]
 
 
 def resolve_store_url(args: argparse.Namespace, app: App | None = None) -> str:
+    # --store is never empty (text_arg refuses it); an empty CONTEND_STORE counts as unset
     url: str | None = getattr(args, "store", None) or os.environ.get("CONTEND_STORE")
     if not url and app is not None:
         url = app._url

@@ -17,6 +17,7 @@ from contend.cli.common import (
     bounded,
     load_app,
     load_callable,
+    queue_arg,
     resolve_store_url,
 )
 from contend.domain.task import Capabilities
@@ -55,6 +56,11 @@ CONVERSIONS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+# The repeated options whose every value is checked as it is read (ExpertConfig.validate holds
+# a config from Python to the same rule).
+ITEM_TYPES: dict[str, Callable[[str], Any]] = {"queues": queue_arg()}
+
+
 def options() -> list[tuple[Field[Any], Setting]]:
     """The fields of ExpertConfig that ``contend expert`` exposes, with their settings."""
     return [(f, s) for f in fields(ExpertConfig) if (s := setting_of(f)).flag]
@@ -90,6 +96,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             given["action"] = "append"
         if f.name in CONVERSIONS:
             given["default"] = None
+            if f.name in ITEM_TYPES:
+                given["type"] = ITEM_TYPES[f.name]
         else:
             kind = value_type(types[f.name])
             given["default"] = f.default

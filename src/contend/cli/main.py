@@ -20,15 +20,18 @@ from typing import NoReturn
 
 from contend.cli import expert, migrate, status, submit, tasks
 from contend.cli.common import (
+    Parser,
     Subcommands,
     UsageError,
     bounded,
+    clip_long_words,
     int_in,
     int_list,
     load_app,
     load_callable,
     positive_int,
     resolve_store_url,
+    text_arg,
 )
 from contend.errors import ConfigError, ContendError, SchemaError, TaskError
 
@@ -52,7 +55,11 @@ async def cmd_bench(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: Subcommands) -> None:
     d = sub.add_parser("demo", help="a live demo: experts, a workload, a crash, a report")
-    d.add_argument("--store", help="store URL (default: a new SQLite file in a temp dir)")
+    d.add_argument(
+        "--store",
+        type=text_arg("--store"),
+        help="store URL (default: a new SQLite file in a temp dir)",
+    )
     d.add_argument("--tasks", type=positive_int("--tasks", 1_000_000), default=3000)
     d.add_argument("--experts", type=int_in("--experts", 2, 32), default=4)
     d.add_argument("--no-kill", action="store_true", help="do not kill an expert")
@@ -71,7 +78,9 @@ def _add_bench(sub: Subcommands) -> None:
     b = sub.add_parser(
         "bench", help="measure throughput, latency and memory; write docs/benchmarks.md"
     )
-    b.add_argument("--store", help="store URL (default: SQLite files in a temp dir)")
+    b.add_argument(
+        "--store", type=text_arg("--store"), help="store URL (default: SQLite files in a temp dir)"
+    )
     b.add_argument("--tasks", type=positive_int("--tasks", 10_000_000), default=20_000)
     b.add_argument("--out", default="docs/benchmarks.md")
     b.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
@@ -92,7 +101,7 @@ def _add_bench(sub: Subcommands) -> None:
 
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="contend",
         description="Decentralized task scheduling by competition and claim.",
     )
@@ -143,7 +152,7 @@ def configure_logging(level: str, as_json: bool) -> None:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    print(f"contend: error: {message}", file=sys.stderr)
+    print(f"contend: error: {clip_long_words(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from contend.cli.common import (
@@ -15,10 +18,12 @@ from contend.cli.common import (
     json_arg,
     load_app,
     print_json,
+    queue_arg,
     resolve_store_url,
     seconds,
 )
-from contend.errors import TaskError
+from contend.domain.payload import parse_json
+from contend.errors import TaskError, shown
 from contend.runtime.app import App
 
 BATCH_FIELDS = {"args", "kwargs", "priority", "key", "delay", "queue", "requirements"}
@@ -30,14 +35,17 @@ def add_parser(sub: Subcommands) -> None:
     s.add_argument("app", help="MODULE:APP")
     s.add_argument("task", help="task type name")
     add_store_option(s)
-    s.add_argument("--args", type=json_arg("--args", list), default=[])
-    s.add_argument("--kwargs", type=json_arg("--kwargs", dict), default={})
+    s.add_argument("--args", type=json_arg("--args", list))
+    s.add_argument("--kwargs", type=json_arg("--kwargs", dict))
     s.add_argument("--priority", type=int_in("--priority", -1_000_000, 1_000_000), default=None)
     s.add_argument("--key", help="idempotency key: a second submit returns the first task")
-    s.add_argument("--delay", type=seconds("--delay", 0, 366 * 86400), default=0.0)
-    s.add_argument("--queue")
+    s.add_argument("--delay", type=seconds("--delay", 0, 366 * 86400))
+    s.add_argument("--queue", type=queue_arg())
     s.add_argument(
-        "--batch", metavar="FILE.jsonl", help="submit one task per JSON line ('-' = stdin)"
+        "--batch",
+        metavar="FILE.jsonl",
+        help="submit one task per JSON line ('-' = stdin); run it again after an interruption "
+        "and the lines already stored are not submitted twice",
     )
     s.add_argument(
         "--wait",
@@ -49,33 +57,87 @@ def add_parser(sub: Subcommands) -> None:
     s.set_defaults(func=cmd_submit)
 
 
-def read_batch(path: str) -> list[dict[str, Any]]:
-    """The JSON objects of a batch file, one a line; blank lines are skipped."""
-    items = []
+@dataclass(frozen=True)
+class BatchLine:
+    number: int  # 1-based, as an editor counts lines
+    fields: dict[str, Any]
+
+
+def _read_bytes(path: str) -> bytes:
     try:
-        fh = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+        if path == "-":
+            return sys.stdin.buffer.read()
+        with open(path, "rb") as fh:
+            return fh.read()
     except OSError as exc:
-        raise UsageError(f"cannot read batch file {path!r}: {exc.strerror}") from exc
-    with fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}:{n}: not valid JSON: {exc}") from exc
-            if not isinstance(item, dict):
-                raise TaskError(f"{path}:{n}: each line must be a JSON object")
-            unknown = set(item) - BATCH_FIELDS
-            if unknown:
-                raise TaskError(f"{path}:{n}: unknown field(s) {sorted(unknown)}")
-            items.append(item)
-    return items
+        raise UsageError(f"cannot read batch file {shown(path)}: {exc.strerror}") from exc
+
+
+def _parse_line(where: str, raw: bytes) -> dict[str, Any] | None:
+    """One line's fields, None for a blank line; a TaskError that starts with *where*."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskError(
+            f"{where}: not valid UTF-8 (byte 0x{raw[exc.start]:02X} at byte {exc.start + 1} "
+            "of the line); save the file as UTF-8"
+        ) from None
+    if not line.strip():
+        return None
+    try:
+        item = parse_json(line, "the line")
+    except TaskError as exc:
+        raise TaskError(f"{where}: {exc}") from None
+    if not isinstance(item, dict):
+        raise TaskError(f"{where}: each line must be a JSON object")
+    unknown = set(item) - BATCH_FIELDS
+    if unknown:
+        raise TaskError(f"{where}: unknown field(s) {shown(sorted(unknown))}")
+    return item
+
+
+def read_batch(path: str) -> tuple[list[BatchLine], bytes]:
+    """The JSON objects of a batch file, one a line (blank lines are skipped), and the file's
+    bytes. A line that is not UTF-8, not JSON or not an object refuses the file, named."""
+    data = _read_bytes(path)
+    lines = []
+    for n, raw in enumerate(data.splitlines(), 1):
+        if n == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]  # as some editors on Windows write UTF-8
+        item = _parse_line(f"{path}:{n}", raw)
+        if item is not None:
+            lines.append(BatchLine(n, item))
+    return lines, data
+
+
+def batch_digest(task: str, data: bytes) -> str:
+    """What names one batch: its task type and the file's bytes."""
+    return hashlib.sha256(task.encode() + b"\0" + data).hexdigest()[:32]
+
+
+def batch_key(digest: str, line: int) -> str:
+    """The idempotency key of a batch line that gives none: the same task type, file content
+    and line make the same key, so running a batch again adds only the lines not yet stored."""
+    return f"batch:{digest}:{line}"
+
+
+# The single-task options a batch takes from each line instead (their defaults are None).
+SINGLE_OPTIONS = ("args", "kwargs", "priority", "key", "delay", "queue", "wait")
 
 
 async def _submit_batch(app: App, args: argparse.Namespace) -> int:
+    given = [f"--{name}" for name in SINGLE_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} cannot be combined with --batch: each line of the file "
+            "gives its task's fields"
+        )
+    lines, data = read_batch(args.batch)
+    digest = batch_digest(args.task, data)
     specs = []
-    for n, item in enumerate(read_batch(args.batch), 1):
+    for line in lines:
+        item = line.fields
+        key = item.get("key")
         try:
             specs.append(
                 app.build_spec(
@@ -83,16 +145,16 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
                     item.get("args", []),
                     item.get("kwargs"),
                     priority=item.get("priority"),
-                    key=item.get("key"),
+                    key=batch_key(digest, line.number) if key is None else key,
                     delay=item.get("delay", 0.0),
                     queue=item.get("queue"),
                     requirements=item.get("requirements"),
                 )
             )
         except TaskError as exc:
-            raise TaskError(f"{args.batch}:{n}: {exc}") from exc
+            raise TaskError(f"{args.batch}:{line.number}: {exc}") from exc
     handles = []
-    for start in range(0, len(specs), CHUNK):
+    for start in range(0, len(specs), CHUNK):  # each chunk all or none; a rerun completes
         handles += await app.submit_many(specs[start : start + CHUNK])
     if args.json:
         print_json([{"id": h.id, "created": h.created} for h in handles])
@@ -110,11 +172,11 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
 async def _submit_one(app: App, args: argparse.Namespace) -> int:
     spec = app.build_spec(
         args.task,
-        args.args,
+        args.args or [],
         args.kwargs,
         priority=args.priority,
         key=args.key,
-        delay=args.delay,
+        delay=args.delay or 0.0,
         queue=args.queue,
     )
     (handle,) = await app.submit_many([spec])

@@ -12,7 +12,9 @@ from contend.cli.common import (
     age,
     positive_int,
     print_json,
+    queue_arg,
     table,
+    text_arg,
     with_store,
 )
 from contend.domain.task import TaskState
@@ -54,17 +56,17 @@ def add_parser(sub: Subcommands) -> None:
     tsub = t.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
     tl = tsub.add_parser("list", help="list tasks")
     tl.add_argument("--state", choices=[str(s) for s in TaskState])
-    tl.add_argument("--queue")
+    tl.add_argument("--queue", type=queue_arg())
     tl.add_argument("--limit", type=positive_int("--limit", 1_000_000), default=100)
     tl.set_defaults(func=cmd_tasks_list)
     ts = tsub.add_parser("show", help="one task, with its history of claims")
-    ts.add_argument("id")
+    ts.add_argument("id", type=text_arg("ID"))
     ts.set_defaults(func=cmd_tasks_show)
     tr = tsub.add_parser("retry", help="send a failed, dead or cancelled task back to pending")
-    tr.add_argument("id")
+    tr.add_argument("id", type=text_arg("ID"))
     tr.set_defaults(func=cmd_tasks_retry)
     tc = tsub.add_parser("cancel", help="cancel a pending or running task")
-    tc.add_argument("id")
+    tc.add_argument("id", type=text_arg("ID"))
     tc.set_defaults(func=cmd_tasks_cancel)
     for sp in (tl, ts, tr, tc):
         add_read_options(sp)

@@ -17,7 +17,6 @@ attempt just as a raised exception does; a graceful release gives the attempt ba
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -27,12 +26,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.errors import PayloadError, TaskError
-
-#: The largest JSON document (args+kwargs, result, checkpoint or error) a task may carry, in bytes.
-MAX_PAYLOAD_BYTES = 1024 * 1024
-
-JSON = Any
+# The payload and name rules live in domain.payload; code and tests have long imported them here.
+from contend.domain.payload import JSON as JSON
+from contend.domain.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from contend.domain.payload import MAX_KEY_CHARS as MAX_KEY_CHARS
+from contend.domain.payload import MAX_NAME_CHARS as MAX_NAME_CHARS
+from contend.domain.payload import MAX_PAYLOAD_BYTES as MAX_PAYLOAD_BYTES
+from contend.domain.payload import check_name as check_name
+from contend.domain.payload import check_queue as check_queue
+from contend.domain.payload import decode_json as decode_json
+from contend.domain.payload import encode_json as encode_json
+from contend.domain.payload import parse_json as parse_json
+from contend.domain.payload import text_problem as text_problem
+from contend.errors import PayloadError, TaskError, shown
 
 
 class TaskState(StrEnum):
@@ -114,22 +120,6 @@ def new_task_id(now: float | None = None) -> str:
     return f"{value:028x}"
 
 
-def encode_json(value: JSON, what: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
-    """Serialise *value* as compact JSON or raise :class:`PayloadError` naming *what* is wrong."""
-    try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from exc
-    size = len(text.encode())
-    if size > limit:
-        raise PayloadError(f"{what} is {size} bytes of JSON; the limit is {limit} bytes")
-    return text
-
-
-def decode_json(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
-
-
 @dataclass(frozen=True, slots=True)
 class Requirements:
     """What a task needs from an expert: capability tags and amounts of named resources (hard:
@@ -151,7 +141,7 @@ class Requirements:
             res = value.get("resources", {})
             unknown = set(value) - {"tags", "resources", "prefer"}
             if unknown:
-                raise TaskError(f"requirements have unknown keys: {sorted(unknown)}")
+                raise TaskError(f"requirements have unknown keys: {shown(sorted(unknown))}")
             return cls(_tags(tags), _resources(res), _tags(value.get("prefer", ())))
         return cls(_tags(value), {})
 
@@ -214,7 +204,7 @@ class Capabilities:
                 try:
                     value = float(amount)
                 except ValueError as exc:
-                    raise TaskError(f"capability {item!r}: amount must be a number") from exc
+                    raise TaskError(f"capability {shown(item)}: amount must be a number") from exc
                 res[_name(name)] = _amount(name, value)
             else:
                 tags.add(_name(item))
@@ -222,16 +212,14 @@ class Capabilities:
 
 
 def _name(value: object) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value) > 200:
-        raise TaskError(f"a tag or resource name must be a non-empty string, got {value!r}")
-    return value.strip()
+    return check_name(value, "a tag or resource name").strip()
 
 
 def _amount(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TaskError(f"resource {name!r} must be a finite number, got {value!r}")
+        raise TaskError(f"resource {shown(name)} must be a finite number, got {shown(value)}")
     if value < 0:
-        raise TaskError(f"resource {name!r} must not be negative, got {value!r}")
+        raise TaskError(f"resource {shown(name)} must not be negative, got {shown(value)}")
     return float(value)
 
 
@@ -239,13 +227,13 @@ def _tags(value: object) -> frozenset[str]:
     if isinstance(value, str):
         return frozenset({_name(value)})
     if not isinstance(value, Iterable):
-        raise TaskError(f"requirement tags must be a list of strings, got {value!r}")
+        raise TaskError(f"requirement tags must be a list of strings, got {shown(value)}")
     return frozenset(_name(v) for v in value)
 
 
 def _resources(value: object) -> dict[str, float]:
     if not isinstance(value, Mapping):
-        raise TaskError(f"requirement resources must be a mapping, got {value!r}")
+        raise TaskError(f"requirement resources must be a mapping, got {shown(value)}")
     return {_name(k): _amount(k, v) for k, v in value.items()}
 
 
@@ -317,36 +305,36 @@ class TaskSpec:
         limit: int = MAX_PAYLOAD_BYTES,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem."""
-        if not isinstance(type, str) or not type:
-            raise TaskError(f"task type must be a non-empty string, got {type!r}")
+        check_name(type, "task type")
         if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-            raise PayloadError(f"args must be a JSON array (a list), got {args!r:.80}")
+            raise PayloadError(f"args must be a JSON array (a list), got {shown(args)}")
         if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise PayloadError(f"kwargs must be a JSON object (a dict), got {kwargs!r:.80}")
+            raise PayloadError(f"kwargs must be a JSON object (a dict), got {shown(kwargs)}")
         args_json = encode_json(list(args), "args", limit)
         kwargs_json = encode_json(dict(kwargs or {}), "kwargs", limit)
         if len(args_json) + len(kwargs_json) > limit:
             raise PayloadError(f"args and kwargs together exceed the {limit}-byte payload limit")
-        if not isinstance(queue, str) or not queue or len(queue) > 200:
-            raise TaskError(f"queue must be a non-empty string of at most 200 chars, got {queue!r}")
+        check_queue(queue)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TaskError(f"priority must be an integer, got {priority!r}")
+            raise TaskError(f"priority must be an integer, got {shown(priority)}")
         if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise TaskError(f"priority {priority} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
-        if key is not None and (not isinstance(key, str) or not key or len(key) > 500):
-            raise TaskError(f"idempotency key must be a non-empty string (≤500 chars), got {key!r}")
+            raise TaskError(
+                f"priority {shown(priority)} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]"
+            )
+        if key is not None:
+            check_name(key, "idempotency key", MAX_KEY_CHARS)
         if not _finite_nonneg(delay) or delay > 366 * 86400:
-            raise TaskError(f"delay must be between 0 and one year in seconds, got {delay!r}")
+            raise TaskError(f"delay must be between 0 and one year in seconds, got {shown(delay)}")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise TaskError(f"max_attempts must be an integer, got {max_attempts!r}")
+            raise TaskError(f"max_attempts must be an integer, got {shown(max_attempts)}")
         if not 1 <= max_attempts <= 1000:
             raise TaskError(f"max_attempts must be between 1 and 1000, got {max_attempts}")
         if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
-            raise TaskError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise TaskError(f"timeout must be a positive number of seconds, got {shown(timeout)}")
         deps = tuple(dict.fromkeys(depends_on))
         for dep in deps:
-            if not isinstance(dep, str) or not dep:
-                raise TaskError(f"a dependency must be a task id, got {dep!r}")
+            if not isinstance(dep, str) or not dep or text_problem(dep) is not None:
+                raise TaskError(f"a dependency must be a task id, got {shown(dep)}")
         return cls(
             type=type,
             args_json=args_json,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
-from contend.errors import ConfigError, TaskFailed, UnknownTaskType
+from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
 from contend.store.port import Store
 
 T = TypeVar("T")
@@ -44,6 +44,11 @@ class TaskType:
         return inspect.iscoroutinefunction(self.fn)
 
 
+def _check_url(url: object) -> None:
+    if url is not None and (not isinstance(url, str) or not url.strip()):
+        raise ConfigError(f"a store URL must be a non-empty string, got {shown(url)}")
+
+
 def _wants_context(fn: Callable[..., Any]) -> bool:
     params = list(inspect.signature(fn).parameters.values())
     return bool(params) and params[0].name == "ctx"
@@ -59,6 +64,7 @@ class App:
         *,
         store_factory: StoreFactory | None = None,
     ) -> None:
+        _check_url(store_url)
         self._url = store_url
         self._factory = store_factory
         self.tasks: dict[str, TaskType] = {}
@@ -81,6 +87,7 @@ class App:
         """Point this app at another store (used by the CLI's --store); returns self."""
         if self._stores:
             raise ConfigError("cannot change the store of an app that is already connected")
+        _check_url(url)
         self._url = url
         return self
 
@@ -122,13 +129,15 @@ class App:
         def register(f: F) -> F:
             type_name = name or f.__name__
             if not callable(f):
-                raise ConfigError(f"@app.task needs a function, got {f!r}")
+                raise ConfigError(f"@app.task needs a function, got {shown(f)}")
             if type_name in self.tasks and self.tasks[type_name].fn is not f:
-                raise ConfigError(f"task type {type_name!r} is registered twice")
+                raise ConfigError(f"task type {shown(type_name)} is registered twice")
             if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
-                raise ConfigError(f"timeout of {type_name!r} must be positive, got {timeout!r}")
+                raise ConfigError(
+                    f"timeout of {shown(type_name)} must be positive, got {shown(timeout)}"
+                )
             if mode not in ("race", "auction", "auto"):
-                raise ConfigError(f"mode of {type_name!r} must be 'race', 'auction' or 'auto'")
+                raise ConfigError(f"mode of {shown(type_name)} must be 'race', 'auction' or 'auto'")
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -232,7 +241,7 @@ class App:
             tt.name,
             args,
             kwargs,
-            queue=queue or tt.queue,
+            queue=tt.queue if queue is None else queue,
             priority=tt.priority if priority is None else priority,
             key=key,
             requirements=tt.requirements if requirements is None else requirements,
@@ -256,7 +265,11 @@ class App:
         return TaskHandle(self, submitted.id, created=submitted.created)
 
     async def submit_many(self, specs: Sequence[TaskSpec]) -> list[TaskHandle]:
-        """Submit many prepared specs (see :meth:`build_spec`) in one atomic batch."""
+        """Submit many prepared specs (see :meth:`build_spec`). Up to the store's
+        ``promises.atomic_submit`` tasks they are written all or none; a larger batch may be
+        written in parts, and submitting the same specs again completes it (give the specs
+        idempotency keys to make that hold across processes, as ``contend submit --batch``
+        does)."""
         for spec in specs:
             self.task_type(spec.type)
         done = await (await self.store()).submit(list(specs))

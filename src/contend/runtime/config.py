@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from contend.domain.payload import check_name, check_queue
 from contend.domain.scoring import Fitness, default_fitness
 from contend.domain.task import Capabilities
-from contend.errors import ConfigError
+from contend.errors import ConfigError, TaskError, shown
 from contend.runtime.competition import PressurePolicy
 
 SETTING = "contend"  # the key of a field's Setting in its metadata
@@ -231,8 +232,18 @@ class ExpertConfig:
         hb = self.heartbeat_every
         if not 0 < hb < self.lease_ttl:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")
-        if self.name is not None and (not self.name or len(self.name) > 200):
-            raise ConfigError("an expert name must be 1 to 200 characters")
+        for name, names in (("queues", self.queues), ("specialties", self.specialties)):
+            if isinstance(names, str):
+                raise ConfigError(f"{name} must be a list of names, got {shown(names)}")
+        try:
+            for queue in self.queues or ():
+                check_queue(queue)  # the rule every submission is held to
+            for specialty in self.specialties:
+                check_name(specialty, "a specialty (a task type)")
+            if self.name is not None:
+                check_name(self.name, "an expert name")
+        except TaskError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def heartbeat_every(self) -> float:
@@ -258,11 +269,11 @@ def _check(name: str, value: Any, hint: Any, s: Setting) -> None:
         return  # None is allowed, and means what the field's help says
     kind = value_type(hint)
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+        raise ConfigError(f"{name} must be an integer, got {shown(value)}")
     if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
+        raise ConfigError(f"{name} must be a number, got {shown(value)}")
     if s.bounds is not None and value not in s.bounds:
         raise ConfigError(f"{name} must be {s.bounds}, got {value}")
     if s.choices and value not in s.choices:
         *most, last = s.choices
-        raise ConfigError(f"{name} must be {', '.join(most)} or {last}, got {value!r}")
+        raise ConfigError(f"{name} must be {', '.join(most)} or {last}, got {shown(value)}")
