@@ -10,7 +10,7 @@ A child uses the version's own ``contend bench`` parts (``Bench.latency`` and ``
 with two expert processes), so each version is measured by the code it shipped with.
 
 Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
-expert processes, read from ``RUSAGE_CHILDREN`` around the drain) and the idle latency p50/p99;
+expert processes from ``/proc`` while the drain runs, start-up left out) and the idle latency p50/p99;
 then the medians and the ratios new/old. ``--out FILE`` also writes them as JSON.
 
 The stores: SQLite files in a temporary folder; a fresh PostgreSQL database per measurement
@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,9 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("drain_per_s", "experts_us", "latency_p50_ms", "latency_p99_ms")
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(url: str | None, n: int, concurrency: int, latency: bool) -> dict[str, Any]:
@@ -47,12 +47,27 @@ async def measure(url: str | None, n: int, concurrency: int, latency: bool) -> d
     bench = Bench(argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url))
     if latency:
         await bench.latency()
-    cpu0 = _children_cpu()
+    # The experts' CPU from the moment the tasks fall due to the last one done (Bench.drain
+    # calls wait_done then), read from /proc: their start-up, which differs between versions
+    # that import different modules, stays out of it.
+    procs: list[Any] = []
+    cpu: list[float] = []
+    start_experts, wait_done = bench.experts, bench.wait_done
+
+    async def experts(*args: Any, **kw: Any) -> Any:
+        procs[:] = await start_experts(*args, **kw)
+        return procs
+
+    async def timed_wait(*args: Any, **kw: Any) -> None:
+        before = sum(_cpu_seconds(p.pid) for p in procs)
+        await wait_done(*args, **kw)
+        cpu.append(sum(_cpu_seconds(p.pid) for p in procs) - before)
+
+    bench.experts, bench.wait_done = experts, timed_wait  # type: ignore[method-assign]
     await bench.drain(2)
-    cpu = _children_cpu() - cpu0
     out: dict[str, Any] = {
         "drain_per_s": bench.results["drain_2p_per_s"],
-        "experts_us": cpu * 1e6 / n,
+        "experts_us": cpu[0] * 1e6 / n,
     }
     if latency:
         out["latency_p50_ms"] = bench.results["latency_p50_ms"]

@@ -17,10 +17,14 @@ A backend outside this repository runs it as this repository runs it on its own 
 
 ``test_contract.py`` collects the tests::
 
+    from contend.testing.contract.claims import *  # noqa: F403
     from contend.testing.contract.competition import *  # noqa: F403
+    from contend.testing.contract.fencing import *  # noqa: F403
     from contend.testing.contract.history import *  # noqa: F403
+    from contend.testing.contract.leases import *  # noqa: F403
+    from contend.testing.contract.management import *  # noqa: F403
     from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401
-    from contend.testing.contract.store import *  # noqa: F403
+    from contend.testing.contract.submission import *  # noqa: F403
 
 Every test takes the ``harness`` fixture and runs once per registered backend. What a backend
 cannot promise it declares in ``Harness.extra`` (see :class:`Harness`); a test that depends on
@@ -32,11 +36,15 @@ import pytest
 
 # The suite's modules hold the asserts: let pytest explain a failed one as it does in tests.
 pytest.register_assert_rewrite(
+    "contend.testing.contract.claims",
     "contend.testing.contract.competition",
+    "contend.testing.contract.fencing",
     "contend.testing.contract.helpers",
     "contend.testing.contract.history",
+    "contend.testing.contract.leases",
+    "contend.testing.contract.management",
     "contend.testing.contract.stateful",
-    "contend.testing.contract.store",
+    "contend.testing.contract.submission",
 )
 
 from contend.testing.contract.harness import (  # noqa: E402

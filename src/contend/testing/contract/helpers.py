@@ -1,4 +1,5 @@
-"""Small helpers shared by the contract tests: an expert handle and owner writes by name."""
+"""Small helpers shared by the contract tests: an expert handle, owner writes by name, the
+states by letter, and moving the clock while experts keep their leases."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from contend.store.port import (
     Heartbeat,
     Store,
 )
+from contend.testing.contract.harness import Harness
 
 OWNER_WRITES = ("start", "checkpoint", "complete", "fail", "release")
 
@@ -121,3 +123,35 @@ async def owner_write(
 async def snapshot(store: Store) -> list[dict[str, Any]]:
     """Everything observable about every task, to show that a refused call changed nothing."""
     return [t.to_json() for t in await store.list_tasks(limit=10_000)]
+
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+OK, FAILED, DEAD, CANCELLED = (
+    TaskState.SUCCEEDED,
+    TaskState.FAILED,
+    TaskState.DEAD,
+    TaskState.CANCELLED,
+)
+
+
+async def join(
+    h: Harness,
+    name: str = "e1",
+    store: Store | None = None,
+    capabilities: Capabilities | None = None,
+) -> Expert:
+    return await Expert.join(store or h.store, name, h.ttl, capabilities)
+
+
+async def state_of(store: Store, task_id: str) -> TaskState:
+    return (await store.get(task_id)).state
+
+
+async def pass_time(h: Harness, seconds: float, *experts: Expert) -> None:
+    """Move the clock by *seconds* in steps short enough for *experts* to keep their leases."""
+    step = h.ttl / 2
+    while seconds > 0:
+        await h.advance(min(step, seconds))
+        seconds -= step
+        for e in experts:
+            await e.renew()
