@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,21 +98,43 @@ class Hooks(Hook):
             for name in MOMENTS
         }
         self._reported: set[tuple[int, str]] = set()
+        # The moments of the hot path (several calls per task) skip the dispatch loop: none
+        # overridden, a no-op; one, that hook's method behind the same guard.
+        for name in ("before_execute", "after_execute", "on_committed"):
+            only = self._by_moment[name]
+            if not only:
+                setattr(self, name, _nothing)
+            elif len(only) == 1:
+                setattr(self, name, self._guarded(only[0], name))
+
+    def _guarded(self, hook: Hook, moment: str) -> Callable[..., None]:
+        method = getattr(hook, moment)
+
+        def call(*args: Any) -> None:
+            try:
+                method(*args)
+            except Exception as exc:
+                self._failed(hook, moment, exc)
+
+        return call
+
+    def _failed(self, hook: Hook, moment: str, exc: Exception) -> None:
+        first = (id(hook), moment) not in self._reported
+        self._reported.add((id(hook), moment))
+        hook_log.error(
+            "hook %s.%s raised %r; ignored",
+            type(hook).__name__,
+            moment,
+            exc,
+            exc_info=first,  # the traceback once per hook and moment
+        )
 
     def _call(self, moment: str, *args: Any) -> None:
         for hook in self._by_moment[moment]:
             try:
                 getattr(hook, moment)(*args)
             except Exception as exc:
-                first = (id(hook), moment) not in self._reported
-                self._reported.add((id(hook), moment))
-                hook_log.error(
-                    "hook %s.%s raised %r; ignored",
-                    type(hook).__name__,
-                    moment,
-                    exc,
-                    exc_info=first,  # the traceback once per hook and moment
-                )
+                self._failed(hook, moment, exc)
 
     def on_claimed(self, expert: str, tasks: Sequence[Claimed], attempted: int) -> None:
         self._call("on_claimed", expert, tasks, attempted)
@@ -243,3 +265,7 @@ class TaskLog(Hook):
             running,
             dropped,
         )
+
+
+def _nothing(*args: Any) -> None:
+    return None
