@@ -77,6 +77,16 @@ class Run:
         await self.store.checkpoint(self.expert, c.id, c.fence, text)
 
 
+class Ended:
+    """The host of a context whose run is over: a checkpoint it is asked for is refused."""
+
+    def __init__(self, claimed: Claimed) -> None:
+        self.claimed = claimed
+
+    async def checkpoint(self, text: str) -> None:
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+
 class Executor:
     """Runs claimed tasks of *tasks* and hands each outcome to *deliver*."""
 
@@ -147,6 +157,9 @@ class Executor:
         finally:
             if self.runs.get(c.id) is run:
                 del self.runs[c.id]
+            # The run and its context point at each other: without this, every task would
+            # leave a cycle (run, context, asyncio task, coroutine) for the garbage collector.
+            run.ctx._host = Ended(c)
             self._ended.set()
             self._on_free()
 
