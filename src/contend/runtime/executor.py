@@ -22,7 +22,7 @@ from typing import Any
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import FencedOut, PayloadError
+from contend.errors import FencedOut, LeaseLost, PayloadError
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
@@ -72,9 +72,15 @@ class Run:
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
-        if self.finished or not self.session.safe():
-            raise FencedOut(c.id, c.fence, "this expert's lease lapsed")
-        await self.store.checkpoint(self.expert, c.id, c.fence, text)
+        if self.finished:
+            raise FencedOut(c.id, c.fence, "this run was stopped")
+        try:
+            await self.session.call(
+                "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
+            )
+        except LeaseLost as exc:
+            detail = f"this expert's lease lapsed: {exc}"
+            raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
 
 
 class Executor:
@@ -182,8 +188,11 @@ class Executor:
             fut = loop.run_in_executor(self._pool, lambda: cv.run(tt.fn, *args, **c.kwargs))
             try:
                 return await self.clock.wait_for(fut, timeout)
-            except (TimeoutError, asyncio.CancelledError):
-                ctx._cancelled = True  # a thread cannot be interrupted: tell it to stop
+            except TimeoutError:
+                ctx._stop("it timed out")  # a thread cannot be interrupted: tell it to stop
+                raise
+            except asyncio.CancelledError:
+                ctx._stop("it was stopped")
                 raise
         finally:
             _current.reset(token)
@@ -200,7 +209,7 @@ class Executor:
     # -- stopping runs ---------------------------------------------------------------------
     def abandon(self, run: Run, reason: str) -> None:
         """Stop *run* at once; nothing of it will be committed."""
-        run.ctx._cancelled = True
+        run.ctx._stop(reason)
         was_finished, run.finished = run.finished, True
         if run.task is not None:
             run.task.cancel()
