@@ -5,7 +5,8 @@ concurrency; both under the task's timeout on the expert's clock. A run belongs 
 its task was claimed under: its checkpoints are refused once that session is no longer safe,
 and when it is lost the run is stopped and nothing of it is committed. A sync function cannot
 be interrupted in its thread: it is told to stop (``ctx.cancelled``) and its result, if it
-ever comes, is thrown away.
+ever comes, is thrown away. A task type with ``isolation="process"`` runs in a child process
+instead (``runtime.isolation``), which is killed when its run must stop.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome
+from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
 from contend.store.port import Claimed, Completion, Failure, Store
 
@@ -168,6 +170,12 @@ class Executor:
             return build_failure(c, "Timeout", message, policy=tt.retry), exc
         except PayloadError as exc:
             return build_failure(c, "PayloadError", str(exc), policy=None), exc
+        except ChildFailed as exc:  # what the task raised in its own process
+            error = exc.error or exc
+            failure = build_failure(
+                c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb
+            )
+            return failure, error
         except Exception as exc:
             tb = traceback.format_exc(limit=20)
             failure = build_failure(
@@ -181,6 +189,15 @@ class Executor:
         timeout = c.timeout or tt.timeout
         token = _current.set(ctx)
         try:
+            if tt.isolation == "process":  # killed, not told, when the run must stop
+                child = run_in_process(
+                    tt.target,
+                    list(c.args),
+                    dict(c.kwargs),
+                    ctx if tt.pass_context else None,
+                    run.checkpoint,
+                )
+                return await self.clock.wait_for(child, timeout)
             if tt.is_async:
                 return await self.clock.wait_for(tt.fn(*args, **c.kwargs), timeout)
             cv = contextvars.copy_context()
