@@ -361,7 +361,10 @@ class ClaimLoop:
         """Wait for the store to change, a task to fall due or an auction moment."""
         wait = self.config.idle_wait
         due = await session.call("a read", lambda: self.store.next_due(self.queues))
-        now = await session.call("a read", self.store.now)
+        if due is None and self._auction_wake is None:
+            now = 0.0  # nothing to time: spare the store a round trip per idle wake-up
+        else:
+            now = await session.call("a read", self.store.now)
         if due is not None:
             # A task due later: wake up for it. One due already that we did not get is not
             # ours (another expert's requirements, or a lost race): wait for a change.
