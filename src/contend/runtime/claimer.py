@@ -23,7 +23,7 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.app import TaskType
-from contend.runtime.clock import Clock, wait_event
+from contend.runtime.clock import Clock, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
@@ -385,6 +385,6 @@ class ClaimLoop:
         except TimeoutError:
             pass
         finally:
-            for t in (waiter, stopper):
-                t.cancel()
-            await asyncio.gather(waiter, stopper, return_exceptions=True)
+            give_up(waiter)  # a store's wait is not waited for either
+            stopper.cancel()
+            await asyncio.gather(stopper, return_exceptions=True)
