@@ -21,6 +21,7 @@ from contend.errors import (
     TaskError,
     TaskFailed,
     TaskNotFound,
+    TaskStopped,
     UnknownTaskType,
 )
 from contend.runtime.app import App, TaskHandle, TaskType
@@ -57,6 +58,7 @@ __all__ = [
     "TaskHandle",
     "TaskNotFound",
     "TaskState",
+    "TaskStopped",
     "TaskType",
     "UnknownTaskType",
     "__version__",

@@ -16,6 +16,7 @@ The tree::
     │   └── InvalidTransition    the operation does not apply to the task's current state
     ├── FencedOut                an owner write carried a stale fence or a lapsed lease
     ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
+    ├── TaskStopped              ``ctx.check()`` in a run that must stop (lease lost, timeout, cancel)
     ├── ExpertConflict           an expert id is live elsewhere
     └── TaskFailed               raised by ``handle.result()`` for a task that ended badly
 """
@@ -125,6 +126,12 @@ class FencedOut(ContendError):
 
 class LeaseLost(ContendError):
     """The expert's lease lapsed before it could renew it; it must stop every task it holds."""
+
+
+class TaskStopped(ContendError):
+    """Raised by ``ctx.check()`` inside a run that must stop: its expert lost the lease, it
+    timed out, it was cancelled or taken over. Nothing the run returns will be committed; let
+    it propagate (do not swallow it in a broad ``except Exception``)."""
 
 
 class ExpertConflict(ContendError):

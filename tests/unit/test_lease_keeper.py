@@ -9,7 +9,7 @@ import pytest
 
 from contend import App, Expert, TaskState
 from contend.runtime.hooks import Hooks
-from contend.runtime.session import LeaseKeeper, Session
+from contend.runtime.session import RATE_MARGIN, LeaseKeeper, Session
 from contend.store.port import ExpertInfo, Heartbeat
 from contend.testing import FakeClock
 from tests.unit.fakes import Recorder, app_on, faulty_memory, running
@@ -59,7 +59,8 @@ async def test_renews_on_a_fixed_cadence(k: Keeper) -> None:
     assert k.hook.times("on_heartbeat") == [float(t) for t in range(1, 11)]
     assert k.store.calls["renew"] == 10
     assert all(s is session for s, _ in k.renewed)
-    assert session.renewed_at == 10.0 and session.left() == pytest.approx(2.5)
+    assert session.renewed_at == 10.0
+    assert session.left() == pytest.approx(10.0 + TTL * (1 - RATE_MARGIN) - 10.5)
     (rec,) = await k.store.list_experts()
     assert rec.lease_deadline == 10.0 + TTL  # the store's deadline moved with every renewal
     await k.keeper.orphan()
@@ -69,19 +70,22 @@ async def test_renewals_failing_past_the_deadline_lose_the_session(k: Keeper) ->
     session = await k.start()
     await k.clock.run(2.5)  # renewed at 1 and 2
     k.store.cut("renew")
-    await k.clock.run(2.49)  # the tries at 3 and 4 fail: the lease (to 5) still holds
+    deadline = 2.0 + TTL * (1 - RATE_MARGIN)  # the lease to 5, less the margin
+    assert session.deadline == pytest.approx(deadline)
+    await k.clock.run(deadline - 2.5 - 0.001)  # the tries at 3 and 4 fail: it still holds
     assert k.store.calls["renew"] == 4
     assert session.safe() and not session.lost.is_set() and k.lost == []
-    await k.clock.run(0.01)  # 5: a whole lease since the renewal sent at 2
+    await k.clock.run(0.001)  # the watchdog acts at the deadline, between two beats
     assert session.lost.is_set() and not session.safe()
     assert session.reason == "no renewal within the lease"
-    assert k.lost == [(5.0, session)]  # once, at the deadline's beat
-    k.store.heal()
-    # the store still counts the old session live at 5; a new one opens a beat later
-    await k.clock.run(1.0)
+    assert k.lost == [(pytest.approx(deadline), session)]  # once
+    # the store would count the old session live to 5: the keeper releases it, then opens a
+    # new one at once (only renewals are cut)
+    await k.clock.settle()
     new = k.keeper.session
-    assert new is not None and new is not session and new.safe()
-    assert new.id != session.id
+    assert new is not None and new is not session and not new.lost.is_set()
+    assert new.id != session.id and k.store.calls["deregister_expert"] == 1
+    k.store.heal()
     await k.clock.run(3.0)
     assert [s for s, _ in k.renewed][-3:] == [new, new, new]
     assert len(k.lost) == 1
@@ -105,12 +109,13 @@ async def test_any_part_may_declare_the_loss_and_it_happens_once(k: Keeper) -> N
     assert k.keeper.lose(session, "the claim loop heard LeaseLost")
     assert not k.keeper.lose(session, "the committer found it lapsed")
     assert k.lost == [(0.0, session)] and session.reason == "the claim loop heard LeaseLost"
-    # the store counts the old session live to 3: the keeper alone tries again, once a beat
+    # the store still counts the old session live (to 3): the keeper alone releases it and
+    # registers again, once — never against its own old session
     await k.clock.run(3.5)
-    # the first registration, then tries at 0, 1, 2 and 3
-    assert k.keeper.session is session and k.store.calls["register_expert"] == 5
-    await k.clock.run(0.5)
-    assert k.keeper.session is not session and k.store.calls["register_expert"] == 6
+    assert k.store.calls["deregister_expert"] == 1
+    assert k.store.calls["register_expert"] == 2  # the first registration, and this one
+    new = k.keeper.session
+    assert new is not session and new is not None and new.safe()
     await k.keeper.orphan()
 
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, overload
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
+from contend.runtime.isolation import ISOLATIONS, import_path
 from contend.store.port import Store
 
 T = TypeVar("T")
@@ -38,10 +39,16 @@ class TaskType:
     priority: int = 0
     pass_context: bool = False
     mode: str = "race"
+    isolation: str | None = None  # "process": run in a child process, killed to stop it
 
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    @property
+    def target(self) -> str:
+        """The function's import path, ``module:qualname``."""
+        return import_path(self.fn)
 
 
 def _check_url(url: object) -> None:
@@ -108,6 +115,7 @@ class App:
         priority: int = 0,
         pass_context: bool | None = None,
         mode: str = "race",
+        isolation: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -123,8 +131,13 @@ class App:
         priority: int = 0,
         pass_context: bool | None = None,
         mode: str = "race",
+        isolation: str | None = None,
     ) -> F | Callable[[F], F]:
-        """Register a sync or async function as a task type (named after the function)."""
+        """Register a sync or async function as a task type (named after the function).
+
+        ``isolation="process"`` runs each call in a child process of its own, killed when the
+        run must stop (lease lost, timeout, cancel); the function must be importable (a
+        module-level function, not in ``__main__``) and its args and result JSON."""
 
         def register(f: F) -> F:
             type_name = name or f.__name__
@@ -138,6 +151,16 @@ class App:
                 )
             if mode not in ("race", "auction", "auto"):
                 raise ConfigError(f"mode of {shown(type_name)} must be 'race', 'auction' or 'auto'")
+            if isolation not in ISOLATIONS:
+                raise ConfigError(
+                    f"isolation of {shown(type_name)} must be None or 'process', "
+                    f"got {shown(isolation)}"
+                )
+            if isolation == "process":
+                try:
+                    import_path(f)
+                except ValueError as exc:
+                    raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -150,6 +173,7 @@ class App:
                 priority=priority,
                 pass_context=_wants_context(f) if pass_context is None else pass_context,
                 mode=mode,
+                isolation=isolation,
             )
             return f
 

@@ -6,12 +6,14 @@ pay for one; steals from a loaded rival when it got nothing; tops up its prefetc
 waits for the store to change, for a task to fall due or for an auction moment. Every claim of
 a round is made under one session; if that session is lost meanwhile, what the round claimed
 is not started (the store hands it back once its lease lapses, or the next heartbeat releases
-it as an orphan).
+it as an orphan). Every store call is made under the round's session (``Session.call``), so
+none is sent once the lease is unsafe and none is waited for past its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Collection, Mapping
@@ -21,7 +23,7 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.app import TaskType
-from contend.runtime.clock import Clock, wait_event
+from contend.runtime.clock import Clock, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
@@ -122,8 +124,13 @@ class ClaimLoop:
                     await self._wake.wait()
                 continue
             session = self.keeper.session
-            if session is None or not session.safe():
-                await self.clock.sleep(cfg.heartbeat_every / 10)
+            if session is None or session.lost.is_set():
+                # no session: wait for the keeper to open one (it backs off while it cannot)
+                self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
+                await wait_event(self.clock, self.keeper.ready, cfg.heartbeat_every)
+                continue
+            if not session.safe():  # its deadline passed a moment ago: nothing more under it
+                self.keeper.lose(session, "no renewal within the lease")
                 continue
             if not self.competition.active:  # an emergency expert while all is calm
                 self.state = SlotState.IDLE
@@ -151,12 +158,18 @@ class ClaimLoop:
                 await wait_event(self.clock, self._wake, cfg.idle_wait)
                 continue
             self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
-            await self._idle()
+            try:
+                await self._idle(session)
+            except LeaseLost as exc:
+                self.keeper.lose(session, str(exc))
+            except ContendError as exc:
+                log.warning("expert %s: could not read the store: %s", self.name, exc)
+                await self._pause(0.5)
 
     async def _round(self, session: Session, free: int, room: int) -> list[Claimed]:
         """One round under *session*: what to start now; the prefetch topped up."""
         if free > 0 and self.prefetched:
-            claimed = await self._start_prefetched(free)
+            claimed = await self._start_prefetched(session, free)
         elif free > 0:
             claimed = await self._compete(session, free)
             if not claimed:
@@ -174,9 +187,10 @@ class ClaimLoop:
         return claimed
 
     # -- prefetch and work stealing (seed 003) ---------------------------------------------
-    async def _start_prefetched(self, free: int) -> list[Claimed]:
+    async def _start_prefetched(self, session: Session, free: int) -> list[Claimed]:
         batch = [self.prefetched.popleft() for _ in range(min(free, len(self.prefetched)))]
-        results = await self.store.start(self.name, [(c.id, c.fence) for c in batch])
+        items = [(c.id, c.fence) for c in batch]
+        results = await session.call("a start", lambda: self.store.start(self.name, items))
         started, gone = [], []
         for c, res in zip(batch, results, strict=True):
             if res is None:
@@ -206,7 +220,8 @@ class ClaimLoop:
             key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
         )
         for victim in victims:
-            got = await self.store.steal(
+            steal = functools.partial(
+                self.store.steal,
                 self.name,
                 session.id,
                 victim.info.id,
@@ -215,6 +230,7 @@ class ClaimLoop:
                 limit=free,
                 lease_ttl=self.config.lease_ttl,
             )
+            got = await session.call("a steal", steal)
             if got:
                 self.hooks.on_stolen(self.name, victim.info.id, got)
                 return got
@@ -235,7 +251,8 @@ class ClaimLoop:
         is best never loses a race."""
         if task_ids is not None and not task_ids:
             return []
-        got = await self.store.claim(
+        claim = functools.partial(
+            self.store.claim,
             self.name,
             session.id,
             self.queues,
@@ -246,6 +263,7 @@ class ClaimLoop:
             start=start,
             low_lane=low_lane,
         )
+        got = await session.call("a claim", claim)
         attempted = len(got) if task_ids is None else min(len(task_ids), limit)
         if attempted:
             self.hooks.on_claimed(self.name, got, attempted)
@@ -269,7 +287,10 @@ class ClaimLoop:
             return await self._claim(session, free, low_lane=lane)
         # look deep enough that equally fit experts do not all reach for the same few tasks
         depth = max(16, free * 3)
-        views = await self.store.peek(self.queues, self.config.capabilities, depth, low_lane=lane)
+        peek = functools.partial(
+            self.store.peek, self.queues, self.config.capabilities, depth, low_lane=lane
+        )
+        views = await session.call("a read", peek)
         self._auction_wake = None
         if not views:
             return []
@@ -302,7 +323,7 @@ class ClaimLoop:
         me = self.competition.me(self.executor.load)
         grace = self.config.auction_grace
         entitled: list[str] = []
-        now = await self.store.now()
+        now = await session.call("a read", self.store.now)
         seen = {v.id for v in lots}
         for tid in [t for t in self._auctions if t not in seen]:
             del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
@@ -310,9 +331,15 @@ class ClaimLoop:
             state = self._auctions.get(view.id)
             if state is None or (not state[1] and now >= state[0].closes_at):
                 score = self.config.fitness(me, view)
-                auction = await self.store.bid(
-                    self.name, session.id, view.id, score, self.config.auction_window
+                bid = functools.partial(
+                    self.store.bid,
+                    self.name,
+                    session.id,
+                    view.id,
+                    score,
+                    self.config.auction_window,
                 )
+                auction = await session.call("a bid", bid)
                 state = (auction, auction.now >= auction.closes_at)
                 self._auctions[view.id] = state
             auction, _ = state
@@ -330,11 +357,14 @@ class ClaimLoop:
     async def _pause(self, seconds: float) -> None:
         await wait_event(self.clock, self.stopping, seconds)
 
-    async def _idle(self) -> None:
+    async def _idle(self, session: Session) -> None:
         """Wait for the store to change, a task to fall due or an auction moment."""
         wait = self.config.idle_wait
-        due = await self.store.next_due(self.queues)
-        now = await self.store.now()
+        due = await session.call("a read", lambda: self.store.next_due(self.queues))
+        if due is None and self._auction_wake is None:
+            now = 0.0  # nothing to time: spare the store a round trip per idle wake-up
+        else:
+            now = await session.call("a read", self.store.now)
         if due is not None:
             # A task due later: wake up for it. One due already that we did not get is not
             # ours (another expert's requirements, or a lost race): wait for a change.
@@ -355,6 +385,6 @@ class ClaimLoop:
         except TimeoutError:
             pass
         finally:
-            for t in (waiter, stopper):
-                t.cancel()
-            await asyncio.gather(waiter, stopper, return_exceptions=True)
+            give_up(waiter)  # a store's wait is not waited for either
+            stopper.cancel()
+            await asyncio.gather(stopper, return_exceptions=True)

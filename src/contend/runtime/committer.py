@@ -4,18 +4,21 @@ Outcomes that arrive in the same turn of the event loop go to the store together
 ``complete`` for the results and one ``fail`` for the failures of a batch. Each outcome carries
 the session it was earned under and is committed only while that session is safe; a session
 that lapsed is declared lost (which drops every unsent outcome of it) and nothing of it is sent.
-A store error is retried a few times with back-off; a refusal (fenced out) is final.
+Every call is bounded by the session's deadline (``Session.call``): one that gets no answer in
+time counts as not committed. A store error is retried a few times with back-off; a refusal
+(fenced out) is final.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from contend.errors import ContendError, FencedOut
+from contend.errors import ContendError, FencedOut, LeaseLost
 from contend.runtime.clock import Clock
 from contend.runtime.hooks import Hook, Outcome
 from contend.runtime.session import Session
@@ -116,49 +119,70 @@ class Committer:
             self._inflight = set()
 
     async def _commit(self, batch: list[_Pending]) -> None:
-        safe = [p.outcome for p in batch if p.session.safe()]
-        unsafe = [p for p in batch if not p.session.safe()]
-        if unsafe:
+        by_session: dict[Session, list[Outcome]] = {}
+        for p in batch:
+            by_session.setdefault(p.session, []).append(p.outcome)
+        for session, outcomes in by_session.items():
+            if session.safe():
+                await self._commit_under(session, outcomes)
+                continue
             # back in the outbox, so that declaring the loss drops (and counts) them too
-            self._outbox[:0] = unsafe
-            for session in dict.fromkeys(p.session for p in unsafe):
-                if session.lost.is_set():
-                    self.drop(session)
-                else:
-                    self._lose(session, "no renewal within the lease")
-        done = [o for o in safe if isinstance(o, Completion)]
-        failed = [o for o in safe if isinstance(o, Failure)]
-        if not done and not failed:
+            self._outbox[:0] = [_Pending(o, session) for o in outcomes]
+            if session.lost.is_set():
+                self.drop(session)
+            else:
+                self._lose(session, "no renewal within the lease")
+
+    async def _commit_under(self, session: Session, outcomes: list[Outcome]) -> None:
+        """Results in one ``complete``, failures in one ``fail``, each retried on its own."""
+        done = [o for o in outcomes if isinstance(o, Completion)]
+        failed = [o for o in outcomes if isinstance(o, Failure)]
+        if done:
+            await self._commit_part(
+                session, done, functools.partial(self.store.complete, self.name, done)
+            )
+        if failed:
+            await self._commit_part(
+                session, failed, functools.partial(self.store.fail, self.name, failed)
+            )
+
+    async def _commit_part(
+        self,
+        session: Session,
+        items: Sequence[Outcome],
+        make: Callable[[], Awaitable[list[FencedOut | None]]],
+    ) -> None:
+        try:
+            results = await self._try(session, make)
+        except LeaseLost as exc:
+            # not sent, or no answer before the deadline: none of it counts as committed
+            log.warning("expert %s: %d outcome(s) not committed: %s", self.name, len(items), exc)
+            self._lose(session, str(exc))
             return
-        results = await self._send(done, failed)
         if results is None:
             log.error(
                 "expert %s: giving up on %d commit(s); they will be released and run again",
                 self.name,
-                len(done) + len(failed),
+                len(items),
             )
             return
-        sent: list[Outcome] = [*done, *failed]
-        for outcome, refusal in zip(sent, results, strict=True):
+        for outcome, refusal in zip(items, results, strict=True):
             if refusal is None:
                 self.hooks.on_committed(self.name, outcome)
             else:
                 self.hooks.on_fenced_out(self.name, outcome, refusal)
 
-    async def _send(
-        self, done: list[Completion], failed: list[Failure]
+    async def _try(
+        self, session: Session, make: Callable[[], Awaitable[list[FencedOut | None]]]
     ) -> list[FencedOut | None] | None:
-        """One complete and one fail call, retried on store errors; None after TRIES."""
+        """``make()`` under *session*, retried on store errors; None after TRIES. Raises
+        LeaseLost once the session cannot commit any more."""
         for attempt in range(TRIES):
             try:
-                results: list[FencedOut | None] = []
-                if done:
-                    results += await self.store.complete(self.name, done)
-                if failed:
-                    results += await self.store.fail(self.name, failed)
+                return await session.call("a commit", make)
+            except LeaseLost:
+                raise
             except ContendError as exc:
                 log.warning("expert %s: commit failed (try %d): %s", self.name, attempt + 1, exc)
                 await self.clock.sleep(BACKOFF * 2**attempt * (1 + self._rand()))
-            else:
-                return results
         return None

@@ -1,4 +1,5 @@
-"""What a running task sees of itself: ``ctx.fence``, ``ctx.attempt``, ``ctx.state``, checkpoints."""
+"""What a running task sees of itself: ``ctx.fence``, ``ctx.attempt``, ``ctx.state``, checkpoints,
+and whether it must stop (``ctx.cancelled``, ``ctx.check()``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from contend.domain.task import JSON, encode_json
+from contend.errors import TaskStopped
 
 _current: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("contend_task")
 
@@ -48,12 +50,26 @@ class TaskContext:
     _host: TaskHost | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
+    _why: str = field(default="", repr=False)
 
     @property
     def cancelled(self) -> bool:
-        """True once this run must stop: the task was cancelled, timed out or its lease was
-        lost. Sync tasks, which cannot be interrupted, should check it between steps."""
+        """True once this run must stop: the task was cancelled, timed out, taken over or its
+        expert lost the lease. Async tasks are cancelled as well; sync tasks, which cannot be
+        interrupted in their thread, should check it (or call :meth:`check`) between steps.
+        Nothing a stopped run returns is committed."""
         return self._cancelled
+
+    def check(self) -> None:
+        """Raise :class:`~contend.errors.TaskStopped` if this run must stop; else do nothing.
+        Cheap: call it between the steps of a long sync task."""
+        if self._cancelled:
+            raise TaskStopped(f"task {self.task_id} (fence {self.fence}) must stop: {self._why}")
+
+    def _stop(self, why: str) -> None:
+        """The runtime's side: this run must stop, for *why*. The first reason stays."""
+        if not self._cancelled:
+            self._cancelled, self._why = True, why
 
     async def checkpoint(self, state: JSON) -> None:
         """Save *state* (JSON) under this run's fence; the next owner starts from it.

@@ -5,7 +5,8 @@ concurrency; both under the task's timeout on the expert's clock. A run belongs 
 its task was claimed under: its checkpoints are refused once that session is no longer safe,
 and when it is lost the run is stopped and nothing of it is committed. A sync function cannot
 be interrupted in its thread: it is told to stop (``ctx.cancelled``) and its result, if it
-ever comes, is thrown away.
+ever comes, is thrown away. A task type with ``isolation="process"`` runs in a child process
+instead (``runtime.isolation``), which is killed when its run must stop.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Any
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import FencedOut, PayloadError
+from contend.errors import FencedOut, LeaseLost, PayloadError
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome
+from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
 from contend.store.port import Claimed, Completion, Failure, Store
 
@@ -72,9 +74,15 @@ class Run:
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
-        if self.finished or not self.session.safe():
-            raise FencedOut(c.id, c.fence, "this expert's lease lapsed")
-        await self.store.checkpoint(self.expert, c.id, c.fence, text)
+        if self.finished:
+            raise FencedOut(c.id, c.fence, "this run was stopped")
+        try:
+            await self.session.call(
+                "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
+            )
+        except LeaseLost as exc:
+            detail = f"this expert's lease lapsed: {exc}"
+            raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
 
 
 class Ended:
@@ -175,6 +183,12 @@ class Executor:
             return build_failure(c, "Timeout", message, policy=tt.retry), exc
         except PayloadError as exc:
             return build_failure(c, "PayloadError", str(exc), policy=None), exc
+        except ChildFailed as exc:  # what the task raised in its own process
+            error = exc.error or exc
+            failure = build_failure(
+                c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb
+            )
+            return failure, error
         except Exception as exc:
             tb = traceback.format_exc(limit=20)
             failure = build_failure(
@@ -188,6 +202,15 @@ class Executor:
         timeout = c.timeout or tt.timeout
         token = _current.set(ctx)
         try:
+            if tt.isolation == "process":  # killed, not told, when the run must stop
+                child = run_in_process(
+                    tt.target,
+                    list(c.args),
+                    dict(c.kwargs),
+                    ctx if tt.pass_context else None,
+                    run.checkpoint,
+                )
+                return await self.clock.wait_for(child, timeout)
             if tt.is_async:
                 return await self.clock.wait_for(tt.fn(*args, **c.kwargs), timeout)
             cv = contextvars.copy_context()
@@ -195,8 +218,11 @@ class Executor:
             fut = loop.run_in_executor(self._pool, lambda: cv.run(tt.fn, *args, **c.kwargs))
             try:
                 return await self.clock.wait_for(fut, timeout)
-            except (TimeoutError, asyncio.CancelledError):
-                ctx._cancelled = True  # a thread cannot be interrupted: tell it to stop
+            except TimeoutError:
+                ctx._stop("it timed out")  # a thread cannot be interrupted: tell it to stop
+                raise
+            except asyncio.CancelledError:
+                ctx._stop("it was stopped")
                 raise
         finally:
             _current.reset(token)
@@ -213,7 +239,7 @@ class Executor:
     # -- stopping runs ---------------------------------------------------------------------
     def abandon(self, run: Run, reason: str) -> None:
         """Stop *run* at once; nothing of it will be committed."""
-        run.ctx._cancelled = True
+        run.ctx._stop(reason)
         was_finished, run.finished = run.finished, True
         if run.task is not None:
             run.task.cancel()

@@ -32,7 +32,7 @@ from typing import Any
 from contend.errors import ContendError
 from contend.runtime.app import App
 from contend.runtime.claimer import ClaimLoop, SlotState
-from contend.runtime.clock import Clock, SystemClock
+from contend.runtime.clock import Clock, SystemClock, settle_strays
 from contend.runtime.committer import Committer
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
@@ -45,6 +45,9 @@ from contend.store.port import Claimed, ExpertInfo, Heartbeat, Store
 __all__ = ["Expert", "ExpertConfig", "ExpertStats", "SlotState"]
 
 log = logging.getLogger("contend.expert")
+
+#: How long a stopping expert waits for the store calls it gave up on to end, seconds.
+STRAYS_WAIT = 5.0
 
 
 class _Parts:
@@ -62,6 +65,7 @@ class _Parts:
             beat=e._beat,
             on_renewed=e._renewed,
             on_lost=e._lost,
+            on_fatal=e._fatal,
         )
         self.committer = Committer(
             store, e.name, clock=e.clock, hooks=e.hooks, lose=self.keeper.lose
@@ -138,6 +142,7 @@ class Expert:
             pressure=self.config.pressure,
         )
         self.parts: _Parts | None = None
+        self.error: ContendError | None = None  # why the expert stopped on its own
         self._stopping = asyncio.Event()
         self.started = asyncio.Event()
 
@@ -178,10 +183,10 @@ class Expert:
     async def run(self) -> None:
         store = await self.app.store()
         self.parts = p = _Parts(self, store)
-        await p.keeper.open()  # raises ExpertConflict when this name is live elsewhere
+        session = await p.keeper.open()  # raises ExpertConflict when the name is live elsewhere
         if self._stopping.is_set():
             p.keeper.wind_down()
-        await p.housekeeper.refresh_cluster()
+        await p.housekeeper.refresh_cluster(session)
         self.started.set()
         log.info(
             "expert %s started: queues=%s concurrency=%d lease=%.1fs",
@@ -205,6 +210,9 @@ class Expert:
                 log.error("expert %s: a background loop crashed: %r", self.name, result)
             await p.keeper.close()  # stop renewing, then release the session
             p.executor.shutdown()
+            stuck = await settle_strays(self.clock, STRAYS_WAIT)
+            if stuck:
+                log.warning("expert %s: %d store call(s) given up on still run", self.name, stuck)
             log.info(
                 "expert %s stopped: done=%d failed=%d fenced_out=%d",
                 self.name,
@@ -212,6 +220,8 @@ class Expert:
                 self.stats.tasks_failed,
                 self.stats.fenced_out,
             )
+        if self.error is not None:
+            raise self.error
 
     # -- wiring between the parts ----------------------------------------------------------
     def _wake_claimer(self) -> None:
@@ -235,6 +245,12 @@ class Expert:
         known = set(p.executor.runs) | {c.id for c in p.claimer.prefetched}
         p.housekeeper.after_renewal(session, held, known | p.committer.pending_ids())
 
+    def _fatal(self, exc: ContendError) -> None:
+        """The store can no longer be used (its schema is gone): stop, and say why."""
+        self.error = exc
+        self.config.grace = 0
+        self.stop()
+
     def _lost(self, session: Session) -> None:
         """Seed 002: release everything held at once and commit nothing of it."""
         assert self.parts is not None
@@ -249,10 +265,13 @@ class Expert:
         if not unfinished:
             return
         assert self.parts is not None
+        keeper = self.parts.keeper
+        session = keeper.session
+        if session is None or not session.safe():
+            return  # their leases lapse with the session's
+        items = [(c.id, c.fence) for c in unfinished]
         try:
-            res = await self.parts.keeper.store.release(
-                self.name, [(c.id, c.fence) for c in unfinished]
-            )
+            res = await session.call("a release", lambda: keeper.store.release(self.name, items))
             n = sum(1 for r in res if r is None)
             log.info("expert %s released %d unfinished task(s) for others", self.name, n)
         except ContendError as exc:

@@ -1,15 +1,17 @@
 """Housekeeping, after each renewal but apart from it: slow housekeeping on a big store never
 delays a renewal. It expires lapsed leases (anyone's), refreshes the expert's view of its rivals
 and of the cluster's pressure, and releases claims the store says this expert holds but the
-expert does not know of (a claim whose reply was lost)."""
+expert does not know of (a claim whose reply was lost). Each of its store calls is made under
+the session it followed, so none outlives that session's deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping
 
-from contend.errors import ContendError
+from contend.errors import ContendError, LeaseLost
 from contend.runtime.competition import Competition
 from contend.runtime.session import Session
 from contend.store.port import Store
@@ -51,6 +53,7 @@ class Housekeeper:
         self._on_change = on_join_or_leave
         self.orphans = Orphans()
         self._due = asyncio.Event()
+        self._session: Session | None = None  # the session of the last renewal
         self._release: list[tuple[Session, list[tuple[str, int]]]] = []
 
     def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
@@ -58,26 +61,33 @@ class Housekeeper:
         orphans = self.orphans.note(held, known)
         if orphans:
             self._release.append((session, orphans))
+        self._session = session
         self._due.set()
 
     async def run(self) -> None:
         while True:
             await self._due.wait()
             self._due.clear()
+            session = self._session
+            if session is None:
+                continue
             try:
                 await self._release_orphans()
-                await self.store.expire()
-                await self.refresh_cluster()
+                await session.call("an expiry", self.store.expire)
+                await self.refresh_cluster(session)
+            except LeaseLost as exc:
+                log.debug("expert %s: housekeeping stopped: %s", self.name, exc)
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
 
-    async def refresh_cluster(self) -> None:
+    async def refresh_cluster(self, session: Session) -> None:
         """Rivals, cluster load and, for an emergency expert, whether to join in."""
         comp = self.competition
-        comp.update_peers(await self.store.list_experts(), self._load())
+        comp.update_peers(await session.call("a read", self.store.list_experts), self._load())
         if comp.tier == "emergency":
             was = comp.active
-            now = comp.update_pressure(await self.store.backlog(self.queues), self._load())
+            backlog = await session.call("a read", lambda: self.store.backlog(self.queues))
+            now = comp.update_pressure(backlog, self._load())
             if now != was:
                 log.info(
                     "expert %s (emergency) %s",
@@ -92,7 +102,8 @@ class Housekeeper:
             if not session.safe():
                 continue
             try:
-                results = await self.store.release(self.name, orphans)
+                release = functools.partial(self.store.release, self.name, orphans)
+                results = await session.call("a release", release)
             except ContendError as exc:
                 log.warning("expert %s: could not release orphaned claims: %s", self.name, exc)
                 continue

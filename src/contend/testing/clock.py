@@ -54,6 +54,23 @@ class FakeClock:
         heapq.heappush(self._sleepers, (self.value + seconds, self._seq, future))
         await future
 
+    def call_later(self, seconds: float, callback: Callable[[], object]) -> asyncio.Future[None]:
+        """Call *callback* once the clock reaches now + *seconds*; ``cancel()`` the returned
+        future to call it off."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def fire(f: asyncio.Future[None]) -> None:
+            if not f.cancelled():
+                callback()
+
+        future.add_done_callback(fire)
+        if seconds <= 0:
+            future.set_result(None)  # at the next turn of the loop
+        else:
+            self._seq += 1
+            heapq.heappush(self._sleepers, (self.value + seconds, self._seq, future))
+        return future
+
     async def wait_for(self, aw: Awaitable[T], timeout: float | None) -> T:
         if timeout is None:
             return await aw

@@ -77,6 +77,14 @@ class Cluster:
     def restart(self) -> None:
         self._ctl("restart")
 
+    def stop_now(self) -> None:
+        """``pg_ctl -m immediate stop``: every backend dies at once, as in a crash."""
+        self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+
+    def start_again(self) -> None:
+        """Start the stopped server on the same port and data (it recovers from its WAL)."""
+        self._ctl("start")
+
     def close(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():

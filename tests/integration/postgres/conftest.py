@@ -8,13 +8,14 @@ tests; elsewhere it skips them with a message saying how to provide one.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
 from contend.store.postgres import PostgresStore
 from contend.testing import FakeClock
 from contend.testing.postgres import NoServer, fresh_database
+from tests.integration.postgres.cluster import Cluster, ClusterUnavailable
 
 StoreFactory = Callable[..., Awaitable[PostgresStore]]
 
@@ -55,3 +56,19 @@ async def make_store(pg_url: str) -> AsyncIterator[StoreFactory]:
 @pytest.fixture
 async def store(make_store: StoreFactory, clock: FakeClock) -> PostgresStore:
     return await make_store(clock=clock)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL server of the test's own, which it may stop and restart (never
+    the machine's own server)."""
+    c = Cluster()
+    try:
+        c.start()
+    except ClusterUnavailable as exc:
+        c.close()
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and {exc}")
+        pytest.skip(f"{exc} (not under CI: there this is a failure)")
+    yield c
+    c.close()

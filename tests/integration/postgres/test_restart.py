@@ -3,8 +3,6 @@ lease rules, and nothing is lost or committed twice."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,21 +10,7 @@ import pytest
 from contend.domain.task import TaskSpec, TaskState
 from contend.store.registry import open_store
 from tests.acceptance.conftest import Experts, wait_until
-from tests.integration.postgres.cluster import Cluster, ClusterUnavailable
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    c = Cluster()
-    try:
-        c.start()
-    except ClusterUnavailable as exc:
-        c.close()
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and {exc}")
-        pytest.skip(f"{exc} (not under CI: there this is a failure)")
-    yield c
-    c.close()
+from tests.integration.postgres.cluster import Cluster
 
 
 @pytest.mark.postgres
