@@ -136,85 +136,121 @@ async def run_demo(args: argparse.Namespace) -> int:
     store = await open_store(url)
     started = time.monotonic()
     try:
-        existing = sum(sum(q.values()) for q in (await store.stats()).counts.values())
-        if existing:
-            raise ConfigError(
-                f"the demo needs an empty store, and {url} already holds {existing} task(s); "
-                "leave out --store to use a new SQLite file"
-            )
-        specs = _workload(demo, args.tasks)
-        run.total = len(specs)
-        _say(f"contend demo: {args.experts} experts contend for {run.total} tasks on {url}")
-        _say(
-            f"  workload: {sum(s.type == 'parse_logs' for s in specs)} log chunks to parse, "
-            f"{sum(s.type == 'geo_summary' for s in specs)} geo summaries (need capability 'geo'), "
-            f"{sum(s.type == 'daily_report' for s in specs)} long reports that checkpoint"
-        )
-        t0 = time.perf_counter()
-        for i in range(0, len(specs), 1000):
-            await store.submit(specs[i : i + 1000])
-        _say(
-            f"  submitted in {time.perf_counter() - t0:.2f}s; starting experts (lease {LEASE:.0f}s)"
-        )
-        profiles = [EXPERT_PROFILES[i % len(EXPERT_PROFILES)] for i in range(args.experts)]
-        for i, (suffix, caps, conc) in enumerate(profiles):
-            await _start_expert(run, f"demo-{suffix}{'' if i < 4 else i}", caps, conc, args.window)
-        begin = time.monotonic()
-        tty = sys.stdout.isatty()
-        last_line = 0.0
-        while True:
-            counts = await _counts(store)
-            finished = sum(counts.get(s, 0) for s in ("succeeded", "failed", "dead", "cancelled"))
-            done = counts.get("succeeded", 0)
-            now = time.monotonic()
-            if not args.no_kill and run.killed is None and done >= run.total * 0.35:
-                await _kill_one(run, store)
-                if run.killed:
-                    msg = (
-                        f"  !! SIGKILL {run.killed} while it held {len(run.killed_tasks)} task(s); "
-                        f"its lease lapses within {LEASE:.0f}s and others take over"
-                    )
-                    _say(("\n" if tty else "") + msg)
-            if run.killed and run.recovered_at is None and run.killed_tasks:
-                states = [(await store.get(t)).state for t in run.killed_tasks]
-                if all(s.terminal for s in states):
-                    run.recovered_at = now
-                    _say(
-                        ("\n" if tty else "")
-                        + f"  recovered: all {len(run.killed_tasks)} task(s) of "
-                        f"{run.killed} finished elsewhere {now - run.killed_at:.2f}s after the kill"
-                    )
-            rate = done / max(1e-6, now - begin)
-            live = sum(1 for p in run.procs.values() if p.returncode is None)
-            extra = f"running {counts.get('running', 0):>3}  experts {live}"
-            if tty:
-                print("\r" + _progress(done, run.total, rate, extra), end="", flush=True)
-            elif now - last_line >= 1.0:
-                _say("  " + _progress(done, run.total, rate, extra))
-                last_line = now
-            if finished >= run.total:
-                break
-            if now - begin > 300:
-                _say("\n  gave up waiting after 300s")
-                break
-            await asyncio.sleep(0.2)
-        elapsed = time.monotonic() - begin
-        if tty:
-            print()
-        for proc in run.procs.values():
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        await asyncio.gather(*(p.wait() for p in run.procs.values()))
+        await _check_empty(store, url)
+        await _submit(store, run, _workload(demo, args.tasks), args.experts)
+        await _start_experts(run, args.experts, args.window)
+        elapsed = await _watch(store, run, kill=not args.no_kill)
+        await _stop_experts(run)
         report = await _report(store, run, elapsed, time.monotonic() - started)
         _print_report(report, json_out=args.json)
         return 0 if report["ok"] else 1
     finally:
-        for proc in run.procs.values():
-            if proc.returncode is None:
-                proc.kill()
-        await store.close()
-        if args.store is None and not os.environ.get("CONTEND_DEMO_KEEP"):
-            shutil.rmtree(own_dir, ignore_errors=True)
+        await _clean_up(run, store, remove_dir=args.store is None)
+
+
+async def _check_empty(store: Store, url: str) -> None:
+    existing = sum(sum(q.values()) for q in (await store.stats()).counts.values())
+    if existing:
+        raise ConfigError(
+            f"the demo needs an empty store, and {url} already holds {existing} task(s); "
+            "leave out --store to use a new SQLite file"
+        )
+
+
+async def _submit(store: Store, run: DemoRun, specs: list[Any], experts: int) -> None:
+    """Describe the workload, then submit it in batches of 1,000."""
+    run.total = len(specs)
+    _say(f"contend demo: {experts} experts contend for {run.total} tasks on {run.url}")
+    _say(
+        f"  workload: {sum(s.type == 'parse_logs' for s in specs)} log chunks to parse, "
+        f"{sum(s.type == 'geo_summary' for s in specs)} geo summaries (need capability 'geo'), "
+        f"{sum(s.type == 'daily_report' for s in specs)} long reports that checkpoint"
+    )
+    t0 = time.perf_counter()
+    for i in range(0, len(specs), 1000):
+        await store.submit(specs[i : i + 1000])
+    _say(f"  submitted in {time.perf_counter() - t0:.2f}s; starting experts (lease {LEASE:.0f}s)")
+
+
+async def _start_experts(run: DemoRun, experts: int, window: float) -> None:
+    profiles = [EXPERT_PROFILES[i % len(EXPERT_PROFILES)] for i in range(experts)]
+    for i, (suffix, caps, conc) in enumerate(profiles):
+        await _start_expert(run, f"demo-{suffix}{'' if i < 4 else i}", caps, conc, window)
+
+
+async def _watch(store: Store, run: DemoRun, *, kill: bool) -> float:
+    """Show progress until every task has ended (or 300 s passed), SIGKILLing one expert once
+    35 % have succeeded if *kill*; return the seconds it took."""
+    begin = time.monotonic()
+    tty = sys.stdout.isatty()
+    last_line = 0.0
+    while True:
+        counts = await _counts(store)
+        finished = sum(counts.get(s, 0) for s in ("succeeded", "failed", "dead", "cancelled"))
+        done = counts.get("succeeded", 0)
+        now = time.monotonic()
+        if kill and run.killed is None and done >= run.total * 0.35:
+            await _kill_and_say(run, store, tty)
+        if run.killed and run.recovered_at is None and run.killed_tasks:
+            await _note_recovery(run, store, now, tty)
+        rate = done / max(1e-6, now - begin)
+        live = sum(1 for p in run.procs.values() if p.returncode is None)
+        extra = f"running {counts.get('running', 0):>3}  experts {live}"
+        if tty:
+            print("\r" + _progress(done, run.total, rate, extra), end="", flush=True)
+        elif now - last_line >= 1.0:
+            _say("  " + _progress(done, run.total, rate, extra))
+            last_line = now
+        if finished >= run.total:
+            break
+        if now - begin > 300:
+            _say("\n  gave up waiting after 300s")
+            break
+        await asyncio.sleep(0.2)
+    elapsed = time.monotonic() - begin
+    if tty:
+        print()
+    return elapsed
+
+
+async def _kill_and_say(run: DemoRun, store: Store, tty: bool) -> None:
+    await _kill_one(run, store)
+    if run.killed:
+        msg = (
+            f"  !! SIGKILL {run.killed} while it held {len(run.killed_tasks)} task(s); "
+            f"its lease lapses within {LEASE:.0f}s and others take over"
+        )
+        _say(("\n" if tty else "") + msg)
+
+
+async def _note_recovery(run: DemoRun, store: Store, now: float, tty: bool) -> None:
+    """Once every task the killed expert held has ended, say how long that took."""
+    states = [(await store.get(t)).state for t in run.killed_tasks]
+    if all(s.terminal for s in states):
+        run.recovered_at = now
+        _say(
+            ("\n" if tty else "") + f"  recovered: all {len(run.killed_tasks)} task(s) of "
+            f"{run.killed} finished elsewhere {now - run.killed_at:.2f}s after the kill"
+        )
+
+
+async def _stop_experts(run: DemoRun) -> None:
+    """SIGTERM the experts still running (they drain and leave) and wait for them all."""
+    for proc in run.procs.values():
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+    await asyncio.gather(*(p.wait() for p in run.procs.values()))
+
+
+async def _clean_up(run: DemoRun, store: Store, *, remove_dir: bool) -> None:
+    """Kill any expert left, close the store, and remove the demo's own directory unless
+    ``CONTEND_DEMO_KEEP`` is set."""
+    for proc in run.procs.values():
+        if proc.returncode is None:
+            proc.kill()
+    await store.close()
+    if remove_dir and not os.environ.get("CONTEND_DEMO_KEEP"):
+        shutil.rmtree(run.workdir, ignore_errors=True)
 
 
 async def _report(store: Store, run: DemoRun, elapsed: float, wall: float) -> dict[str, Any]:

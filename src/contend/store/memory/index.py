@@ -1,0 +1,152 @@
+"""The memory store's indexes: where each task can be found without a scan of them all.
+
+* Pending tasks, per queue and per set of requirements, each group sorted by
+  (-effective priority, run_at, id), so choosing what to claim costs about O(log n) per task
+  returned.
+* Held (claimed or running) tasks, in claim order, for ``renew`` and ``expire``.
+* The ageing schedule: a heap of (promote_at, id), so ``expire`` raises only the tasks whose
+  next step is due.
+
+:meth:`TaskIndex.place` re-files a row after its state or run_at changed; the store calls it
+on every change of state.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from contend.domain.task import (
+    Capabilities,
+    Requirements,
+    TaskState,
+    aged_priority,
+    next_promotion,
+)
+from contend.store._sorted import SortedKeys
+from contend.store.memory.records import Key, Row
+
+P, C, R = TaskState.PENDING, TaskState.CLAIMED, TaskState.RUNNING
+
+#: Requirements made hashable: (tags, resources).
+ReqKey = tuple[frozenset[str], tuple[tuple[str, float], ...]]
+
+
+def req_key(req: Requirements) -> ReqKey:
+    return req.tags, tuple(sorted(req.resources.items()))
+
+
+@dataclass(slots=True)
+class Group:
+    """The pending tasks of one queue that share one set of requirements, best first."""
+
+    requirements: Requirements
+    keys: SortedKeys[Key] = field(default_factory=SortedKeys[Key])
+
+    def due(self, now: float) -> Iterator[Key]:
+        """Keys of tasks due by *now*, in claim order. Within a priority level tasks sort by
+        run_at, so the first one not yet due ends the level: jump to the next one."""
+        start: Key | None = None
+        while True:
+            for key in self.keys.iter_from(start):
+                if key[1] > now:
+                    start = (key[0], math.inf, "")
+                    break
+                yield key
+            else:
+                return
+
+    def earliest(self) -> float | None:
+        """The smallest run_at: the first key of each priority level."""
+        best: float | None = None
+        start: Key | None = None
+        while (key := self.keys.first_from(start)) is not None:
+            best = key[1] if best is None else min(best, key[1])
+            start = (key[0], math.inf, "")
+        return best
+
+
+class TaskIndex:
+    """The pending groups, the held tasks and the ageing schedule of one store."""
+
+    __slots__ = ("_groups", "_promotions", "held")
+
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[ReqKey, Group]] = {}  # queue -> requirements -> pending
+        self._promotions: list[tuple[float, str]] = []  # (promote_at, id), a heap for ageing
+        #: Ids of claimed or running tasks, in claim order.
+        self.held: dict[str, None] = {}
+
+    def place(self, tid: str, row: Row) -> None:
+        """File *row* under its current state: call it after changing its state or run_at."""
+        if row.key is not None:
+            group = self._groups[row.spec.queue][req_key(row.spec.requirements)]
+            group.keys.discard(row.key)
+            row.key = None
+        state = row.state
+        if state == P:
+            row.key = (-row.aged, row.run_at, tid)
+            heapq.heappush(self._promotions, (row.promote_at, tid))
+            groups = self._groups.setdefault(row.spec.queue, {})
+            rk = req_key(row.spec.requirements)
+            found = groups.get(rk)
+            if found is None:
+                found = groups[rk] = Group(row.spec.requirements)
+            found.keys.add(row.key)
+        if state in (C, R):
+            self.held[tid] = None
+        else:
+            self.held.pop(tid, None)
+
+    def age(self, now: float, tasks: Mapping[str, Row]) -> None:
+        """Ageing: pending tasks whose next step is due gain it (and move in the index)."""
+        heap = self._promotions
+        while heap and heap[0][0] <= now:
+            at, tid = heapq.heappop(heap)
+            row = tasks.get(tid)
+            if row is None or row.state != P or row.promote_at != at:
+                continue  # stale entry: the task left pending, or moved already
+            row.aged = aged_priority(row.spec.priority, now - row.created_at)
+            row.promote_at = next_promotion(row.spec.priority, row.aged, row.created_at)
+            self.place(tid, row)  # re-files it under its new key, queues the next step
+
+    def _runnable(self, queues: Sequence[str], caps: Capabilities) -> list[Group]:
+        """The non-empty groups of *queues* whose requirements *caps* satisfy."""
+        return [
+            group
+            for q in dict.fromkeys(queues)
+            for group in self._groups.get(q, {}).values()
+            if group.keys and caps.satisfies(group.requirements)
+        ]
+
+    def claimable(
+        self, queues: Sequence[str], caps: Capabilities, now: float, limit: int, low_lane: int = 0
+    ) -> list[str]:
+        """Up to *limit* ids of due pending tasks *caps* can run: best first by (−effective
+        priority, run_at, id), except that up to *low_lane* of them are instead the tasks due
+        the longest, whatever their priority (that part scans every due task)."""
+        groups = self._runnable(queues, caps)
+        if limit <= 0 or not groups:
+            return []
+        low_lane = min(low_lane, limit)
+        streams = [group.due(now) for group in groups]
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams)
+        keys = {key: None for _, key in zip(range(limit - low_lane), merged, strict=False)}
+        if low_lane:
+            everything = [key for group in groups for key in group.due(now)]
+            keys.update(
+                dict.fromkeys(heapq.nsmallest(low_lane, everything, key=lambda k: (k[1], k[2])))
+            )
+        return [key[2] for key in sorted(keys)]
+
+    def next_due(self, queues: Sequence[str]) -> float | None:
+        """The earliest run_at of any pending task of *queues*, due or not."""
+        due = [
+            t
+            for q in dict.fromkeys(queues)
+            for group in self._groups.get(q, {}).values()
+            if (t := group.earliest()) is not None
+        ]
+        return min(due) if due else None

@@ -1,0 +1,469 @@
+"""The memory store's facade: :class:`MemoryStore`, which applies the outcomes that
+:mod:`contend.domain.transitions` decides to rows held in a dict, and keeps the indexes of
+:mod:`contend.store.memory.index` in step."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from contend.domain import transitions as rules
+from contend.domain.scoring import TaskView
+from contend.domain.task import Capabilities, Task, TaskSpec, TaskState, next_promotion
+from contend.domain.transitions import Holding, Outcome
+from contend.errors import FencedOut, TaskNotFound
+from contend.store._common import (
+    check_batch_dependencies,
+    check_bid,
+    check_limit,
+    check_retry_delay,
+    check_ttl,
+    rank_bids,
+    sort_out,
+)
+from contend.store.memory.index import TaskIndex
+from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
+from contend.store.memory.sessions import Sessions
+from contend.store.port import (
+    Auction,
+    Backlog,
+    Claimed,
+    Completion,
+    ExpertInfo,
+    ExpertRecord,
+    Failure,
+    Heartbeat,
+    Promises,
+    StoreStats,
+    Submitted,
+)
+
+P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
+
+
+class MemoryStore:
+    """A store held in this process's memory; *clock* is injectable for tests.
+
+    Pending tasks are indexed per queue and per set of requirements (a :class:`TaskIndex`),
+    so ``peek`` and ``claim`` cost about O(log n) per task returned instead of a scan of every
+    task; owned tasks are indexed for ``renew`` and ``expire``. Every change of state goes
+    through :meth:`_set_state`, which keeps the indexes in step.
+    """
+
+    promises = Promises()  # one process: every submission is atomic
+
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
+        self.url = url
+        self._clock = clock
+        self._tasks: dict[str, Row] = {}
+        self._keys: dict[str, str] = {}
+        self._dependents: dict[str, set[str]] = {}
+        self._sessions = Sessions()
+        self._index = TaskIndex()
+        self._changed = asyncio.Event()
+        self._version = 0
+        self._seen = 0
+        self._done_times: list[float] = []
+        self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
+        self._auction_close: dict[str, float] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def now(self) -> float:
+        return self._clock()
+
+    def _touch(self) -> None:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _set_state(self, tid: str, row: Row, state: TaskState) -> None:
+        """Move *row* to *state* and keep the indexes in step. Call it after changing run_at."""
+        row.state = state
+        self._index.place(tid, row)
+
+    def _apply(
+        self, tid: str, row: Row, outcome: Outcome, now: float, *, settle: bool = True
+    ) -> None:
+        """Apply a decided outcome (``contend.domain.transitions``) to a task the caller
+        checked; owner, fence and lease of a claim are the caller's to set."""
+        row.attempts = outcome.attempts.apply(row.attempts)
+        row.run_at = outcome.run_at(row.run_at, now)
+        if outcome.error_json is not None:
+            row.error = outcome.error_json
+        if outcome.result_json is not None:
+            row.result = outcome.result_json
+        if not outcome.owned:
+            row.owner, row.lease_deadline = None, None
+        self._set_state(tid, row, outcome.state)
+        row.updated_at = now
+        record_event(row, now, outcome, row.fence)
+        if outcome.state == TaskState.SUCCEEDED:
+            self._done_times.append(now)
+        if outcome.ends and settle:
+            self._settle_dependents(tid, now)
+
+    def _settle_dependents(self, task_id: str, now: float) -> None:
+        """Tell the tasks waiting on *task_id* (and, in turn, on those it ends) that it ended."""
+        done = self._tasks[task_id]
+        todo = [(task_id, done.state)]
+        while todo:
+            tid, state = todo.pop()
+            for dep_tid in sorted(self._dependents.pop(tid, ())):
+                row = self._tasks[dep_tid]
+                if row.state != W:
+                    continue
+                outcome = rules.dependency_ended(tid, state, row.deps_left)
+                row.deps_left -= 1
+                if outcome is not None:
+                    self._apply(dep_tid, row, outcome, now, settle=False)
+                    if outcome.ends:
+                        todo.append((dep_tid, outcome.state))
+
+    # -- submission and inspection ---------------------------------------------------------
+    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        now = self._clock()
+        fresh, out = sort_out(specs, self._tasks, self._keys)
+        check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
+        born_dead: list[str] = []
+        for spec in fresh:
+            birth = rules.submitted(spec.depends_on, self._states_of(spec.depends_on))
+            left = birth.waits_on
+            row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
+            row.aged = spec.priority
+            row.promote_at = next_promotion(spec.priority, spec.priority, now)
+            row.error = birth.error_json
+            self._tasks[spec.id] = row
+            self._set_state(spec.id, row, birth.state)
+            for dep in left:
+                self._dependents.setdefault(dep, set()).add(spec.id)
+            if spec.key is not None:
+                self._keys[spec.key] = spec.id
+            if row.state == TaskState.DEAD:
+                born_dead.append(spec.id)
+        for tid in born_dead:  # batch members that wait on it were inserted before it
+            self._settle_dependents(tid, now)
+        self._touch()
+        return out
+
+    def _states_of(self, ids: Sequence[str]) -> dict[str, TaskState]:
+        """The states of those of *ids* in the store (in-batch ids are not inserted yet)."""
+        return {tid: self._tasks[tid].state for tid in ids if tid in self._tasks}
+
+    async def get(self, task_id: str, *, history: bool = False) -> Task:
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        return task_of(task_id, row, history)
+
+    async def list_tasks(
+        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    ) -> list[Task]:
+        check_limit(limit)
+        out: list[Task] = []
+        for tid in sorted(self._tasks):
+            if len(out) >= limit:
+                break
+            row = self._tasks[tid]
+            if (state is None or row.state == state) and (queue is None or row.spec.queue == queue):
+                out.append(task_of(tid, row))
+        return out
+
+    async def stats(self) -> StoreStats:
+        now = self._clock()
+        counts: dict[str, dict[str, int]] = {}
+        oldest: float | None = None
+        for row in self._tasks.values():
+            q = counts.setdefault(row.spec.queue, {})
+            q[str(row.state)] = q.get(str(row.state), 0) + 1
+            if row.state == P and row.run_at <= now:
+                age = now - row.run_at
+                oldest = age if oldest is None else max(oldest, age)
+        self._done_times = [t for t in self._done_times if t > now - 60]
+        return StoreStats(now, counts, await self.list_experts(), len(self._done_times), oldest)
+
+    async def list_experts(self) -> list[ExpertRecord]:
+        now = self._clock()
+        return self._sessions.records(now)
+
+    async def backlog(self, queues: Sequence[str]) -> Backlog:
+        now = self._clock()
+        qs = set(queues)
+        due = [
+            r.run_at
+            for r in self._tasks.values()
+            if r.state == P and r.spec.queue in qs and r.run_at <= now
+        ]
+        return Backlog(len(due), (now - min(due)) if due else None)
+
+    async def next_due(self, queues: Sequence[str]) -> float | None:
+        return self._index.next_due(queues)
+
+    # -- the claim protocol ----------------------------------------------------------------
+    async def peek(
+        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
+    ) -> list[TaskView]:
+        check_limit(limit)
+        now = self._clock()
+        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+        return [view_of(tid, self._tasks[tid]) for tid in chosen]
+
+    async def claim(
+        self,
+        expert: str,
+        session: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+        task_ids: Sequence[str] | None = None,
+        start: bool = True,
+        low_lane: int = 0,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        self._sessions.live(expert, session, now)
+        if task_ids is None:
+            chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+        else:
+            wanted = set(task_ids)
+            claimable = self._index.claimable(queues, capabilities, now, len(self._tasks))
+            chosen = [tid for tid in claimable if tid in wanted][:limit]
+        outcome = rules.claimed(expert, start=start)
+        return [
+            self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)
+            for tid in chosen
+        ]
+
+    def _hand_over(
+        self, tid: str, row: Row, expert: str, outcome: Outcome, now: float, deadline: float
+    ) -> Claimed:
+        row.owner = expert
+        row.fence += 1
+        row.lease_deadline = deadline
+        self._apply(tid, row, outcome, now)
+        return claimed_of(tid, row, deadline)
+
+    async def steal(
+        self,
+        thief: str,
+        session: str,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        *,
+        limit: int,
+        lease_ttl: float,
+    ) -> list[Claimed]:
+        check_limit(limit)
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        self._sessions.live(thief, session, now)
+        qs = set(queues)
+        loot = sorted(
+            (
+                (-row.aged, row.run_at, tid)
+                for tid, row in self._tasks.items()
+                if row.owner == victim
+                and row.state == C
+                and row.lease_deadline is not None
+                and row.lease_deadline >= now
+                and row.spec.queue in qs
+                and capabilities.satisfies(row.spec.requirements)
+            )
+        )[:limit]
+        outcome = rules.stolen(thief, victim)
+        return [
+            self._hand_over(tid, self._tasks[tid], thief, outcome, now, now + ttl)
+            for _, _, tid in loot
+        ]
+
+    async def bid(
+        self, expert: str, session: str, task_id: str, score: float, window: float
+    ) -> Auction:
+        score, window = check_bid(score, window)
+        now = self._clock()
+        self._sessions.live(expert, session, now)
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        if row.state != P:
+            return Auction(task_id, now, self._auction_close.get(task_id, now), (), open=False)
+        bids = self._bids.setdefault(task_id, {})
+        closes = self._auction_close.setdefault(task_id, now + window)
+        if expert not in bids or bids[expert][0] != score:
+            bids[expert] = (score, bids.get(expert, (score, now))[1])
+        return Auction(task_id, now, closes, rank_bids(bids))
+
+    # -- the owner's writes, each fenced ---------------------------------------------------
+    def _owned(
+        self,
+        expert: str,
+        task_id: str,
+        fence: int,
+        now: float,
+        states: frozenset[TaskState] = rules.WRITE_STATES,
+    ) -> Row | FencedOut:
+        """The row of *task_id* if *expert* may write it under *fence*, else the refusal."""
+        row = self._tasks.get(task_id)
+        holding = (
+            None if row is None else Holding(row.fence, row.owner, row.state, row.lease_deadline)
+        )
+        live = self._sessions.is_live(expert, now)
+        refused = rules.refusal(
+            task_id, fence, expert, holding, now, expert_live=live, states=states
+        )
+        if refused is not None:
+            return refused
+        assert row is not None
+        return row
+
+    def _write_each(
+        self,
+        expert: str,
+        items: Sequence[tuple[str, int]],
+        decide: Callable[[int], Outcome],
+        states: frozenset[TaskState] = rules.WRITE_STATES,
+    ) -> list[FencedOut | None]:
+        """Apply ``decide(i)`` to the i-th of *items* (task id, fence) that *expert* still
+        owns; the refusal for each one it does not."""
+        now = self._clock()
+        out: list[FencedOut | None] = []
+        for i, (tid, fence) in enumerate(items):
+            row = self._owned(expert, tid, fence, now, states)
+            if isinstance(row, FencedOut):
+                out.append(row)
+                continue
+            self._apply(tid, row, decide(i), now)
+            out.append(None)
+        return out
+
+    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
+        outcome = rules.started(expert)
+        return self._write_each(expert, items, lambda _: outcome, rules.START_STATES)
+
+    async def renew(
+        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
+    ) -> dict[str, int]:
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        e = self._sessions.live(expert, session, now)
+        e.lease_deadline = now + ttl
+        e.heartbeat_at = now
+        e.beat = beat
+        held = {}
+        for tid in self._index.held:
+            row = self._tasks[tid]
+            if (
+                row.owner == expert
+                and row.state in (C, R)
+                and row.lease_deadline is not None
+                and row.lease_deadline >= now
+            ):
+                row.lease_deadline = now + ttl
+                held[tid] = row.fence
+        return held
+
+    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        now = self._clock()
+        row = self._owned(expert, task_id, fence, now)
+        if isinstance(row, FencedOut):
+            raise row
+        row.checkpoint = state_json
+        row.updated_at = now
+
+    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
+        out = self._write_each(
+            expert,
+            [(item.task_id, item.fence) for item in items],
+            lambda i: rules.completed(expert, items[i].result_json),
+        )
+        self._touch()
+        return out
+
+    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
+        for item in items:
+            check_retry_delay(item.retry_delay)
+
+        def decide(i: int) -> Outcome:
+            item = items[i]
+            return rules.failed(expert, item.error_json, item.retry_delay, item.final_state)
+
+        out = self._write_each(expert, [(item.task_id, item.fence) for item in items], decide)
+        self._touch()
+        return out
+
+    async def release(
+        self, expert: str, items: Sequence[tuple[str, int]]
+    ) -> list[FencedOut | None]:
+        outcome = rules.released(expert)
+        out = self._write_each(expert, items, lambda _: outcome)
+        self._touch()
+        return out
+
+    # -- housekeeping and management -------------------------------------------------------
+    async def expire(self) -> int:
+        now = self._clock()
+        moved = 0
+        for tid in list(self._index.held):
+            row = self._tasks[tid]
+            if row.state in (C, R) and row.lease_deadline is not None and row.lease_deadline < now:
+                outcome = rules.expired(row.owner, row.attempts, row.spec.max_attempts)
+                self._apply(tid, row, outcome, now)
+                moved += 1
+        self._index.age(now, self._tasks)  # after the lapse: returned tasks catch up too
+        for tid in [t for t in self._bids if self._tasks[t].state != P]:
+            del self._bids[tid]
+            self._auction_close.pop(tid, None)
+        self._sessions.forget_lapsed(now - 3600)
+        if moved:
+            self._touch()
+        return moved
+
+    async def cancel(self, task_id: str) -> Task:
+        now = self._clock()
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        self._apply(task_id, row, rules.cancelled(task_id, row.state, row.owner), now)
+        self._touch()
+        return task_of(task_id, row)
+
+    async def retry(self, task_id: str) -> Task:
+        now = self._clock()
+        row = self._tasks.get(task_id)
+        if row is None:
+            raise TaskNotFound(task_id)
+        self._apply(task_id, row, rules.retried(task_id, row.state), now)
+        self._touch()
+        return task_of(task_id, row)
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        ttl = check_ttl(lease_ttl)
+        now = self._clock()
+        session, lapsed = self._sessions.register(info, now, ttl)
+        if lapsed is not None:
+            # The old session's claims end with it: a new session never inherits them.
+            for row in self._tasks.values():
+                if row.owner == info.id and row.state in (C, R) and row.lease_deadline is not None:
+                    row.lease_deadline = min(row.lease_deadline, lapsed)
+        return session
+
+    async def deregister_expert(self, expert: str, session: str) -> None:
+        self._sessions.deregister(expert, session, self._clock())
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def wait_for_change(self, timeout: float) -> None:
+        if self._version == self._seen:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        self._seen = self._version
