@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from contend.runtime.clock import SystemClock, bounded, settle_strays
+from contend.runtime.session import Session
 from contend.testing import FakeClock
 
 
@@ -48,16 +49,17 @@ async def test_the_deadline_holds_while_the_call_is_slow_to_cancel() -> None:
     assert await settle_strays(clock, 1.0) == 0
 
 
-async def test_an_event_cuts_the_wait_short() -> None:
+async def test_a_lost_session_cuts_the_wait_short() -> None:
     clock = FakeClock(0.0)
-    lost = asyncio.Event()
-    call = asyncio.create_task(bounded(clock, asyncio.Event().wait(), 10.0, unless=lost))
+    session = Session("s", 10.0, clock, clock.monotonic())
+    call = asyncio.create_task(bounded(clock, asyncio.Event().wait(), 10.0, unless=session.on_lost))
     await clock.run(1.0)
-    lost.set()
+    assert len(session.on_lost) == 1  # the call's gate, not a task waiting on the event
+    session.mark_lost("test")
     await clock.settle()
     with pytest.raises(TimeoutError):
         await call
-    assert clock() == 1.0
+    assert clock() == 1.0 and session.on_lost == set()
 
 
 async def test_an_error_of_the_call_is_raised() -> None:

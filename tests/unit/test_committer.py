@@ -35,7 +35,7 @@ class Bench:
 
     def _lose(self, session: Session, reason: str) -> None:
         self.lost.append((session, reason))
-        session.lost.set()
+        session.mark_lost("test")
         self.dropped.append(self.committer.drop(session))
 
     async def claim(self, n: int) -> tuple[Session, list[Claimed]]:
@@ -130,7 +130,7 @@ async def test_nothing_of_a_lapsed_session_is_committed(bench: Bench) -> None:
 
 async def test_outcomes_of_a_session_lost_earlier_are_dropped(bench: Bench) -> None:
     session, (a,) = await bench.claim(1)
-    session.lost.set()  # lost by another part; this outcome slipped in after
+    session.mark_lost("test")  # lost by another part; this outcome slipped in after
     bench.committer.send(Completion(a.id, a.fence, "1"), session)
     await bench.clock.settle()
     assert bench.lost == [] and bench.store.calls.get("complete", 0) == 0

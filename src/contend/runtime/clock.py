@@ -96,10 +96,15 @@ def give_up(call: asyncio.Future[Any]) -> None:
 
 
 async def bounded(
-    clock: Clock, aw: Awaitable[T], timeout: float, *, unless: asyncio.Event | None = None
+    clock: Clock,
+    aw: Awaitable[T],
+    timeout: float,
+    *,
+    unless: set[Callable[[], None]] | None = None,
 ) -> T:
     """The result of *aw*, or :class:`TimeoutError` once *timeout* seconds of *clock* have
-    passed (or as soon as *unless* is set), whatever *aw* is doing by then.
+    passed (or as soon as a callback added to *unless* is called: a session's ``on_lost``),
+    whatever *aw* is doing by then.
 
     Unlike :func:`asyncio.wait_for`, the caller does not wait for a call that overran to finish
     being cancelled: a store call stuck on a connection whose packets vanish may take many
@@ -115,10 +120,8 @@ async def bounded(
 
     call.add_done_callback(open_gate)
     timer = clock.call_later(timeout, open_gate)
-    watcher = None
     if unless is not None:
-        watcher = asyncio.ensure_future(unless.wait())
-        watcher.add_done_callback(open_gate)
+        unless.add(open_gate)
     try:
         await gate
     except asyncio.CancelledError:
@@ -127,8 +130,8 @@ async def bounded(
     finally:
         timer.cancel()
         call.remove_done_callback(open_gate)
-        if watcher is not None:
-            watcher.cancel()
+        if unless is not None:
+            unless.discard(open_gate)
     if call.done():
         return call.result()
     give_up(call)

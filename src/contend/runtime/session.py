@@ -60,6 +60,16 @@ class Session:
     renewed_at: float  # clock.monotonic() when the last successful renewal was sent
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     reason: str | None = None  # why it was lost
+    #: Called once when the session is lost: the gates of the store calls in flight under it
+    #: (a callback each costs less than a task waiting on ``lost`` for every call).
+    on_lost: set[Callable[[], None]] = field(default_factory=set, repr=False)
+
+    def mark_lost(self, reason: str) -> None:
+        self.reason = reason
+        self.lost.set()
+        for callback in list(self.on_lost):
+            callback()
+        self.on_lost.clear()
 
     @property
     def deadline(self) -> float:
@@ -86,7 +96,7 @@ class Session:
             why = self.reason or "no renewal within the lease"
             raise LeaseLost(f"{what} not sent: the lease is not safe ({why})")
         try:
-            return await bounded(self.clock, make(), self.left(), unless=self.lost)
+            return await bounded(self.clock, make(), self.left(), unless=self.on_lost)
         except TimeoutError:
             if self.lost.is_set():
                 raise LeaseLost(f"the lease was lost ({self.reason}) during {what}") from None
@@ -155,8 +165,7 @@ class LeaseKeeper:
         everything that depends on it at once. Returns whether this call lost it."""
         if session.lost.is_set():
             return False
-        session.reason = reason
-        session.lost.set()
+        session.mark_lost(reason)
         if session is self.session:
             self.ready.clear()
         self._on_lost(session)
