@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from contend.domain.task import TaskSpec, find_cycle
 from contend.errors import ConfigError, DependencyError, ExpertConflict, LeaseLost, TaskError
@@ -110,3 +111,22 @@ def live_elsewhere(expert: str, host: str, pid: int) -> ExpertConflict:
         f"expert id {expert!r} is live elsewhere (host {host or '?'}, pid {pid}); "
         "pick another --name or stop that expert"
     )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+D = TypeVar("D")
+
+
+def bind(
+    fn: Callable[Concatenate[D, P], Coroutine[Any, Any, R]], first: D
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """A port operation of a backend's facade: the part's function *fn* with its first argument
+    (the backend's database or connection) given, its other parameters as they are."""
+
+    def operation(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        return fn(first, *args, **kwargs)
+
+    operation.__name__ = operation.__qualname__ = fn.__name__
+    operation.__doc__ = fn.__doc__
+    return operation

@@ -3,23 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Task, TaskSpec, TaskState
-from contend.errors import FencedOut
+from contend.domain.task import Task
+from contend.store._common import bind
 from contend.store.port import (
-    Auction,
-    Backlog,
-    Claimed,
-    Completion,
-    ExpertInfo,
-    ExpertRecord,
-    Failure,
-    Heartbeat,
     Promises,
-    StoreStats,
-    Submitted,
+    Store,
 )
 from contend.store.postgres import (
     auctions,
@@ -72,8 +62,31 @@ class PostgresStore:
         )
         self.channel = self._db.channel
         self._wakeups = Wakeups(self._db, listen_url=listen_url, poll_interval=poll_interval)
+        db = self._db
+        # The port, operation by operation, and the module that does each.
+        self.submit = bind(submission.submit, db)  # submission.py
+        self.get = bind(inspection.get, db)  # inspection.py
+        self.list_tasks = bind(inspection.list_tasks, db)
+        self.stats = bind(inspection.stats, db)
+        self.list_experts = bind(inspection.list_experts, db)
+        self.backlog = bind(inspection.backlog, db)
+        self.next_due = bind(inspection.next_due, db)
+        self.peek = bind(claims.peek, db)  # claims.py
+        self.claim = bind(claims.claim, db)
+        self.steal = bind(claims.steal, db)
+        self.bid = bind(auctions.bid, db)  # auctions.py
+        self.start = bind(owner_writes.start, db)  # owner_writes.py
+        self.checkpoint = bind(owner_writes.checkpoint, db)
+        self.complete = bind(owner_writes.complete, db)
+        self.fail = bind(owner_writes.fail, db)
+        self.release = bind(owner_writes.release, db)
+        self.register_expert = bind(sessions.register_expert, db)  # sessions.py
+        self.renew = bind(sessions.renew, db)
+        self.deregister_expert = bind(sessions.deregister_expert, db)
+        self.expire = bind(housekeeping.expire, db)  # housekeeping.py
 
     # -- opening and closing ---------------------------------------------------------------
+
     async def open(self) -> None:
         if self._db.is_open:
             return
@@ -108,123 +121,7 @@ class PostgresStore:
     async def now(self) -> float:
         return await self._db.now()
 
-    # -- submission and inspection ---------------------------------------------------------
-    async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
-        return await submission.submit(self._db, specs)
-
-    async def get(self, task_id: str, *, history: bool = False) -> Task:
-        return await inspection.get(self._db, task_id, history=history)
-
-    async def list_tasks(
-        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
-    ) -> list[Task]:
-        return await inspection.list_tasks(self._db, state=state, queue=queue, limit=limit)
-
-    async def stats(self) -> StoreStats:
-        return await inspection.stats(self._db)
-
-    async def list_experts(self) -> list[ExpertRecord]:
-        return await inspection.list_experts(self._db)
-
-    async def backlog(self, queues: Sequence[str]) -> Backlog:
-        return await inspection.backlog(self._db, queues)
-
-    async def next_due(self, queues: Sequence[str]) -> float | None:
-        return await inspection.next_due(self._db, queues)
-
-    # -- the claim path --------------------------------------------------------------------
-    async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
-    ) -> list[TaskView]:
-        return await claims.peek(self._db, queues, capabilities, limit, low_lane=low_lane)
-
-    async def claim(
-        self,
-        expert: str,
-        session: str,
-        queues: Sequence[str],
-        capabilities: Capabilities,
-        *,
-        limit: int,
-        lease_ttl: float,
-        task_ids: Sequence[str] | None = None,
-        start: bool = True,
-        low_lane: int = 0,
-    ) -> list[Claimed]:
-        return await claims.claim(
-            self._db,
-            expert,
-            session,
-            queues,
-            capabilities,
-            limit=limit,
-            lease_ttl=lease_ttl,
-            task_ids=task_ids,
-            start=start,
-            low_lane=low_lane,
-        )
-
-    async def steal(
-        self,
-        thief: str,
-        session: str,
-        victim: str,
-        queues: Sequence[str],
-        capabilities: Capabilities,
-        *,
-        limit: int,
-        lease_ttl: float,
-    ) -> list[Claimed]:
-        return await claims.steal(
-            self._db,
-            thief,
-            session,
-            victim,
-            queues,
-            capabilities,
-            limit=limit,
-            lease_ttl=lease_ttl,
-        )
-
-    async def bid(
-        self, expert: str, session: str, task_id: str, score: float, window: float
-    ) -> Auction:
-        return await auctions.bid(self._db, expert, session, task_id, score, window)
-
-    # -- owner writes ----------------------------------------------------------------------
-    async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
-        return await owner_writes.start(self._db, expert, items)
-
-    async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
-        await owner_writes.checkpoint(self._db, expert, task_id, fence, state_json)
-
-    async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:
-        return await owner_writes.complete(self._db, expert, items)
-
-    async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
-        return await owner_writes.fail(self._db, expert, items)
-
-    async def release(
-        self, expert: str, items: Sequence[tuple[str, int]]
-    ) -> list[FencedOut | None]:
-        return await owner_writes.release(self._db, expert, items)
-
-    # -- sessions --------------------------------------------------------------------------
-    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
-        return await sessions.register_expert(self._db, info, lease_ttl)
-
-    async def renew(
-        self, expert: str, session: str, lease_ttl: float, beat: Heartbeat
-    ) -> dict[str, int]:
-        return await sessions.renew(self._db, expert, session, lease_ttl, beat)
-
-    async def deregister_expert(self, expert: str, session: str) -> None:
-        await sessions.deregister_expert(self._db, expert, session)
-
-    # -- housekeeping and management -------------------------------------------------------
-    async def expire(self) -> int:
-        return await housekeeping.expire(self._db)
-
+    # -- management ------------------------------------------------------------------------
     async def cancel(self, task_id: str) -> Task:
         await management.cancel(self._db, task_id)
         return await self.get(task_id)
@@ -239,6 +136,7 @@ class PostgresStore:
         await management.purge_all(self._db)
 
     # -- wake-ups --------------------------------------------------------------------------
+
     @property
     def listening(self) -> bool:
         """True while the LISTEN connection is up (wake-ups are pushed, not polled)."""
@@ -248,3 +146,7 @@ class PostgresStore:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the
         LISTEN connection is down (or disabled), after at most the poll interval."""
         await self._wakeups.wait_for_change(timeout)
+
+
+def _is_a_store(store: PostgresStore) -> Store:
+    return store  # mypy checks here that PostgresStore implements the whole port
