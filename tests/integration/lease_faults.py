@@ -131,3 +131,46 @@ def assert_no_overlap(effects: SideEffects, old: str, new: str) -> None:
         f"{old} ran until {last_old:.3f}, {new} from {first_new:.3f}: "
         f"{last_old - first_new:.2f}s of overlap"
     )
+
+
+async def frozen_path_run(url: str, default_port: int, label: str) -> None:
+    """The frozen-path scenario on the store at *url*: an expert reaches it through a proxy that
+    stops forwarding (packets vanish, no reset) while a rival keeps a direct path. The frozen
+    expert must stop its task within lease + one heartbeat, the rival run it after, the two
+    runs never overlap, and only the rival's result be committed."""
+    from urllib.parse import urlsplit
+
+    from contend.testing.proxy import FaultProxy
+
+    where = urlsplit(url)
+    proxy = FaultProxy(where.hostname or "127.0.0.1", where.port or default_port).start()
+    effects = SideEffects()
+    frozen_app, direct_app = make_app(proxy.url(url), effects), make_app(url, effects)
+    try:
+        async with expert(frozen_app, "frozen") as frozen:
+            handle = await frozen_app.submit("work", [60.0])
+            await until(lambda: effects.started("frozen"), 10, "the first run")
+            async with expert(direct_app, "rival") as rival:
+                proxy.freeze()
+                frozen_at = time.monotonic()
+                try:
+                    await hold_fault(effects, "frozen", rival="rival")
+                finally:
+                    proxy.unfreeze()  # what was held now reaches the store, too late
+                stopped = await stop_time(effects, "frozen", frozen_at)
+                await until(lambda: effects.started("rival"), 30, "the rival's run")
+                took_over = min(effects.of("rival")) - frozen_at
+                print(
+                    f"\n{label}, path frozen: stopped after {stopped:.2f}s, "
+                    f"the rival ran it from {took_over:.2f}s"
+                )
+                assert stopped <= STOP_WITHIN, f"ran {stopped:.2f}s into the freeze"
+                assert_no_overlap(effects, "frozen", "rival")
+                assert await asyncio.wait_for(handle.result(), 30) == "rival"
+                assert frozen.stats.tasks_done == 0 and rival.stats.tasks_done == 1
+        events = (await (await direct_app.store()).get(handle.id, history=True)).history
+        assert [e.expert for e in events if e.event == "succeeded"] == ["rival"]
+    finally:
+        await frozen_app.aclose()
+        await direct_app.aclose()
+        proxy.close()

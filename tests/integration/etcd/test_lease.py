@@ -6,17 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from urllib.parse import urlsplit
 
 import pytest
 
 from contend.testing.etcd_server import EtcdServer
-from contend.testing.proxy import FaultProxy
 from tests.integration.lease_faults import (
     STOP_WITHIN,
     SideEffects,
-    assert_no_overlap,
     expert,
+    frozen_path_run,
     hold_fault,
     make_app,
     stop_time,
@@ -27,36 +25,7 @@ pytestmark = pytest.mark.etcd
 
 
 async def test_a_frozen_path_stops_the_task_before_a_rival_takes_it(store_url: str) -> None:
-    where = urlsplit(store_url)
-    proxy = FaultProxy(where.hostname or "127.0.0.1", where.port or 2379).start()
-    effects = SideEffects()
-    frozen_app, direct_app = make_app(proxy.url(store_url), effects), make_app(store_url, effects)
-    try:
-        async with expert(frozen_app, "frozen") as frozen:
-            handle = await frozen_app.submit("work", [60.0])
-            await until(lambda: effects.started("frozen"), 10, "the first run")
-            async with expert(direct_app, "rival") as rival:
-                proxy.freeze()
-                frozen_at = time.monotonic()
-                try:
-                    await hold_fault(effects, "frozen", rival="rival")
-                finally:
-                    proxy.unfreeze()
-                stopped = await stop_time(effects, "frozen", frozen_at)
-                await until(lambda: effects.started("rival"), 30, "the rival's run")
-                took_over = min(effects.of("rival")) - frozen_at
-                print(
-                    f"\netcd, path frozen: stopped after {stopped:.2f}s, "
-                    f"the rival ran it from {took_over:.2f}s"
-                )
-                assert stopped <= STOP_WITHIN, f"ran {stopped:.2f}s into the freeze"
-                assert_no_overlap(effects, "frozen", "rival")
-                assert await asyncio.wait_for(handle.result(), 30) == "rival"
-                assert frozen.stats.tasks_done == 0 and rival.stats.tasks_done == 1
-    finally:
-        await frozen_app.aclose()
-        await direct_app.aclose()
-        proxy.close()
+    await frozen_path_run(store_url, 2379, "etcd")
 
 
 async def test_an_expert_whose_etcd_is_gone_backs_off_then_comes_back(
