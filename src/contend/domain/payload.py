@@ -73,7 +73,7 @@ def encode_json(
         ) from None
     if size > limit:
         raise PayloadError(f"{what} is {size} bytes of JSON; the limit is {limit} bytes")
-    if _nesting(text, depth):
+    if len(text) > depth and _nesting(text, depth):  # a short text cannot nest that deep
         raise _too_deep(what, depth)
     return text
 
@@ -97,7 +97,7 @@ def parse_json(text: str, what: str, depth: int = MAX_JSON_DEPTH) -> JSON:
     """Read a user's JSON *text* (an option, a line of a batch file), or raise
     :class:`PayloadError` naming *what* and the problem: not JSON (``NaN`` and ``Infinity``
     are not JSON), or nested more than *depth* levels."""
-    if _nesting(text, depth):
+    if len(text) > depth and _nesting(text, depth):  # a short text cannot nest that deep
         raise _too_deep(what, depth)
     try:
         return json.loads(text, parse_constant=_no_constant)

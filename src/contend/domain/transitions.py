@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from enum import Enum, StrEnum
 from typing import NamedTuple
 
-from contend.domain.task import OWNED_STATES, TaskState, can_move
+from contend.domain.task import OWNED_STATES, TERMINAL_STATES, TaskState, can_move
 from contend.errors import FencedOut, InvalidTransition
 
 P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
@@ -86,6 +86,7 @@ class Attempts(Enum):
 
 
 _KEEP, _COUNT, _GIVE_BACK = Attempts.KEEP, Attempts.COUNT, Attempts.GIVE_BACK
+_new = tuple.__new__
 
 
 class Outcome(NamedTuple):
@@ -116,7 +117,7 @@ class Outcome(NamedTuple):
     @property
     def ends(self) -> bool:
         """The task reached a terminal state: its dependants must be settled."""
-        return self.state.terminal
+        return self.state in TERMINAL_STATES
 
     def run_at(self, current: float, now: float) -> float:
         """The task's due time after this outcome, given its *current* one."""
@@ -184,7 +185,9 @@ def started(expert: str) -> Outcome:
 
 
 def completed(expert: str, result_json: str) -> Outcome:
-    return Outcome(SUCCEEDED, Event.SUCCEEDED, expert, result_json=result_json)
+    # every field given, straight to tuple.__new__: one of these is made per task
+    fields = (SUCCEEDED, Event.SUCCEEDED, expert, None, False, None, False, None, result_json)
+    return _new(Outcome, (*fields, _KEEP))
 
 
 def failed(

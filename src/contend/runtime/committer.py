@@ -16,7 +16,7 @@ import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from contend.errors import ContendError, FencedOut, LeaseLost
 from contend.runtime.clock import Clock
@@ -32,8 +32,10 @@ TRIES = 5
 BACKOFF = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
+class _Pending(NamedTuple):
+    """An outcome waiting to be sent, with the session it was earned under (a named tuple:
+    one is made per task)."""
+
     outcome: Outcome
     session: Session
 

@@ -60,7 +60,7 @@ def build_failure(
     )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Run:
     """One execution of a claimed task under one session; the host its context talks to."""
 
@@ -118,7 +118,7 @@ class Executor:
         self.hooks = hooks
         self.tracker = tracker
         self._deliver = deliver
-        self._on_free = on_free
+        self.on_free = on_free  # called when a run ends (a slot is free)
         self.runs: dict[str, Run] = {}
         self._ended = asyncio.Event()  # a run ended (or the drain was cut short)
         self._pool = ThreadPoolExecutor(
@@ -158,9 +158,18 @@ class Executor:
                 message = f"expert {self.name} has no task type {c.type!r}"
                 self._finish(run, build_failure(c, "UnknownTaskType", message, policy=None), None)
                 return
-            outcome, error = await self._outcome(tt, run)
+            error: BaseException | None = None
+            try:
+                result = await self._call(tt, run)
+                outcome: Outcome = Completion(
+                    c.id, c.fence, encode_json(result, f"result of task {c.id}")
+                )
+            except Exception as exc:  # (a stopped run ends with CancelledError, not here)
+                outcome, error = self._failure(tt, c, exc), exc
+                if isinstance(exc, ChildFailed):
+                    error = exc.error or exc
             seconds = self.clock.monotonic() - started
-            self.tracker.record(c.type, isinstance(outcome, Completion), seconds)
+            self.tracker.record(c.type, error is None, seconds)
             self._finish(run, outcome, error, seconds)
         finally:
             if self.runs.get(c.id) is run:
@@ -169,32 +178,21 @@ class Executor:
             # leave a cycle (run, context, asyncio task, coroutine) for the garbage collector.
             run.ctx._host = Ended(c)
             self._ended.set()
-            self._on_free()
+            self.on_free()
 
-    async def _outcome(self, tt: TaskType, run: Run) -> tuple[Outcome, BaseException | None]:
-        """Call the task; its result, or the failure the retry policy makes of what it raised.
-        A stopped run ends here with CancelledError."""
-        c = run.claimed
-        try:
-            result = await self._call(tt, run)
-            return Completion(c.id, c.fence, encode_json(result, f"result of task {c.id}")), None
-        except TimeoutError as exc:
+    @staticmethod
+    def _failure(tt: TaskType, c: Claimed, exc: Exception) -> Failure:
+        """The failure the retry policy makes of what a run raised."""
+        if isinstance(exc, TimeoutError):
             message = f"task exceeded its {c.timeout or tt.timeout}s timeout"
-            return build_failure(c, "Timeout", message, policy=tt.retry), exc
-        except PayloadError as exc:
-            return build_failure(c, "PayloadError", str(exc), policy=None), exc
-        except ChildFailed as exc:  # what the task raised in its own process
+            return build_failure(c, "Timeout", message, policy=tt.retry)
+        if isinstance(exc, PayloadError):
+            return build_failure(c, "PayloadError", str(exc), policy=None)
+        if isinstance(exc, ChildFailed):  # what the task raised in its own process
             error = exc.error or exc
-            failure = build_failure(
-                c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb
-            )
-            return failure, error
-        except Exception as exc:
-            tb = traceback.format_exc(limit=20)
-            failure = build_failure(
-                c, type(exc).__name__, str(exc), policy=tt.retry, error=exc, tb=tb
-            )
-            return failure, exc
+            return build_failure(c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb)
+        tb = traceback.format_exc(limit=20)
+        return build_failure(c, type(exc).__name__, str(exc), policy=tt.retry, error=exc, tb=tb)
 
     async def _call(self, tt: TaskType, run: Run) -> Any:
         c, ctx = run.claimed, run.ctx
@@ -212,6 +210,8 @@ class Executor:
                 )
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:
+                if timeout is None:  # no wait_for: one coroutine less per task
+                    return await tt.fn(*args, **c.kwargs)
                 return await self.clock.wait_for(tt.fn(*args, **c.kwargs), timeout)
             cv = contextvars.copy_context()
             loop = asyncio.get_running_loop()
@@ -247,7 +247,7 @@ class Executor:
         if not was_finished:
             self.hooks.on_abandoned(self.name, run.claimed, reason)
         self._ended.set()
-        self._on_free()
+        self.on_free()
 
     def abandon_session(self, session: Session, reason: str) -> int:
         """Stop every run of *session*; returns how many."""

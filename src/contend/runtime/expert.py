@@ -94,6 +94,7 @@ class _Parts:
             hooks=e.hooks,
             stopping=e._stopping,
         )
+        self.executor.on_free = self.claimer.wake  # once per task: no wrapper in between
         self.housekeeper = Housekeeper(
             store,
             e.name,

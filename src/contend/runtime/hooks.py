@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from contend.errors import FencedOut
 from contend.store.port import Claimed, Completion, Failure, Heartbeat
@@ -37,6 +37,9 @@ Outcome = Completion | Failure
 
 class Hook:
     """No-op base: override what you need."""
+
+    #: The expert's own hooks, trusted not to raise, are called without a guard.
+    _trusted: ClassVar[bool] = False
 
     def on_claimed(self, expert: str, tasks: Sequence[Claimed], attempted: int) -> None:
         """A claim call won *tasks* out of *attempted* candidates (the rest a rival won; a
@@ -105,7 +108,10 @@ class Hooks(Hook):
             if not only:
                 setattr(self, name, _nothing)
             elif len(only) == 1:
-                setattr(self, name, self._guarded(only[0], name))
+                hook = only[0]
+                # the expert's own hooks do not raise: no guard around them
+                bound = getattr(hook, name) if hook._trusted else self._guarded(hook, name)
+                setattr(self, name, bound)
 
     def _guarded(self, hook: Hook, moment: str) -> Callable[..., None]:
         method = getattr(hook, moment)
@@ -178,6 +184,8 @@ class Hooks(Hook):
 class ExpertStats(Hook):
     """An expert's counters (``expert.stats``); the heartbeat publishes them."""
 
+    _trusted: ClassVar[bool] = True
+
     claim_attempts: int = 0
     claims_won: int = 0
     tasks_done: int = 0
@@ -216,6 +224,8 @@ class ExpertStats(Hook):
 
 class TaskLog(Hook):
     """The log lines of task outcomes, on the ``contend.expert`` logger."""
+
+    _trusted: ClassVar[bool] = True
 
     def after_execute(
         self,
