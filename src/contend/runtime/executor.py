@@ -12,12 +12,10 @@ instead (``runtime.isolation``), which is killed when its run must stop.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +29,7 @@ from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
+from contend.runtime.threads import ThreadRunner
 from contend.store.port import Claimed, Completion, Failure, Store
 
 log = logging.getLogger("contend.expert")
@@ -121,9 +120,8 @@ class Executor:
         self.on_free = on_free  # called when a run ends (a slot is free)
         self.runs: dict[str, Run] = {}
         self._ended = asyncio.Event()  # a run ended (or the drain was cut short)
-        self._pool = ThreadPoolExecutor(
-            max_workers=concurrency, thread_name_prefix=f"contend-{name}"
-        )
+        self._concurrency = concurrency
+        self._threads: ThreadRunner | None = None  # started with the first sync function
 
     @property
     def load(self) -> int:
@@ -213,11 +211,13 @@ class Executor:
                 if timeout is None:  # no wait_for: one coroutine less per task
                     return await tt.fn(*args, **c.kwargs)
                 return await self.clock.wait_for(tt.fn(*args, **c.kwargs), timeout)
-            cv = contextvars.copy_context()
-            loop = asyncio.get_running_loop()
-            fut = loop.run_in_executor(self._pool, lambda: cv.run(tt.fn, *args, **c.kwargs))
+            threads = self._threads
+            if threads is None:
+                loop = asyncio.get_running_loop()
+                threads = self._threads = ThreadRunner(loop, self._concurrency, self.name)
+            fut = threads.run(tt.fn, args, c.kwargs, ctx)
             try:
-                return await self.clock.wait_for(fut, timeout)
+                return await (fut if timeout is None else self.clock.wait_for(fut, timeout))
             except TimeoutError:
                 ctx._stop("it timed out")  # a thread cannot be interrupted: tell it to stop
                 raise
@@ -296,4 +296,5 @@ class Executor:
         return left_runs
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._threads is not None:
+            self._threads.close()

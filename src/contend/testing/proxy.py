@@ -226,8 +226,10 @@ class FaultProxy:
                     if dst.can_write_eof():
                         dst.write_eof()
                     return
-                dst.write(data)
+                # counted first: the proxy runs in a thread of its own, and a client may read
+                # the bytes before a count made after the write
                 self.forwarded += len(data)
+                dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
             return
