@@ -34,6 +34,7 @@ FLAGS = {
     "--zone-margin",
     "--auction-window",
     "--prefetch",
+    "--claim-ahead",
     "--steal-ratio",
 }
 

@@ -89,14 +89,52 @@ class ClaimLoop:
         self.stopping = stopping
         self.state = SlotState.IDLE
         self.prefetched: deque[Claimed] = deque()
+        # Claimed ahead and started in the store, waiting here for a slot: filled only while
+        # runs end sooner than a claim takes (see ``ahead``), so a slot that frees is refilled
+        # at once instead of after a round trip.
+        self.ready: deque[tuple[Claimed, Session]] = deque()
+        self.claim_seconds: float | None = None  # how long a claim takes, a moving average
         self._wake = asyncio.Event()
         self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
 
     def wake(self) -> None:
-        """A slot may have freed, or something else worth a new round happened."""
+        """Something worth a new round happened."""
         self._wake.set()
+
+    def on_free(self) -> None:
+        """A run ended: fill its slot from the tasks claimed ahead, then top them up."""
+        ready = self.ready
+        if ready and not self.stopping.is_set():
+            executor, limit = self.executor, self.config.concurrency
+            while ready and executor.load < limit:
+                claimed, session = ready.popleft()
+                if session.lost.is_set():
+                    continue  # its lease went: the store hands it back
+                executor.launch(claimed, session)
+        self._wake.set()
+
+    # -- claiming ahead --------------------------------------------------------------------
+    def ahead(self) -> int:
+        """How many tasks to hold beyond the free slots: as many as end, at the runs' mean
+        duration, in two claims' time, up to ``claim_ahead`` (default: the concurrency).
+        Runs that take longer than a claim give none, so slow work is never hoarded."""
+        cfg = self.config
+        cap = cfg.concurrency if cfg.claim_ahead is None else cfg.claim_ahead
+        mean, rtt = self.executor.mean_run, self.claim_seconds
+        if cap <= 0 or mean is None or rtt is None:
+            return 0
+        return min(cap, int(2 * rtt * cfg.concurrency / max(mean, 1e-6)))
+
+    def take_ready(self) -> list[Claimed]:
+        out = [c for c, _ in self.ready]
+        self.ready.clear()
+        return out
+
+    def retain_ready(self, held: Mapping[str, int]) -> None:
+        """Forget tasks claimed ahead that the store no longer gives this expert."""
+        self.ready = deque((c, s) for c, s in self.ready if held.get(c.id) == c.fence)
 
     # -- prefetched tasks as the other parts see them ---------------------------------------
     def retain_prefetched(self, held: Mapping[str, int]) -> None:
@@ -118,7 +156,11 @@ class ClaimLoop:
         while not self.stopping.is_set():
             free = cfg.concurrency - self.executor.load
             room = cfg.prefetch - len(self.prefetched)
-            if free <= 0 and room <= 0:
+            extra = self.ahead() - len(self.ready)
+            if free > 0 and self.ready:
+                self.on_free()  # slots freed while a claim was out
+                continue
+            if free <= 0 and room <= 0 and extra <= 0:
                 self._wake.clear()
                 if cfg.concurrency - self.executor.load <= 0:
                     await self._wake.wait()
@@ -139,7 +181,7 @@ class ClaimLoop:
                 continue
             self.state = SlotState.CLAIMING
             try:
-                claimed = await self._round(session, free, room)
+                claimed = await self._round(session, free, room, max(0, extra))
             except LeaseLost as exc:
                 self.keeper.lose(session, str(exc))
                 continue
@@ -149,8 +191,10 @@ class ClaimLoop:
                 continue
             if claimed:
                 self.state = SlotState.EXECUTING
-                for c in claimed:
+                slots = cfg.concurrency - self.executor.load
+                for c in claimed[:slots]:
                     self.executor.launch(c, session)
+                self.ready.extend((c, session) for c in claimed[max(0, slots) :])
                 await asyncio.sleep(0)
                 continue
             if free <= 0:  # full, prefetch topped up: wait for a slot
@@ -166,13 +210,14 @@ class ClaimLoop:
                 log.warning("expert %s: could not read the store: %s", self.name, exc)
                 await self._pause(0.5)
 
-    async def _round(self, session: Session, free: int, room: int) -> list[Claimed]:
-        """One round under *session*: what to start now; the prefetch topped up."""
+    async def _round(self, session: Session, free: int, room: int, extra: int) -> list[Claimed]:
+        """One round under *session*: what to start now (up to *free*, plus *extra* to hold
+        ready); the prefetch topped up."""
         if free > 0 and self.prefetched:
             claimed = await self._start_prefetched(session, free)
-        elif free > 0:
-            claimed = await self._compete(session, free)
-            if not claimed:
+        elif free + extra > 0:
+            claimed = await self._compete(session, max(0, free), extra)
+            if not claimed and free > 0:
                 claimed = await self._steal(session, free)
         else:
             claimed = []
@@ -263,7 +308,11 @@ class ClaimLoop:
             start=start,
             low_lane=low_lane,
         )
+        sent = self.clock.monotonic()
         got = await session.call("a claim", claim)
+        took = self.clock.monotonic() - sent
+        last = self.claim_seconds
+        self.claim_seconds = took if last is None else last + 0.2 * (took - last)
         attempted = len(got) if task_ids is None else min(len(task_ids), limit)
         if attempted:
             self.hooks.on_claimed(self.name, got, attempted)
@@ -278,15 +327,17 @@ class ClaimLoop:
         self._lane_credit -= slots
         return slots
 
-    async def _compete(self, session: Session, free: int) -> list[Claimed]:
+    async def _compete(self, session: Session, free: int, extra: int = 0) -> list[Claimed]:
+        """Claim for *free* slots and *extra* to hold ready; auctioned types only for the
+        free slots (an auction's winner runs what it won)."""
         comp = self.competition
-        load = self.executor.load
+        load = self.executor.load + len(self.ready)
         auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
-        lane = self._lane_slots(free)
+        lane = self._lane_slots(free + extra)
         if not auctioned and not comp.race_matters(load):
-            return await self._claim(session, free, low_lane=lane)
+            return await self._claim(session, free + extra, low_lane=lane)
         # look deep enough that equally fit experts do not all reach for the same few tasks
-        depth = max(16, free * 3)
+        depth = max(16, (free + extra) * 3)
         peek = functools.partial(
             self.store.peek, self.queues, self.config.capabilities, depth, low_lane=lane
         )
@@ -296,10 +347,11 @@ class ClaimLoop:
             return []
         claimed: list[Claimed] = []
         lots = [v for v in views if v.type in auctioned]
-        if lots:
+        if lots and free > 0:
             claimed = await self._bid_and_claim(session, lots, free)
             free -= len(claimed)
         races = [v for v in views if v.type not in auctioned]
+        free += extra
         if not races or free <= 0:
             return claimed
         plan = comp.plan(races, load)

@@ -211,6 +211,16 @@ class ExpertConfig:
             flag="--prefetch",
         ),
     )
+    claim_ahead: int | None = field(
+        default=None,
+        metadata=setting(
+            "claim up to this many tasks beyond the free slots while runs end sooner than a "
+            "claim takes (0: never)",
+            bounds=Bounds(0, 10_000),
+            flag="--claim-ahead",
+            default_text="the concurrency, as run times warrant",
+        ),
+    )
     steal_ratio: float | None = field(  # None: never steal (--no-steal)
         default=1.0,
         metadata=setting(

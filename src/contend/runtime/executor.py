@@ -121,6 +121,7 @@ class Executor:
         self.runs: dict[str, Run] = {}
         self._ended = asyncio.Event()  # a run ended (or the drain was cut short)
         self._concurrency = concurrency
+        self.mean_run: float | None = None  # seconds a run takes, a moving average
         self._threads: ThreadRunner | None = None  # started with the first sync function
 
     @property
@@ -167,6 +168,8 @@ class Executor:
                 if isinstance(exc, ChildFailed):
                     error = exc.error or exc
             seconds = self.clock.monotonic() - started
+            mean = self.mean_run
+            self.mean_run = seconds if mean is None else mean + 0.05 * (seconds - mean)
             self.tracker.record(c.type, error is None, seconds)
             self._finish(run, outcome, error, seconds)
         finally:

@@ -94,7 +94,7 @@ class _Parts:
             hooks=e.hooks,
             stopping=e._stopping,
         )
-        self.executor.on_free = self.claimer.wake  # once per task: no wrapper in between
+        self.executor.on_free = self.claimer.on_free  # once per task: no wrapper in between
         self.housekeeper = Housekeeper(
             store,
             e.name,
@@ -202,7 +202,8 @@ class Expert:
         try:
             await p.claimer.run()
             left = await p.executor.drain(lambda: self.config.grace)
-            await self._release([r.claimed for r in left] + p.claimer.take_prefetched())
+            unstarted = p.claimer.take_prefetched() + p.claimer.take_ready()
+            await self._release([r.claimed for r in left] + unstarted)
         finally:
             await p.committer.close()
             housekeeping.cancel()
@@ -233,6 +234,7 @@ class Expert:
         s = self.stats
         metrics = self.competition.metrics(s.claim_attempts, s.claims_won)
         metrics["prefetched"] = len(self.parts.claimer.prefetched) if self.parts else 0
+        metrics["ready"] = len(self.parts.claimer.ready) if self.parts else 0
         metrics["stolen"] = s.stolen
         return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
 
@@ -243,7 +245,9 @@ class Expert:
         p = self.parts
         p.executor.retain(held)
         p.claimer.retain_prefetched(held)
+        p.claimer.retain_ready(held)
         known = set(p.executor.runs) | {c.id for c in p.claimer.prefetched}
+        known |= {c.id for c, _ in p.claimer.ready}
         p.housekeeper.after_renewal(session, held, known | p.committer.pending_ids())
 
     def _fatal(self, exc: ContendError) -> None:
@@ -259,6 +263,7 @@ class Expert:
         running = p.executor.abandon_session(session, "the lease was lost")
         dropped = p.committer.drop(session)
         p.claimer.take_prefetched()
+        running += len(p.claimer.take_ready())  # claimed ahead under it: never started
         self.hooks.on_lease_lost(self.name, session.reason or "", running, dropped)
 
     async def _release(self, unfinished: list[Claimed]) -> None:

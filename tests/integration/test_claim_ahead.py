@@ -1,0 +1,100 @@
+"""Claiming ahead of short runs, on a real SQLite file: fewer claims for short tasks, none held
+for slow ones, and nothing held is left behind when the expert stops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contend import App, Hook, TaskContext, TaskState
+from contend.store.port import Claimed
+from tests.integration.test_runtime import eventually, expert
+
+
+class Claims(Hook):
+    """Counts claim calls that got something, and the most tasks held ready at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.tasks = 0
+
+    def on_claimed(self, expert: str, tasks: Sequence[Claimed], attempted: int) -> None:
+        if tasks:
+            self.calls += 1
+            self.tasks += len(tasks)
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[App]:
+    app = App(f"sqlite:///{tmp_path / 'ahead.db'}")
+
+    @app.task
+    async def quick(n: int) -> int:
+        return n
+
+    @app.task
+    async def slow(ctx: TaskContext, n: int) -> str:
+        await asyncio.sleep(0.3)
+        return ctx.expert
+
+    yield app
+    await app.aclose()
+
+
+async def _drain(app: App, n: int, **config: Any) -> Claims:
+    hook = Claims()
+    async with expert(app, name="solo", concurrency=2, hooks=[hook], **config):
+        handles = [await app.submit("quick", [i]) for i in range(n)]
+        assert [await h.result(timeout=30) for h in handles] == list(range(n))
+    return hook
+
+
+async def test_short_runs_are_claimed_in_fewer_larger_batches(app: App) -> None:
+    # Submitted first, then drained: the claims, not the submissions, set the pace.
+    off = await _drain(app, 300, claim_ahead=0)
+    on = await _drain(app, 300)
+    assert off.tasks == on.tasks == 300
+    assert max(1, off.tasks // off.calls) <= 2  # never more than the free slots
+    assert on.calls < off.calls * 0.75, (on.calls, off.calls)
+
+
+async def test_slow_runs_are_never_held_back_from_a_rival(app: App) -> None:
+    held: list[int] = []
+    async with (
+        expert(app, name="a", concurrency=1) as a,
+        expert(app, name="b", concurrency=1) as b,
+    ):
+        await eventually(lambda: _both_see(a, b))
+        handles = [await app.submit("slow", [i]) for i in range(6)]
+        results = asyncio.gather(*(h.result(timeout=30) for h in handles))
+        while not results.done():
+            held.append(_held(a) + _held(b))
+            await asyncio.sleep(0.02)
+        owners = await results
+    assert max(held) == 0
+    assert sorted(owners) == ["a", "a", "a", "b", "b", "b"], owners
+
+
+def _held(e: Any) -> int:
+    return len(e.parts.claimer.ready)
+
+
+async def _both_see(a: Any, b: Any) -> bool:
+    return len(a.competition.rivals()) == 1 and len(b.competition.rivals()) == 1
+
+
+async def test_a_stop_gives_back_what_was_held(app: App) -> None:
+    async with expert(app, name="solo", concurrency=2) as e:
+        handles = [await app.submit("quick", [i]) for i in range(2_000)]
+        await eventually(lambda: _holds(e))
+    store = await app.store()
+    states = [(await store.get(h.id)).state for h in handles]
+    assert not {TaskState.RUNNING, TaskState.CLAIMED} & set(states)
+
+
+async def _holds(e: Any) -> bool:
+    return bool(e.parts.claimer.ready)
