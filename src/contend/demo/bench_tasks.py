@@ -1,4 +1,8 @@
-"""Task types for ``contend bench``: as cheap as a task can be, to measure the machinery."""
+"""Task types for ``contend bench``: as cheap as a task can be, to measure the machinery.
+
+Each comes as a coroutine function and as a plain function (``*_sync``): most users write
+plain functions, and an expert runs those differently (off its event loop), so both are
+measured."""
 
 from __future__ import annotations
 
@@ -17,4 +21,15 @@ async def noop() -> None:
 @app.task
 async def stamp() -> float:
     """Returns when it started, on this host's clock (the same clock the SQLite store uses)."""
+    return time.time()
+
+
+@app.task
+def noop_sync() -> None:
+    return None
+
+
+@app.task
+def stamp_sync() -> float:
+    """:func:`stamp` as a plain function."""
     return time.time()
