@@ -1,6 +1,6 @@
 """``python -m benchmarks.sustained.chart RESULTS.json OUT.svg``: the sustained-load chart,
 pickup latency p50 and p99 per 10-s window for every run, the held-back stretch shaded, and the
-store's size beside it. matplotlib where the bench virtualenv has it; otherwise a small SVG
+store's size beside it; windows some of whose tasks never started are shaded red. matplotlib where the bench virtualenv has it; otherwise a small SVG
 written by hand (p99 lines only)."""
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ def with_matplotlib(data: dict[str, Any], out: Path) -> None:
         if "hold_began" in r and "hold_ended" in r:
             for ax in (lat, size):
                 ax.axvspan(r["hold_began"], r["hold_ended"], color="0.85", zorder=0)
+        for w in r["windows"]:  # windows some of whose tasks never started
+            if w["not_started"]:
+                lat.axvspan(w["t"], w["t"] + 10, color="#d62728", alpha=0.12, zorder=0, lw=0)
+        lat.set_xlim(0, r["duration_s"])
         lat.set_yscale("log")
         lat.set_ylabel("ms")
         lat.set_title(_label(r) + f": {r['done']:,} of {r['submitted']:,} done", fontsize=9)
@@ -46,10 +50,10 @@ def with_matplotlib(data: dict[str, Any], out: Path) -> None:
     axes[-1][1].set_xlabel("s")
     fig.suptitle(
         f"Pickup latency at {data['rate']:,.0f} tasks/s ({data['measured_at']}, {data['commit']};"
-        " grey: cleanup held back)",
+        " grey: cleanup held back; red: windows with tasks never started)",
         fontsize=10,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out, format="svg")
 
 
