@@ -21,6 +21,7 @@ def with_matplotlib(data: dict[str, Any], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: a smaller file
     import matplotlib.pyplot as plt
 
     results = data["results"]
