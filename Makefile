@@ -1,9 +1,15 @@
-.PHONY: demo test bench lint bad-input-table
+.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table
 demo:            ## install into .venv and run the demo on the embedded SQLite store
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
 	scripts/test.sh
-bench:           ## run every backend's benchmark and rewrite docs/benchmarks.md
-	scripts/bench.sh
+bench:           ## run every benchmark and rewrite docs/benchmarks.md (QUICK=1: a short run)
+	scripts/bench.sh $(if $(QUICK),--quick)
+bench-peers:     ## contend against PgQueuer, Procrastinate and Huey, same run (QUICK=1: short)
+	scripts/bench-venv.sh >/dev/null
+	PYTHONPATH=src .venv/bin/python -m benchmarks.peers $(if $(QUICK),--quick) --backends sqlite,postgresql,etcd
+bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuum (QUICK=1: 60 s)
+	scripts/bench-venv.sh >/dev/null
+	PYTHONPATH=src .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
 bad-input-table: ## run every bad-input case and rewrite its table in docs/reliability.md
 	PYTHONPATH=src .venv/bin/python scripts/bad-input-table.py

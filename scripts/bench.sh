@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Every backend's benchmark, one after the other on this machine, into docs/benchmarks.md:
-# SQLite (temporary files), PostgreSQL (the local server, or CONTEND_BENCH_PG), and etcd (a
-# throwaway etcd 3.5 started for the run).
+# Every benchmark, one after the other on this machine, into docs/benchmarks.md (and JSON
+# beside it): `contend bench` per backend, SQLite (temporary files), PostgreSQL (the local
+# server, or CONTEND_BENCH_PG), etcd (a throwaway etcd 3.5 started for the run); then contend
+# against its peers (benchmarks/peers) and the sustained-load run (benchmarks/sustained), the
+# peers from PyPI in the throwaway .bench-venv.
+#
+# `scripts/bench.sh --quick` (`make bench QUICK=1`): a short run of each, about 30 minutes
+# (the full run takes 2-3 hours, most of it the sustained-load runs of 10 minutes each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=""
+if [ "${1:-}" = "--quick" ] || [ -n "${BENCH_QUICK:-}" ]; then
+    quick="--quick"
+fi
 scripts/venv.sh dev,postgres,etcd
 scripts/install-etcd.sh
-.venv/bin/contend bench
-.venv/bin/contend bench --store "${CONTEND_BENCH_PG:-postgresql://127.0.0.1:5432/test}" \
+scripts/bench-venv.sh >/dev/null
+export PYTHONPATH="$PWD/src"
+.venv/bin/contend bench $quick
+.venv/bin/contend bench $quick --store "${CONTEND_BENCH_PG:-postgresql://127.0.0.1:5432/test}" \
     --concurrency 64 --processes 1,2,4
 # etcd allows 128 operations per transaction by default; raised here so that one transaction
 # claims or commits ~200 tasks instead of ~25, and its Go garbage collector runs a quarter as
 # often (GOGC=400) (docs/etcd.md, "Running etcd for contend").
 GOGC=400 .venv/bin/python -m contend.testing.etcd_server --max-txn-ops=1024 -- \
-    .venv/bin/contend bench --store "{url}/bench?max_txn_ops=1024" --concurrency 512
+    .venv/bin/contend bench $quick --store "{url}/bench?max_txn_ops=1024" --concurrency 512
+.venv/bin/python -m benchmarks.peers $quick --backends sqlite,postgresql,etcd
+.venv/bin/python -m benchmarks.sustained $quick

@@ -5,11 +5,17 @@ Everything runs in one go on this machine, so the figures can be compared side b
 * submit throughput, one task per call and in batches of 1,000;
 * drain throughput of N no-op tasks with 1 and 2 expert processes (from the moment the batch
   is committed to the last completion, as the store recorded it);
-* submit-to-start latency on an idle system (p50/p99 of 300 tasks sent one at a time);
+* submit-to-start latency on an idle system (p50/p99 of 300 tasks sent one at a time), and how
+  long one ``submit`` call of one task took (p50);
 * an expert's peak resident memory after 1,000 and after N tasks (it must not grow with the
   number of tasks processed).
 
-Results go to ``docs/benchmarks.json`` (keyed by backend) and ``docs/benchmarks.md``.
+The task bodies are coroutine functions by default; ``--body sync`` measures plain functions,
+which an expert runs off its event loop.
+
+Results go to ``docs/benchmarks.json`` (keyed by backend) and ``docs/benchmarks.md``. Other
+benchmarks put their own sections into that page between ``<!-- begin NAME -->`` and
+``<!-- end NAME -->`` lines; rewriting the page keeps those sections.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -51,6 +58,11 @@ class Bench:
         self.concurrency: int = args.concurrency
         self.results: dict[str, Any] = {}
         self._count = 0
+        # the task bodies: coroutine functions, or plain ones (--body sync)
+        self.body: str = getattr(args, "body", "async")
+        self.app: str = getattr(args, "app", APP)  # MODULE:APP the experts run
+        self.noop = bt.noop_sync if self.body == "sync" else bt.noop
+        self.stamp = bt.stamp_sync if self.body == "sync" else bt.stamp
 
     def url(self) -> str:
         """A fresh store for each measurement."""
@@ -79,7 +91,7 @@ class Bench:
                     "--log-level",
                     "WARNING",
                     "expert",
-                    APP,
+                    self.app,
                     "--store",
                     url,
                     "--name",
@@ -134,9 +146,9 @@ class Bench:
             single = 500 if self.args.quick else 2_000
             t = time.perf_counter()
             for _ in range(single):
-                await store.submit([bt.app.build_spec(bt.noop)])
+                await store.submit([bt.app.build_spec(self.noop)])
             one = single / (time.perf_counter() - t)
-            specs = [bt.app.build_spec(bt.noop) for _ in range(self.n)]
+            specs = [bt.app.build_spec(self.noop) for _ in range(self.n)]
             t = time.perf_counter()
             for i in range(0, len(specs), 1_000):
                 await store.submit(specs[i : i + 1_000])
@@ -156,7 +168,7 @@ class Bench:
             # writes a big submission in several transactions (etcd) must not get a head start.
             per_s = float(self.results.get("submit_batch_per_s") or 2_000)
             lead = 0.5 + 1.5 * self.n / per_s
-            specs = [bt.app.build_spec(bt.noop, delay=lead) for _ in range(self.n)]
+            specs = [bt.app.build_spec(self.noop, delay=lead) for _ in range(self.n)]
             await store.submit(specs)
             ends = [await store.get(specs[i].id) for i in (0, -1)]
             t0 = min(t.run_at for t in ends)
@@ -176,18 +188,21 @@ class Bench:
             f"(concurrency {self.concurrency}): {rate:,.0f} tasks/s"
         )
 
-    async def latency(self) -> None:
+    async def latency(self, processes: int = 1, concurrency: int = 8) -> None:
         url, store = await self.fresh()
-        procs = await self.experts(url, 1, concurrency=8)
+        procs = await self.experts(url, processes, concurrency=concurrency)
         samples: list[float] = []
+        calls: list[float] = []
         try:
-            await self.wait_live(store, 1, procs)
+            await self.wait_live(store, processes, procs)
             count = 100 if self.args.quick else 300
             warm_up = 20  # the first tasks open connections and warm caches: not counted
             for n in range(warm_up + count):
                 # a random gap so the submit lands anywhere in the expert's wait cycle
                 await asyncio.sleep(random.uniform(0.0, 0.01))
-                (sub,) = await store.submit([bt.app.build_spec(bt.stamp)])
+                began = time.perf_counter()
+                (sub,) = await store.submit([bt.app.build_spec(self.stamp)])
+                call = time.perf_counter() - began
                 while True:
                     task = await store.get(sub.id)
                     if task.state == TaskState.SUCCEEDED:
@@ -195,6 +210,7 @@ class Bench:
                     await store.wait_for_change(0.05)
                 if n >= warm_up:
                     samples.append((float(task.result) - task.created_at) * 1000)
+                    calls.append(call * 1000)
         finally:
             await self.stop(procs)
             await store.close()
@@ -203,8 +219,10 @@ class Bench:
         p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
         self.results["latency_p50_ms"] = round(p50, 2)
         self.results["latency_p99_ms"] = round(p99, 2)
+        self.results["submit_call_p50_ms"] = round(statistics.median(calls), 2)
         _say(
-            f"  idle submit-to-start latency over {len(samples)} tasks: p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+            f"  idle submit-to-start latency over {len(samples)} tasks: p50 {p50:.2f} ms, "
+            f"p99 {p99:.2f} ms; one submit call p50 {statistics.median(calls):.2f} ms"
         )
 
     async def memory(self) -> None:
@@ -213,10 +231,10 @@ class Bench:
         try:
             await self.wait_live(store, 1, [proc])
             first = 1_000
-            await store.submit([bt.app.build_spec(bt.noop) for _ in range(first)])
+            await store.submit([bt.app.build_spec(self.noop) for _ in range(first)])
             await self.wait_done(store, first)
             after_first = _peak_rss_kib(proc.pid)
-            rest = [bt.app.build_spec(bt.noop) for _ in range(self.n - first)]
+            rest = [bt.app.build_spec(self.noop) for _ in range(self.n - first)]
             for i in range(0, len(rest), 5_000):
                 await store.submit(rest[i : i + 5_000])
             await self.wait_done(store, self.n)
@@ -287,12 +305,14 @@ async def run_bench(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(bench.tmp, ignore_errors=True)
     if not args.quick:
-        _write(Path(args.out), backend, bench.results, bench.n, bench.concurrency)
+        _write(Path(args.out), backend, bench.results, bench.n, bench.concurrency, bench.body)
         _say(f"wrote {args.out} and {Path(args.out).with_suffix('.json')}")
     return 0
 
 
-def _write(md_path: Path, backend: str, results: dict[str, Any], n: int, concurrency: int) -> None:
+def _write(
+    md_path: Path, backend: str, results: dict[str, Any], n: int, concurrency: int, body: str
+) -> None:
     json_path = md_path.with_suffix(".json")
     data: dict[str, Any] = {}
     if json_path.exists():
@@ -302,11 +322,33 @@ def _write(md_path: Path, backend: str, results: dict[str, Any], n: int, concurr
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "tasks": n,
         "expert_concurrency": concurrency,
+        "task_body": body,
         **results,
     }
     md_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    md_path.write_text(render_markdown(data))
+    kept = marked_sections(md_path.read_text()) if md_path.exists() else []
+    md_path.write_text(render_markdown(data) + "".join("\n" + block + "\n" for block in kept))
+
+
+_SECTION = re.compile(r"^<!-- begin (\S+) -->\n.*?^<!-- end \1 -->$", re.M | re.S)
+
+
+def marked_sections(text: str) -> list[str]:
+    """The sections other benchmarks wrote into the page, each between a
+    ``<!-- begin NAME -->`` and an ``<!-- end NAME -->`` line, in page order."""
+    return [m.group(0) for m in _SECTION.finditer(text)]
+
+
+def put_section(text: str, name: str, body: str) -> str:
+    """*text* with the section *name* replaced by *body* (appended if it has none)."""
+    block = f"<!-- begin {name} -->\n{body.strip()}\n<!-- end {name} -->"
+    pattern = re.compile(
+        rf"^<!-- begin {re.escape(name)} -->\n.*?^<!-- end {re.escape(name)} -->$", re.M | re.S
+    )
+    if pattern.search(text):
+        return pattern.sub(lambda _: block, text, count=1)
+    return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
 #: The targets the project's issues set for this 2-core machine: (key, backend, test, text).
@@ -328,6 +370,7 @@ ROWS = [
     ("drain_4p_per_s", "drain, 4 expert processes (tasks/s)"),
     ("latency_p50_ms", "idle submit-to-start p50 (ms)"),
     ("latency_p99_ms", "idle submit-to-start p99 (ms)"),
+    ("submit_call_p50_ms", "one submit call of one task, p50 (ms)"),
     ("rss_peak_after_1k_mib", "expert peak RSS after 1,000 tasks (MiB)"),
     ("rss_peak_after_20k_mib", "expert peak RSS after 20,000 tasks (MiB)"),
     ("rss_growth_ratio", "memory growth, 1k → 20k tasks (×)"),
@@ -371,6 +414,9 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines += [
         "| expert concurrency | "
         + " | ".join(str(data[b].get("expert_concurrency", "")) for b in backends)
+        + " |",
+        "| task body | "
+        + " | ".join(str(data[b].get("task_body", "async")) for b in backends)
         + " |",
         "| measured (UTC) | " + " | ".join(data[b]["measured_at"] for b in backends) + " |",
         "",

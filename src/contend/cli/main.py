@@ -96,6 +96,12 @@ def _add_bench(sub: Subcommands) -> None:
         default=32,
         help="each bench expert's concurrency (default 32)",
     )
+    b.add_argument(
+        "--body",
+        choices=["async", "sync"],
+        default="async",
+        help="the no-op tasks as coroutine functions or as plain functions (default async)",
+    )
     b.set_defaults(func=cmd_bench)
 
 

@@ -1,0 +1,3 @@
+from benchmarks.sustained.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""The benchmark harnesses' own logic, in seconds: how ``contend bench`` keeps other
+benchmarks' sections of its page, the order the peers benchmark measures in, and the figures
+the sustained-load run derives from its stamps. The benchmarks themselves run by ``make bench``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from benchmarks.peers.run import System, ratios, systems
+from benchmarks.sustained.chart import by_hand
+from benchmarks.sustained.driver import Plan, recovery, summarise
+from benchmarks.sustained.report import markdown as sustained_markdown
+
+from contend.cli import bench
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_put_section_appends_then_replaces_only_its_own_block() -> None:
+    page = "# Benchmarks\n\ntext\n"
+    page = bench.put_section(page, "peers", "first")
+    page = bench.put_section(page, "sustained", "other")
+    page = bench.put_section(page, "peers", "second\nline")
+    assert page.count("<!-- begin peers -->") == 1
+    assert "first" not in page and "second\nline" in page and "other" in page
+    assert bench.marked_sections(page) == [
+        "<!-- begin peers -->\nsecond\nline\n<!-- end peers -->",
+        "<!-- begin sustained -->\nother\n<!-- end sustained -->",
+    ]
+
+
+def test_rewriting_the_bench_page_keeps_the_marked_sections(tmp_path: Path) -> None:
+    md = tmp_path / "benchmarks.md"
+    md.write_text(bench.put_section("# old page\n", "peers", "| peer table |"))
+    results = {"drain_2p_per_s": 1000, "latency_p99_ms": 3.0, "submit_call_p50_ms": 0.5}
+    bench._write(md, "sqlite", results, 100, 8, "sync")
+    text = md.read_text()
+    assert "# old page" not in text  # the page itself is rewritten…
+    assert "| peer table |" in text  # …the section kept
+    assert "| task body | sync |" in text and "one submit call of one task" in text
+
+
+def test_peers_take_turns_with_contend_and_every_shape_is_measured() -> None:
+    order = systems(["sqlite", "postgresql"], ["pgqueuer", "procrastinate", "huey-sqlite"])
+    kinds = [s.kind for s in order]
+    assert kinds[:5] == ["contend", "huey-sqlite", "contend", "contend", "contend"]
+    assert kinds[5:9] == ["contend", "pgqueuer", "contend", "procrastinate"]
+    shapes = {(s.backend, s.body, s.concurrency) for s in order if s.kind == "contend"}
+    assert shapes == {
+        (b, body, c)
+        for b, tuned in (("sqlite", 32), ("postgresql", 64))
+        for body in ("sync", "async")
+        for c in (8, tuned)
+    }
+
+
+def test_ratios_compare_each_contend_shape_with_the_peers_of_its_backend() -> None:
+    c = System("contend postgresql async 2×8", "contend", "postgresql")
+    c.runs = [{"drain_per_s": 3000, "cpu_us": 100}, {"drain_per_s": 1000, "cpu_us": 300}]
+    p = System("pgqueuer", "pgqueuer", "postgresql", runs=[{"drain_per_s": 1000, "cpu_us": 400}])
+    h = System("huey-sqlite", "huey-sqlite", "sqlite", runs=[{"drain_per_s": 10, "cpu_us": 1}])
+    (row,) = ratios([c, p, h])
+    assert row["peer"] == "pgqueuer"
+    assert row["drain_per_s"] == 2.0 and row["cpu_us"] == 0.5  # medians 2000 / 1000, 200 / 400
+    assert row["latency_p99_ms"] is None  # no figure, no ratio
+
+
+def test_sustained_figures_per_window_and_recovery_after_the_hold() -> None:
+    plan = Plan(rate=10, duration=40.0, hold=True)
+    submits = [i / 10 for i in range(400)]
+
+    # 1 ms pickup, 500 ms while held (10-20 s), 1 ms again from 23 s; the last task never starts
+    def pickup(s: float) -> float:
+        return 0.5 if 10 <= s < 23 else 0.001
+
+    started = [(s, s + pickup(s)) for s in submits[:-1]]
+    marks = {"hold_began": 10.0, "hold_ended": 20.0}
+    out = summarise("x", plan, submits, started, [{"t": 0, "bytes": 1}], marks)
+    assert [w["submitted"] for w in out["windows"]] == [100] * 4
+    assert out["windows"][3]["not_started"] == 1 and out["done"] == 399
+    assert out["windows"][0]["p99_ms"] == 1.0 and out["windows"][1]["p50_ms"] == 500.0
+    assert out["recovery_s"] == 3.0
+    lat = [(s, (st - s) * 1000) for s, st in started]
+    assert recovery([(s, 500.0 if s >= 10 else ms) for s, ms in lat], 10.0, 20.0, 40.0) is None
+
+
+def test_sustained_report_and_hand_drawn_chart(tmp_path: Path) -> None:
+    plan = Plan(rate=10, duration=20.0)
+    submits = [i / 10 for i in range(200)]
+    run = summarise("contend sqlite async 2×8", plan, submits, [(s, s + 0.002) for s in submits],
+                    [{"t": 0, "bytes": 2**20}, {"t": 20, "bytes": 3 * 2**20}], {})  # fmt: skip
+    summary = {"measured_at": "now", "commit": "abc", "rate": 10.0, "duration_s": 20.0,
+               "quick": True, "machine_json_per_s_before": 1, "machine_json_per_s_after": 2,
+               "loadavg_before": 0.1, "loadavg_after": 0.2, "results": [run]}  # fmt: skip
+    text = sustained_markdown(summary, "sustained.svg")
+    assert "| 200 / 200 | 2.0 | 2.0 |" in text and "1.0 → 3.0 → 3.0" in text
+    by_hand(summary, tmp_path / "c.svg")
+    assert ET.parse(tmp_path / "c.svg").getroot().tag.endswith("svg")
+
+
+def test_the_benchmark_commands_parse_their_options() -> None:
+    for module in ("benchmarks.peers", "benchmarks.sustained"):
+        done = subprocess.run(
+            [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert "--quick" in done.stdout
