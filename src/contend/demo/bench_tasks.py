@@ -19,12 +19,6 @@ async def noop() -> None:
 
 
 @app.task
-def sync_noop() -> None:
-    """The same, as the plain function most users write: it runs in a worker thread."""
-    return None
-
-
-@app.task
 async def stamp() -> float:
     """Returns when it started, on this host's clock (the same clock the SQLite store uses)."""
     return time.time()
@@ -32,6 +26,7 @@ async def stamp() -> float:
 
 @app.task
 def noop_sync() -> None:
+    """:func:`noop` as the plain function most users write: it runs in a worker thread."""
     return None
 
 
