@@ -49,8 +49,10 @@ class EtcdStore:
         timeout: float | None = None,
         max_txn_ops: int | None = None,
         compact_after: float | None = None,
+        create: bool = True,
     ) -> None:
         self.url = url
+        self._create = create  # False: open an existing store only (read-only commands)
         o = Options.of(url, timeout=timeout, max_txn_ops=max_txn_ops, compact_after=compact_after)
         self.options = o
         self.host, self.port = o.host, o.port
@@ -132,6 +134,12 @@ class EtcdStore:
                 raise SchemaError(
                     f"etcd prefix {p.decode()!r} at {self.host}:{self.port} holds keys that "
                     "are not a contend store; pick another prefix (etcd://host:port/prefix)"
+                )
+            if not self._create:
+                raise SchemaError(
+                    f"etcd prefix {p.decode()!r} at {self.host}:{self.port} is empty: it is "
+                    "not (yet) a contend store; submitting a task or starting an expert "
+                    "creates one (or check --store)"
                 )
             # A new store's meta key names it: one made again at the same place is another one.
             want = json.dumps({"schema": SCHEMA_VERSION, "store": uuid.uuid4().hex}).encode()

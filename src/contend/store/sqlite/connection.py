@@ -51,8 +51,11 @@ class Database:
         self._where = os.path.abspath(path)  # the same file if the process changes directory
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
 
-    async def open(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
-        """Connect, then run *prepare* (create or check the schema) while busy-retrying."""
+    async def open(
+        self, prepare: Callable[[sqlite3.Connection], None], *, create: bool = True
+    ) -> None:
+        """Connect, then run *prepare* (create or check the schema) while busy-retrying. Unless
+        *create*, a file that does not exist is not made (SchemaError)."""
         if self._db is not None:
             return
         directory = os.path.dirname(self._where)
@@ -60,6 +63,8 @@ class Database:
             raise ConfigError(
                 f"directory {directory!r} of SQLite store {self.path!r} does not exist"
             )
+        if not create and not os.path.exists(self._where):
+            raise SchemaError(not_yet(self.path, "does not exist"))
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -155,6 +160,14 @@ class Database:
 
         result = await self.retry(run)
         return result
+
+
+def not_yet(path: str, what: str = "is empty") -> str:
+    """The message for a read-only command given a file that holds no store yet."""
+    return (
+        f"{path!r} {what}: it is not (yet) a contend store; submitting a task or starting "
+        "an expert creates one (or check --store)"
+    )
 
 
 def is_busy(exc: sqlite3.Error) -> bool:
