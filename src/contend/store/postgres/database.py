@@ -23,6 +23,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from contend.errors import SchemaError, StoreError
+from contend.store._cancel import cancels, check_wanted
 from contend.store.postgres.url import safe
 
 T = TypeVar("T")
@@ -132,13 +133,17 @@ class Database:
 
     async def run(self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = True) -> T:
         """Run *fn* on a pooled connection (in a transaction when *tx*), retrying with back-off
-        on connection loss, serialization failures and deadlocks; give up after the deadline."""
+        on connection loss, serialization failures and deadlocks; give up after the deadline.
+        A call whose caller gave up (cancelled it) tries no more, even when the cancellation
+        was swallowed on the way (``pool.check()`` does: see ``store._cancel``)."""
         if self._pool is None:
             raise StoreError("the PostgreSQL store is not open (call await store.open())")
         pool = self._pool
         deadline = time.monotonic() + self.retry_deadline
         pause = 0.05
+        since = cancels()
         while True:
+            check_wanted(since)
             try:
                 async with pool.connection() as conn:
                     if tx:

@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
+from contend.store._cancel import cancels, check_wanted
 from contend.store.sqlite.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -97,10 +98,13 @@ class Database:
 
     # -- the write discipline --------------------------------------------------------------
     async def retry(self, fn: Callable[[], T]) -> T:
-        """Run *fn*, retrying after a short random pause while the database is busy."""
+        """Run *fn*, retrying after a short random pause while the database is busy; not
+        once its caller gave up on it (cancelled it), whatever swallowed the cancellation."""
         deadline = time.monotonic() + self.busy_deadline
         pause = 0.0002
+        since = cancels()
         while True:
+            check_wanted(since)
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
