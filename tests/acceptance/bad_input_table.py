@@ -93,6 +93,7 @@ def prepare(workdir: Path) -> Env:
     for name, data in BATCHES.items():
         (workdir / name).write_bytes(data)
     (workdir / "notes.db").write_text("these are my notes, not a database\n" * 50)
+    (workdir / "empty.db").touch()
     with sqlite3.connect(workdir / "other.db") as conn:
         conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
         conn.execute("INSERT INTO users (name) VALUES ('ada')")
@@ -267,6 +268,10 @@ CASES: list[Case] = [
     py("`ExpertConfig(concurrency=0)`", "concurrency must be between 1 and 10000", "ConfigError", lambda env, app: _call(ExpertConfig(concurrency=0).validate)),
     py("`store.retry` of a running task", "it is running", "InvalidTransition", lambda env, app: _store_call(env, lambda s: s.retry(env.running))),
     py("`store.get` of a missing id", "no task with id 'nope'", "TaskNotFound", lambda env, app: _store_call(env, lambda s: s.get("nope"))),
+    # -- a read-only command given a file that is no store yet: refused, the file left as it is
+    cli("a 0-byte file given to `status`", "'empty.db' is empty: it is not (yet) a contend store", "status", S, "sqlite:///empty.db", proof="file:empty.db"),
+    cli("a 0-byte file given to `tasks list`", "'empty.db' is empty: it is not (yet) a contend store", "tasks", "list", S, "sqlite:///empty.db", proof="file:empty.db"),
+    cli("a store file that does not exist, to `tasks show`", "does not exist: it is not (yet) a contend store", "tasks", "show", "nope", S, "sqlite:///{dir}/absent.db", proof="dir"),
 ]  # fmt: skip
 
 
@@ -290,7 +295,9 @@ class Outcome:
 
 def _cli_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # absolute: the CLI runs in the work directory, where a relative entry (src) names nothing
+    given = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *given])
     env.pop("CONTEND_STORE", None)
     return env
 

@@ -224,3 +224,33 @@ def test_listing_json_carries_the_promised_fields(seeded: tuple[str, Path]) -> N
     for field in ("id", "type", "state", "attempts", "fence", "owner", "result", "error"):
         assert field in task
     assert task["state"] == "pending"
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["status", "--json"], ["tasks", "list"], ["tasks", "show", "x"]]
+)
+def test_a_read_only_command_leaves_a_0_byte_file_alone(tmp_path: Path, command: list[str]) -> None:
+    """A 0-byte file is no store yet: a command that only reads says so (exit 2) and does not
+    make it one; a writer may."""
+    path = tmp_path / "empty.db"
+    path.touch()
+    done = run_cli(*command, "--store", f"sqlite:///{path}")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "is empty: it is not (yet) a contend store" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert path.stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]  # no -wal, no -shm
+
+
+def test_a_read_only_command_creates_no_file_and_a_writer_does(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    done = run_cli("status", "--store", f"sqlite:///{path}")
+    assert done.returncode == 2, done.stderr
+    assert "does not exist: it is not (yet) a contend store" in done.stderr
+    assert not path.exists()
+    path.touch()
+    done = run_cli("submit", APP, "echo", "--args", "[1]", "--store", f"sqlite:///{path}")
+    assert done.returncode == 0, done.stderr
+    done = run_cli("tasks", "list", "--json", "--store", f"sqlite:///{path}")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)) == 1

@@ -198,11 +198,13 @@ def resolve_store_url(args: argparse.Namespace, app: App | None = None) -> str:
 async def with_store(
     args: argparse.Namespace, fn: Callable[[Store], Coroutine[Any, Any, int]]
 ) -> int:
-    """Open the store that ``--store``/``--app`` name, run ``fn`` on it, close it."""
+    """Open the store that ``--store``/``--app`` name, run ``fn`` on it, close it. These
+    commands read or manage what is there: a store that does not exist yet is not created
+    (a 0-byte file stays 0 bytes), it is refused with SchemaError."""
     from contend.store.registry import open_store
 
     app = load_app(args.app) if getattr(args, "app", None) else None
-    store = await open_store(resolve_store_url(args, app))
+    store = await open_store(resolve_store_url(args, app), create=False)
     try:
         return await fn(store)
     finally:

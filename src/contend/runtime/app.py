@@ -76,6 +76,8 @@ class App:
         self._factory = store_factory
         self.tasks: dict[str, TaskType] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
+        # one store opened per loop, however many callers ask for it at once
+        self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._sync_thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -197,22 +199,29 @@ class App:
 
     # -- store -----------------------------------------------------------------------------
     async def store(self) -> Store:
-        """The store for the running event loop, opened on first use."""
+        """The store for the running event loop, opened on first use (once: callers that
+        ask while it opens wait for that store, rather than each opening one of their own that
+        nobody would close)."""
         loop = asyncio.get_running_loop()
         store = self._stores.get(loop)
-        if store is None:
-            if self._factory is not None:
-                store = self._factory(self.store_url)
-            else:
-                from contend.store.registry import make_store
+        if store is not None:
+            return store
+        async with self._opening.setdefault(loop, asyncio.Lock()):
+            store = self._stores.get(loop)
+            if store is None:
+                if self._factory is not None:
+                    store = self._factory(self.store_url)
+                else:
+                    from contend.store.registry import make_store
 
-                store = make_store(self.store_url)
-            await store.open()
-            self._stores[loop] = store
+                    store = make_store(self.store_url)
+                await store.open()
+                self._stores[loop] = store
         return store
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
+        self._opening.pop(loop, None)
         store = self._stores.pop(loop, None)
         if store is not None:
             await store.close()

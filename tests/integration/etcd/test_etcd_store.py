@@ -1143,3 +1143,22 @@ async def test_a_completion_batch_fences_out_only_the_task_that_moved(
     states = [(await store.get(c.id)).state for c in got]
     assert states == [TaskState.SUCCEEDED] * 2 + [TaskState.CANCELLED] + [TaskState.SUCCEEDED] * 2
     assert (await store.renew("e", session, 10, Heartbeat())) == {}
+
+
+async def test_an_empty_prefix_is_not_made_a_store_by_one_that_may_not(store_url: str) -> None:
+    """``create=False`` (the read-only commands): an empty prefix is refused as no store yet,
+    and no meta key is written."""
+    with pytest.raises(SchemaError, match=r"is empty: it is not \(yet\) a contend store"):
+        await EtcdStore(store_url, create=False).open()
+    writer = EtcdStore(store_url)
+    writer._etcd.connect()
+    try:
+        assert (await writer._etcd.range(writer._keys.k("meta"))).kvs == []
+        await writer.close()
+        await writer.open()
+    finally:
+        await writer.close()
+    reader = EtcdStore(store_url, create=False)
+    await reader.open()  # an existing store opens
+    assert await reader.list_tasks() == []
+    await reader.close()

@@ -105,3 +105,19 @@ async def test_contend_migrate_on_the_command_line(pg_url: str) -> None:
     assert first.stdout.strip() == f"applied schema version(s) {versions}"
     again = await asyncio.to_thread(migrate)
     assert (again.returncode, again.stdout.strip()) == (0, "up to date")
+
+
+async def test_an_empty_schema_is_not_created_by_a_store_that_may_not(pg_url: str) -> None:
+    """``create=False`` (the read-only commands): an empty database is refused as no store
+    yet, and nothing is created in it."""
+    store = PostgresStore(pg_url, create=False)
+    with pytest.raises(SchemaError, match=r"is absent or empty: it is not \(yet\) a contend"):
+        await store.open()
+    assert await sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = 'contend'") == []
+    writer = PostgresStore(pg_url)
+    await writer.open()
+    await writer.close()
+    reader = PostgresStore(pg_url, create=False)
+    await reader.open()  # an existing store opens
+    assert await reader.list_tasks() == []
+    await reader.close()

@@ -1,6 +1,11 @@
 """The connection to etcd and the calls every part of the store makes through it: one
 transaction, a write safe against a lost reply, a range, a count, a paged scan, a batch of
-point reads. Every error becomes a StoreError that names the endpoint."""
+point reads. Every error becomes a StoreError that names the endpoint.
+
+Every write transaction also compares the store's meta key with the value it had when the store
+was opened (:attr:`Etcd.guard`): an etcd emptied or replaced under a running expert (killed and
+started again without its data, the prefix deleted, another store made there since) fails the
+compare, nothing is written, and :class:`~contend.errors.SchemaError` says why."""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ from typing import Any, TypeVar
 
 from aetcd import rpc
 
-from contend.errors import StoreError
+from contend.errors import SchemaError, StoreError
 from contend.store.etcd.keys import prefix_end
-from contend.store.etcd.txn import PUT, Op, build, get, one_entry_per_level
+from contend.store.etcd.txn import GET, PUT, Op, build, get, one_entry_per_level, value_is
 
 T = TypeVar("T")
 
@@ -27,13 +32,22 @@ CHANNEL_OPTIONS = (
 
 class Etcd:
     """One gRPC channel to an etcd server and its KV, Lease and Watch stubs. *tasks* is the
-    prefix of the task records (``{p}t/``), by which commit() recognises its own write."""
+    prefix of the task records (``{p}t/``), by which commit() recognises its own write; *meta*
+    the store's meta key, which every write compares with :attr:`guard`."""
 
-    def __init__(self, host: str, port: int, timeout: float, max_ops: int, tasks: bytes) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float, max_ops: int, tasks: bytes, meta: bytes
+    ) -> None:
         self.host, self.port = host, port
         self.timeout = timeout
-        self.max_ops = max_ops  # the operations one transaction may carry (--max-txn-ops)
+        # The compares and operations a caller's transaction may carry (--max-txn-ops), less
+        # the compare of the guard.
+        self.max_ops = max_ops - 1
         self._tasks = tasks
+        self.meta = meta
+        #: The meta key's value as the store was opened (None until then): a write lands only
+        #: while it is still there.
+        self.guard: bytes | None = None
         self.channel: Any = None
         self.kv: Any = None
         self.lease: Any = None
@@ -79,10 +93,29 @@ class Etcd:
     ) -> Any:
         if len(success) > 2:
             success = one_entry_per_level(success)
+        guard = self.guard
+        guarded = guard is not None and any(op[0] != GET for op in success)
+        if guarded:
+            assert guard is not None
+            compare = [*compare, value_is(self.meta, guard)]
+            failure = [*failure, get(self.meta)]
         req = build(compare, success, failure)
         resp = await self.call("a transaction", lambda: self.kv.Txn(req, timeout=self.timeout))
         self.rev = max(self.rev, resp.header.revision)
+        if guarded and not resp.succeeded:
+            kvs = resp.responses[-1].response_range.kvs
+            if not kvs or kvs[0].value != guard:
+                raise self.lost(found=bool(kvs))
         return resp
+
+    def lost(self, *, found: bool) -> SchemaError:
+        """The error of a write refused because the store opened is no longer there."""
+        what = "belongs to another store now" if found else "is gone"
+        return SchemaError(
+            f"the contend store at {self.where()} lost its data (its meta key "
+            f"{self.meta.decode()!r} {what}: etcd emptied or replaced, or the prefix "
+            "deleted); nothing was written"
+        )
 
     async def commit(
         self, compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op] = ()
@@ -93,6 +126,8 @@ class Etcd:
         is returned. Otherwise the error stands: the outcome is unknown."""
         try:
             return await self.txn(compare, success, failure)
+        except SchemaError:
+            raise
         except StoreError:
             tasks = self._tasks
             task_puts = [op for op in success if op[0] == PUT and op[1].startswith(tasks)]

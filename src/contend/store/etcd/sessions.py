@@ -18,7 +18,7 @@ from typing import Any
 
 from aetcd import rpc
 
-from contend.errors import LeaseLost, StoreError
+from contend.errors import LeaseLost, SchemaError, StoreError
 from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.rpc import Etcd
@@ -117,15 +117,19 @@ class Sessions:
             "claims_won": 0,
             "tasks_done": 0,
         }
-        resp = await etcd.txn(
-            [absent(lkey)],
-            [
-                put(lkey, lvalue, lease),
-                put(ekey, json.dumps(record)),
-                put(k("x", enc(info.id), session), b""),
-            ],
-            [get(ekey)],
-        )
+        try:
+            resp = await etcd.txn(
+                [absent(lkey)],
+                [
+                    put(lkey, lvalue, lease),
+                    put(ekey, json.dumps(record)),
+                    put(k("x", enc(info.id), session), b""),
+                ],
+                [get(ekey)],
+            )
+        except SchemaError:
+            await self.revoke(lease)  # the store is gone: leave nothing of this one in etcd
+            raise
         if not resp.succeeded:
             await self.revoke(lease)
             kvs = resp.responses[0].response_range.kvs

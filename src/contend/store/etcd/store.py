@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 
 from contend.errors import SchemaError, StoreError
@@ -48,14 +49,18 @@ class EtcdStore:
         timeout: float | None = None,
         max_txn_ops: int | None = None,
         compact_after: float | None = None,
+        create: bool = True,
     ) -> None:
         self.url = url
+        self._create = create  # False: open an existing store only (read-only commands)
         o = Options.of(url, timeout=timeout, max_txn_ops=max_txn_ops, compact_after=compact_after)
         self.options = o
         self.host, self.port = o.host, o.port
         self._clock = clock
         self._keys = keys = Keys(o.prefix)
-        self._etcd = etcd = Etcd(o.host, o.port, o.timeout, o.max_txn_ops, keys.k("t", ""))
+        self._etcd = etcd = Etcd(
+            o.host, o.port, o.timeout, o.max_txn_ops, keys.k("t", ""), keys.k("meta")
+        )
         self._changes = Changes(etcd, keys)
         touch = self._changes.touch
         self._sessions = sessions = Sessions(etcd, keys, clock)
@@ -123,14 +128,23 @@ class EtcdStore:
             found, some = (r.response_range.kvs for r in resp.responses)
             if found:
                 self._check_meta(found[0].value)
+                self._etcd.guard = found[0].value
                 return
             if some:
                 raise SchemaError(
                     f"etcd prefix {p.decode()!r} at {self.host}:{self.port} holds keys that "
                     "are not a contend store; pick another prefix (etcd://host:port/prefix)"
                 )
-            want = json.dumps({"schema": SCHEMA_VERSION}).encode()
+            if not self._create:
+                raise SchemaError(
+                    f"etcd prefix {p.decode()!r} at {self.host}:{self.port} is empty: it is "
+                    "not (yet) a contend store; submitting a task or starting an expert "
+                    "creates one (or check --store)"
+                )
+            # A new store's meta key names it: one made again at the same place is another one.
+            want = json.dumps({"schema": SCHEMA_VERSION, "store": uuid.uuid4().hex}).encode()
             if (await self._etcd.txn([absent(meta)], [put(meta, want)])).succeeded:
+                self._etcd.guard = want
                 return
         raise StoreError(f"could not set up the contend store at {self._etcd.where()}")
 

@@ -53,7 +53,13 @@ class MemoryStore:
 
     promises = Promises()  # one process: every submission is atomic
 
-    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        url: str = "memory://",
+        *,
+        clock: Callable[[], float] = time.time,
+        create: bool = True,  # every memory store is new: nothing to refuse
+    ) -> None:
         self.url = url
         self._clock = clock
         self._tasks: dict[str, Row] = {}

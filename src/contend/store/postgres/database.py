@@ -22,7 +22,8 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from contend.errors import StoreError
+from contend.errors import SchemaError, StoreError
+from contend.store._cancel import cancels, check_wanted
 from contend.store.postgres.url import safe
 
 T = TypeVar("T")
@@ -30,6 +31,10 @@ Cursor = AsyncCursor[TupleRow]
 Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 log = logging.getLogger("contend.store.postgres")
+
+#: What a statement meets in a database whose contend schema is gone (dropped and created
+#: again empty, or the schema dropped): a store that lost its schema, not a passing failure.
+LOST_SCHEMA = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 
 #: The store's "now" in every statement: the injected clock's value, else the database's.
 NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
@@ -128,13 +133,17 @@ class Database:
 
     async def run(self, fn: Callable[[Cursor], Awaitable[T]], *, tx: bool = True) -> T:
         """Run *fn* on a pooled connection (in a transaction when *tx*), retrying with back-off
-        on connection loss, serialization failures and deadlocks; give up after the deadline."""
+        on connection loss, serialization failures and deadlocks; give up after the deadline.
+        A call whose caller gave up (cancelled it) tries no more, even when the cancellation
+        was swallowed on the way (``pool.check()`` does: see ``store._cancel``)."""
         if self._pool is None:
             raise StoreError("the PostgreSQL store is not open (call await store.open())")
         pool = self._pool
         deadline = time.monotonic() + self.retry_deadline
         pause = 0.05
+        since = cancels()
         while True:
+            check_wanted(since)
             try:
                 async with pool.connection() as conn:
                     if tx:
@@ -154,6 +163,11 @@ class Database:
                         await pool.check()  # drop the other broken connections now
                     except Exception as check_exc:  # fails too while the server is down
                         log.debug("pool check failed: %s", check_exc)
+            except LOST_SCHEMA as exc:
+                raise SchemaError(
+                    f"schema {self.schema!r} of {safe(self.dsn)} lost its contend tables "
+                    f"({exc}); nothing was written (was the database dropped or emptied?)"
+                ) from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL error: {exc}") from exc
             await asyncio.sleep(random.uniform(pause / 2, pause))

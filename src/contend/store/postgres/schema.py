@@ -30,13 +30,20 @@ async def schema_version(db: Database, cur: Cursor) -> int | None:
     return int(version or 0)
 
 
-async def prepare(db: Database) -> None:
-    """Create the schema in an empty database; refuse one of another version."""
+async def prepare(db: Database, *, create: bool = True) -> None:
+    """Create the schema in an empty database (unless not *create*: SchemaError, nothing
+    written); refuse one of another version."""
 
     async def check(cur: Cursor) -> int | None:
         return await schema_version(db, cur)
 
     version = await db.run(check)
+    if version is None and not create:
+        raise SchemaError(
+            f"schema {db.schema!r} of {safe(db.dsn)} is absent or empty: it is not (yet) a "
+            "contend store; contend migrate, submitting a task or starting an expert creates "
+            "it (or check --store)"
+        )
     if version is None:
         await migrate(db)
         return

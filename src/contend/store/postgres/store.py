@@ -43,8 +43,10 @@ class PostgresStore:
         connect_timeout: float = 5.0,
         poll_interval: float = 0.25,
         listen_url: str | None = None,
+        create: bool = True,
     ) -> None:
         self.url = url
+        self._create = create  # False: open an existing store only (read-only commands)
         dsn, opts = parse_postgres_url(url)
         self.schema = opts["schema"]
         pgbouncer = opts.get("pgbouncer", "false").lower() in TRUE
@@ -93,7 +95,7 @@ class PostgresStore:
         self._wakeups.opening()
         await self._db.open()
         try:
-            await schema.prepare(self._db)
+            await schema.prepare(self._db, create=self._create)
             if self._listen:
                 await self._wakeups.start()
         except BaseException:

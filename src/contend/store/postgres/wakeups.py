@@ -14,6 +14,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
 from contend.errors import StoreError
+from contend.store._cancel import cancels, check_wanted
 from contend.store.postgres.database import Database
 from contend.store.postgres.url import parse_postgres_url, safe
 
@@ -90,10 +91,14 @@ class Wakeups:
     async def _listen_loop(self, conn: AsyncConnection[TupleRow] | None) -> None:
         """Turn notifications into wake-ups; on a lost connection, poll and reconnect.
 
-        It stops when ``_closing`` is set: psycopg may turn a cancellation that lands inside
-        a connection attempt into an OperationalError, so cancelling alone is not enough."""
+        It stops when ``_closing`` is set, or when cancelled: psycopg may turn a cancellation
+        that lands inside a connection attempt into an OperationalError, so the request is
+        also read from the task (``store._cancel``), or a store nobody closed would keep its
+        event loop from ever closing while the database is gone."""
         pause = 0.05
+        since = cancels()
         while not self._closing:
+            check_wanted(since)
             if conn is None:
                 try:
                     conn = await asyncio.wait_for(self._listen_connect(), self._db.retry_deadline)

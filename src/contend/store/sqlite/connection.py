@@ -4,6 +4,11 @@ Every write is one ``BEGIN IMMEDIATE`` transaction (:meth:`Database.tx`). ``busy
 so a busy database raises at once and :meth:`Database.retry` tries again after a short random
 pause, which shares the lock fairly between processes (SQLite's own busy handler lets one
 process win nearly every time).
+
+A connection goes on writing into the file it opened, even once that file was deleted or
+replaced at its path (a ghost nobody else will see again), so every write first checks that the
+path still names that file (:meth:`Database.check_file`): a store that lost its file, or its
+tables, raises :class:`~contend.errors.SchemaError` and nothing is written.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from contend.domain.task import Capabilities, Requirements
-from contend.errors import ConfigError, StoreBusy, StoreError
+from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
+from contend.store._cancel import cancels, check_wanted
 from contend.store.sqlite.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -43,16 +49,23 @@ class Database:
         self.caps = Capabilities()
         self.wakeups = Wakeups(idle_poll)
         self._db: sqlite3.Connection | None = None
+        self._where = os.path.abspath(path)  # the same file if the process changes directory
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
 
-    async def open(self, prepare: Callable[[sqlite3.Connection], None]) -> None:
-        """Connect, then run *prepare* (create or check the schema) while busy-retrying."""
+    async def open(
+        self, prepare: Callable[[sqlite3.Connection], None], *, create: bool = True
+    ) -> None:
+        """Connect, then run *prepare* (create or check the schema) while busy-retrying. Unless
+        *create*, a file that does not exist is not made (SchemaError)."""
         if self._db is not None:
             return
-        directory = os.path.dirname(os.path.abspath(self.path))
+        directory = os.path.dirname(self._where)
         if not os.path.isdir(directory):
             raise ConfigError(
                 f"directory {directory!r} of SQLite store {self.path!r} does not exist"
             )
+        if not create and not os.path.exists(self._where):
+            raise SchemaError(not_yet(self.path, "does not exist"))
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -62,6 +75,8 @@ class Database:
         self._db = db
         try:
             await self.retry(lambda: prepare(db))
+            st = os.stat(self._where)
+            self._file = (st.st_dev, st.st_ino)
         except BaseException:
             db.close()
             self._db = None
@@ -83,13 +98,20 @@ class Database:
 
     # -- the write discipline --------------------------------------------------------------
     async def retry(self, fn: Callable[[], T]) -> T:
-        """Run *fn*, retrying after a short random pause while the database is busy."""
+        """Run *fn*, retrying after a short random pause while the database is busy; not
+        once its caller gave up on it (cancelled it), whatever swallowed the cancellation."""
         deadline = time.monotonic() + self.busy_deadline
         pause = 0.0002
+        since = cancels()
         while True:
+            check_wanted(since)
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):
+                    raise SchemaError(
+                        f"the SQLite store {self.path!r} lost its contend tables ({exc})"
+                    ) from exc
                 if not is_busy(exc):
                     raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
                 if time.monotonic() > deadline:
@@ -104,11 +126,34 @@ class Database:
         db = self.conn
         db.execute("BEGIN IMMEDIATE")
         try:
+            self.check_file()
             yield db
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    def check_file(self) -> None:
+        """Raise SchemaError unless the store's path still names the file this connection
+        opened, and that file is not empty: deleted, replaced (a new file, or a copy moved over
+        it) or truncated, it is no longer the store others use."""
+        if self._file is None:
+            return  # not opened yet (prepare() runs before the first write checks it)
+        try:
+            st = os.stat(self._where)
+        except FileNotFoundError:
+            problem = "was deleted"
+        else:
+            if (st.st_dev, st.st_ino) != self._file:
+                problem = "was replaced by another file"
+            elif st.st_size == 0:
+                problem = "was emptied"
+            else:
+                return
+        raise SchemaError(
+            f"the SQLite store {self.path!r} {problem} after this process opened it; "
+            "nothing more is written to it (start again to use what is there now)"
+        )
 
     async def tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run *fn* in one write transaction, retried as a whole while the database is busy."""
@@ -119,6 +164,14 @@ class Database:
 
         result = await self.retry(run)
         return result
+
+
+def not_yet(path: str, what: str = "is empty") -> str:
+    """The message for a read-only command given a file that holds no store yet."""
+    return (
+        f"{path!r} {what}: it is not (yet) a contend store; submitting a task or starting "
+        "an expert creates one (or check --store)"
+    )
 
 
 def is_busy(exc: sqlite3.Error) -> bool:

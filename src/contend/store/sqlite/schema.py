@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from contend.errors import SchemaError
-from contend.store.sqlite.connection import is_busy
+from contend.store.sqlite.connection import is_busy, not_yet
 
 SCHEMA_VERSION = 1
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
@@ -80,9 +80,10 @@ TASK_COLUMNS = (
 )
 
 
-def prepare(db: sqlite3.Connection, path: str, sync: str) -> None:
-    """Create the schema in a new file, or check that an existing one is a contend store of
-    this version; then set the journal (WAL) and the *sync* mode."""
+def prepare(db: sqlite3.Connection, path: str, sync: str, *, create: bool = True) -> None:
+    """Create the schema in a new file (unless not *create*: a read-only command opening an
+    empty file says so and leaves it as it is), or check that an existing one is a contend
+    store of this version; then set the journal (WAL) and the *sync* mode."""
     try:
         # One read transaction: another process creating the schema meanwhile must not
         # be seen half way (its application id not yet, its tables already).
@@ -96,6 +97,8 @@ def prepare(db: sqlite3.Connection, path: str, sync: str) -> None:
         if is_busy(exc):
             raise
         raise SchemaError(f"{path!r} is not an SQLite database ({exc})") from exc
+    if not tables and app_id == 0 and not create:
+        raise SchemaError(not_yet(path))
     if not tables and app_id == 0:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("BEGIN IMMEDIATE")

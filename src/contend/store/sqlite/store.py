@@ -27,7 +27,10 @@ from contend.store.sqlite.url import parse_sqlite_url, sync_pragma
 
 
 class SQLiteStore:
-    """A store in one SQLite file. One connection per instance; create one per process."""
+    """A store in one SQLite file. One connection per instance; create one per process.
+
+    ``create=False`` opens an existing store only: a file that does not exist or is empty
+    raises SchemaError and is left as it is (the read-only commands open stores so)."""
 
     promises = Promises()  # one write transaction per submission, whatever its size
 
@@ -38,10 +41,12 @@ class SQLiteStore:
         clock: Callable[[], float] = time.time,
         busy_deadline: float = 30.0,
         idle_poll: float = 0.005,
+        create: bool = True,
     ) -> None:
         self.url = url
         self.path, opts = parse_sqlite_url(url)
         self._sync = sync_pragma(opts)
+        self._create = create  # False: open an existing store only (read-only commands)
         self._db = Database(
             self.path, clock=clock, busy_deadline=busy_deadline, idle_poll=idle_poll
         )
@@ -72,7 +77,10 @@ class SQLiteStore:
 
     # -- connection and the parts that are not a function of the database -------------
     async def open(self) -> None:
-        await self._db.open(lambda conn: prepare(conn, self.path, self._sync))
+        create = self._create
+        await self._db.open(
+            lambda conn: prepare(conn, self.path, self._sync, create=create), create=create
+        )
 
     async def close(self) -> None:
         await self._db.close()
