@@ -183,8 +183,15 @@ def started(expert: str) -> Outcome:
     return Outcome(R, Event.STARTED, expert, owned=True)
 
 
-def completed(expert: str, result_json: str) -> Outcome:
-    return Outcome(SUCCEEDED, Event.SUCCEEDED, expert, result_json=result_json)
+#: The history detail of a completion written in the task's own transaction.
+IN_TRANSACTION = "in the task's transaction"
+
+
+def completed(expert: str, result_json: str, *, in_transaction: bool = False) -> Outcome:
+    """The owner's result. *in_transaction*: written in the task's own transaction (with the
+    task's effects, all or none), which the history line says."""
+    detail = IN_TRANSACTION if in_transaction else None
+    return Outcome(SUCCEEDED, Event.SUCCEEDED, expert, detail, result_json=result_json)
 
 
 def failed(

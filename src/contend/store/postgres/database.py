@@ -59,6 +59,8 @@ class Database:
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._pool: Pool | None = None
+        self._tx_pool: Pool | None = None  # tasks' own transactions, opened on first use
+        self._tx_pool_lock = asyncio.Lock()
 
     @property
     def is_open(self) -> bool:
@@ -102,9 +104,34 @@ class Database:
         self._pool = pool
 
     async def close(self) -> None:
+        if self._tx_pool is not None:
+            await self._tx_pool.close()
+            self._tx_pool = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+
+    async def tx_pool(self) -> Pool:
+        """The pool of tasks' own transactions (``ctx.transaction()``), apart from the store's
+        so that a task holding a connection for its block never delays a renewal; made on first
+        use, with no connection kept open before one is asked for."""
+        if self._pool is None:
+            raise StoreError("the PostgreSQL store is not open (call await store.open())")
+        async with self._tx_pool_lock:
+            if self._tx_pool is None:
+                pool: Pool = AsyncConnectionPool(
+                    self.dsn,
+                    kwargs=self.connect_kwargs(self.dsn),
+                    min_size=0,
+                    max_size=self._pool_size,
+                    open=False,
+                    timeout=self.retry_deadline,
+                    reconnect_timeout=self.retry_deadline,
+                    name=f"contend-{self.schema}-tasks",
+                )
+                await pool.open(wait=False)
+                self._tx_pool = pool
+            return self._tx_pool
 
     def sql(self, text: str) -> str:
         return text.replace("{s}", self._s).replace("{now}", NOW)

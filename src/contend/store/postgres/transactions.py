@@ -1,0 +1,186 @@
+"""A task's own transaction on the PostgreSQL store: a connection of the store's database,
+inside a transaction, in which the task writes its effects (to tables of its own, in any schema
+of that database) and the store then writes the task's completion with the same fenced
+statement ``complete`` uses, so that both commit or neither does.
+
+The connection comes from a pool of its own (``Database.tx_pool``, at most ``pool_size``
+connections), so that tasks holding connections for their blocks never delay a renewal. The
+claim is checked when the transaction opens (a stale owner does not even start its writes) and
+again, under the row lock the completion's ``UPDATE`` takes, just before the commit: while that
+lock is held nobody can claim, steal, expire or cancel the task, so what the check saw is what
+the commit commits. Both checks read the time with ``clock_timestamp()``: ``now()`` is the
+transaction's start and would judge the lease by a moment long past.
+
+The transaction is READ COMMITTED (the server's default): a read-modify-write of the task's own
+rows wants an atomic ``UPDATE … SET n = n + 1`` or a ``SELECT … FOR UPDATE``. A serialization
+failure or a deadlock at the commit is a :class:`~contend.errors.TransactionConflict`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+from psycopg_pool import PoolTimeout
+
+from contend.domain import transitions as rules
+from contend.domain.task import JSON
+from contend.errors import StoreError, TransactionConflict
+from contend.store.port import Completion
+from contend.store.postgres.apply import apply
+from contend.store.postgres.database import Cursor, Database, one
+from contend.store.postgres.dependants import settle_dependents
+from contend.store.postgres.owner_writes import FENCED
+from contend.store.postgres.refusals import refusal_now
+from contend.store.postgres.url import safe
+
+log = logging.getLogger("contend.store.postgres")
+
+#: Tries to open a transaction when the connection handed out turns out broken.
+BEGIN_TRIES = 3
+_STATES = [str(s) for s in sorted(rules.WRITE_STATES)]
+
+
+async def store_now(db: Database, cur: Cursor) -> float:
+    """The store's time now (not the transaction's start): the injected clock, else the
+    server's ``clock_timestamp()``."""
+    if db.clock is not None:
+        return float(db.clock())
+    await cur.execute("SELECT extract(epoch from clock_timestamp())::float8")
+    return float(one(await cur.fetchone())[0])
+
+
+async def begin(db: Database, expert: str, task_id: str, fence: int) -> PostgresTransaction:
+    """A pooled connection inside a new transaction, for *expert*'s task at *fence*."""
+    pool = await db.tx_pool()
+    for attempt in range(BEGIN_TRIES):
+        stack = AsyncExitStack()
+        try:
+            conn = await stack.enter_async_context(pool.connection())
+            await stack.enter_async_context(conn.transaction())
+            async with conn.cursor() as cur:
+                now = await store_now(db, cur)
+                refused = await refusal_now(
+                    db, cur, expert, task_id, fence, rules.WRITE_STATES, now
+                )
+            if refused is not None:
+                raise refused
+            return PostgresTransaction(conn, expert, task_id, fence, _db=db, _stack=stack)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            await _close(stack, exc)
+            if attempt + 1 == BEGIN_TRIES:
+                raise StoreError(
+                    f"cannot open a transaction on PostgreSQL at {safe(db.dsn)}: {exc}"
+                ) from exc
+            log.warning("opening a task's transaction failed (%s); trying again", exc)
+        except BaseException as exc:
+            await _close(stack, exc)
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"PostgreSQL error opening a transaction: {exc}") from exc
+            raise
+    raise AssertionError("unreachable")
+
+
+@dataclass(eq=False)
+class PostgresTransaction:
+    """``async with ctx.transaction() as tx`` on the PostgreSQL store: ``tx.connection`` is a
+    psycopg ``AsyncConnection`` inside the transaction (``await tx.connection.execute(...)``;
+    ``tx.connection.transaction()`` makes a savepoint; do not commit or roll back yourself);
+    ``tx.result`` is the task's result."""
+
+    connection: AsyncConnection[TupleRow]
+    expert: str
+    task_id: str
+    fence: int
+    result: JSON = None
+    _db: Database | None = field(default=None, repr=False)
+    _stack: AsyncExitStack | None = field(default=None, repr=False)
+
+    async def commit(self, completion: Completion) -> None:
+        stack, db = self._take()
+        try:
+            await self._complete(db, completion)
+        except BaseException as exc:
+            await _close(stack, exc)
+            if isinstance(exc, psycopg.errors.TransactionRollback):
+                raise _conflict(self.task_id, exc) from exc
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"task {self.task_id}: PostgreSQL error: {exc}") from exc
+            raise
+        try:
+            await stack.__aexit__(None, None, None)  # COMMIT, and the connection goes back
+        except psycopg.errors.TransactionRollback as exc:
+            raise _conflict(self.task_id, exc) from exc
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"task {self.task_id}: the commit got no answer from PostgreSQL ({exc}); "
+                "whether it landed is unknown (the task's writes and its completion landed "
+                "together or not at all)"
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"task {self.task_id}: PostgreSQL refused the commit: {exc}") from exc
+
+    async def _complete(self, db: Database, completion: Completion) -> None:
+        """Write the completion under the fence, in the transaction; raise why not."""
+        status = self.connection.info.transaction_status
+        if status == TransactionStatus.INERROR:
+            raise StoreError(
+                f"task {self.task_id}: a statement of its transaction failed, so PostgreSQL "
+                "aborted it; nothing of it is committed"
+            )
+        if status != TransactionStatus.INTRANS:
+            raise StoreError(
+                f"task {self.task_id}: its transaction was ended inside the block (a COMMIT or "
+                "ROLLBACK of its own); the task is not completed with it"
+            )
+        tid, fence = completion.task_id, completion.fence
+        outcome = rules.completed(self.expert, completion.result_json, in_transaction=True)
+        sql, outcomes = apply(db, FENCED, [(tid, fence, outcome)], notify=True)
+        async with self.connection.cursor() as cur:
+            now = await store_now(db, cur)
+            params: dict[str, Any] = db.params(
+                expert=self.expert, states=_STATES, channel=db.channel, **outcomes
+            )
+            params["now"] = now
+            await cur.execute(sql, params)
+            rows = await cur.fetchall()
+            if not rows:
+                why = await refusal_now(db, cur, self.expert, tid, fence, rules.WRITE_STATES, now)
+                raise why or rules.raced(tid, fence)
+            await settle_dependents(db, cur, [(rows[0][0], rows[0][1])])
+
+    async def rollback(self) -> None:
+        if self._stack is None:
+            return
+        stack, _ = self._take()
+        await _close(stack, psycopg.Rollback())
+
+    def _take(self) -> tuple[AsyncExitStack, Database]:
+        stack, db = self._stack, self._db
+        self._stack = None
+        if stack is None or db is None:
+            raise RuntimeError(f"the transaction of task {self.task_id} has ended")
+        return stack, db
+
+
+async def _close(stack: AsyncExitStack, exc: BaseException) -> None:
+    """Roll back and give the connection back (the pool discards a broken one); an error
+    doing so only means the connection is gone, and its transaction with it."""
+    try:
+        await stack.__aexit__(type(exc), exc, exc.__traceback__)
+    except psycopg.Error as close_exc:
+        log.debug("rolling back a task's transaction failed: %s", close_exc)
+
+
+def _conflict(task_id: str, exc: BaseException) -> TransactionConflict:
+    return TransactionConflict(
+        f"task {task_id}: PostgreSQL refused the transaction as a conflict ({exc}); "
+        "nothing was written: run the transaction again"
+    )
