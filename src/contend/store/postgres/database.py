@@ -33,6 +33,9 @@ log = logging.getLogger("contend.store.postgres")
 
 #: The store's "now" in every statement: the injected clock's value, else the database's.
 NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
+#: The same, read when the statement runs: ``now()`` is the transaction's start, which in a
+#: task's own transaction (``transactions.py``) may be long past.
+NOW_LIVE = "coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)"
 
 
 class Database:
@@ -133,8 +136,10 @@ class Database:
                 self._tx_pool = pool
             return self._tx_pool
 
-    def sql(self, text: str) -> str:
-        return text.replace("{s}", self._s).replace("{now}", NOW)
+    def sql(self, text: str, *, live: bool = False) -> str:
+        """*text* with its ``{s}`` (the schema) and ``{now}`` holes filled; *live*: the time
+        when the statement runs rather than when its transaction began."""
+        return text.replace("{s}", self._s).replace("{now}", NOW_LIVE if live else NOW)
 
     def params(self, **params: Any) -> dict[str, Any]:
         params["now"] = None if self.clock is None else float(self.clock())

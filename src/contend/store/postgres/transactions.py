@@ -35,7 +35,7 @@ from contend.domain.task import JSON
 from contend.errors import StoreError, TransactionConflict
 from contend.store.port import Completion
 from contend.store.postgres.apply import apply
-from contend.store.postgres.database import Cursor, Database, one
+from contend.store.postgres.database import Database
 from contend.store.postgres.dependants import settle_dependents
 from contend.store.postgres.owner_writes import FENCED
 from contend.store.postgres.refusals import refusal_now
@@ -48,13 +48,8 @@ BEGIN_TRIES = 3
 _STATES = [str(s) for s in sorted(rules.WRITE_STATES)]
 
 
-async def store_now(db: Database, cur: Cursor) -> float:
-    """The store's time now (not the transaction's start): the injected clock, else the
-    server's ``clock_timestamp()``."""
-    if db.clock is not None:
-        return float(db.clock())
-    await cur.execute("SELECT extract(epoch from clock_timestamp())::float8")
-    return float(one(await cur.fetchone())[0])
+#: Whether the task has dependants waiting on it, returned with the completion.
+HAS_WAITERS = ", EXISTS (SELECT 1 FROM {s}.task_deps d WHERE d.dep_id = applied.id)"
 
 
 async def begin(db: Database, expert: str, task_id: str, fence: int) -> PostgresTransaction:
@@ -66,10 +61,7 @@ async def begin(db: Database, expert: str, task_id: str, fence: int) -> Postgres
             conn = await stack.enter_async_context(pool.connection())
             await stack.enter_async_context(conn.transaction())
             async with conn.cursor() as cur:
-                now = await store_now(db, cur)
-                refused = await refusal_now(
-                    db, cur, expert, task_id, fence, rules.WRITE_STATES, now
-                )
+                refused = await refusal_now(db, cur, expert, task_id, fence, rules.WRITE_STATES)
             if refused is not None:
                 raise refused
             return PostgresTransaction(conn, expert, task_id, fence, _db=db, _stack=stack)
@@ -142,19 +134,20 @@ class PostgresTransaction:
             )
         tid, fence = completion.task_id, completion.fence
         outcome = rules.completed(self.expert, completion.result_json, in_transaction=True)
-        sql, outcomes = apply(db, FENCED, [(tid, fence, outcome)], notify=True)
+        sql, outcomes = apply(
+            db, FENCED, [(tid, fence, outcome)], notify=True, returning=HAS_WAITERS, live=True
+        )
         async with self.connection.cursor() as cur:
-            now = await store_now(db, cur)
             params: dict[str, Any] = db.params(
                 expert=self.expert, states=_STATES, channel=db.channel, **outcomes
             )
-            params["now"] = now
             await cur.execute(sql, params)
             rows = await cur.fetchall()
             if not rows:
-                why = await refusal_now(db, cur, self.expert, tid, fence, rules.WRITE_STATES, now)
+                why = await refusal_now(db, cur, self.expert, tid, fence, rules.WRITE_STATES)
                 raise why or rules.raced(tid, fence)
-            await settle_dependents(db, cur, [(rows[0][0], rows[0][1])])
+            if rows[0][2]:
+                await settle_dependents(db, cur, [(rows[0][0], rows[0][1])])
 
     async def rollback(self) -> None:
         if self._stack is None:

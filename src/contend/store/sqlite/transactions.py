@@ -13,13 +13,18 @@ so the only check that can fail at commit is the lease's (the block outlived it)
 claim already lost at ``begin``.
 
 The tasks of one process queue for the lock on an ``asyncio.Lock`` (no polling between them);
-their connections are kept for the next transaction, a few at most.
+their connections are kept for the next transaction, a few at most. A process whose tasks
+queue would take the lock back the instant it let it go, every time, while every other writer
+(another process's, this process's own renewal) sleeps between its tries: after a few
+transactions back to back it pauses as long as they do, so that the lock changes hands.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
+import time
 from dataclasses import dataclass, field
 
 from contend.domain import transitions as rules
@@ -32,6 +37,11 @@ from contend.store.sqlite.owner_writes import check_owners
 
 #: Idle connections kept for later transactions; more are closed.
 IDLE_CONNECTIONS = 4
+#: Transactions of one process back to back (each begun within FAIR_PAUSE of the last one's
+#: end) before the next one pauses up to FAIR_PAUSE seconds: the longest pause between two
+#: tries of a busy write (``Database.retry``).
+STREAK = 3
+FAIR_PAUSE = 0.004
 
 
 class Transactions:
@@ -43,6 +53,8 @@ class Transactions:
         self._sync = sync
         self._idle: list[sqlite3.Connection] = []
         self._lock = asyncio.Lock()
+        self._ended = 0.0  # time.monotonic() when the last transaction let the lock go
+        self._streak = 0
 
     def _connect(self) -> sqlite3.Connection:
         if self._idle:
@@ -63,12 +75,24 @@ class Transactions:
             self._idle.append(conn)
         else:
             conn.close()
+        self._ended = time.monotonic()
         self._lock.release()
+
+    async def _take_turn(self) -> None:
+        """Pause before taking the lock again after a streak of back-to-back transactions."""
+        if time.monotonic() - self._ended > FAIR_PAUSE:
+            self._streak = 0
+            return
+        self._streak += 1
+        if self._streak >= STREAK:
+            self._streak = 0
+            await asyncio.sleep(random.uniform(FAIR_PAUSE / 2, FAIR_PAUSE))
 
     async def begin(self, expert: str, task_id: str, fence: int) -> SQLiteTransaction:
         """Take the write lock on a connection of the task's own and check the claim."""
         await self._lock.acquire()
         try:
+            await self._take_turn()
             conn = self._connect()
         except BaseException:
             self._lock.release()
