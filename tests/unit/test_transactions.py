@@ -150,6 +150,22 @@ async def test_a_lease_lost_inside_the_block_rolls_it_back_whole(s: Setup) -> No
     assert s.memory.value("n") == 1  # exactly once
 
 
+async def test_a_timeout_inside_the_block_rolls_it_back(s: Setup) -> None:
+    @s.app.task(timeout=5, retries=0)
+    async def too_slow(ctx: TaskContext) -> None:
+        async with ctx.transaction() as tx:
+            await add(tx)
+            await asyncio.sleep(60)
+
+    expert = s.expert()
+    async with running(expert, s.clock):
+        h = await s.app.submit(too_slow)
+        await s.until(lambda: expert.stats.tasks_failed == 1)
+    task = await s.store.get(h.id)
+    assert task.state == TaskState.DEAD and task.error["type"] == "Timeout"
+    assert s.memory.value("n") is None
+
+
 async def test_a_task_cancelled_inside_the_block_is_fenced_out_and_writes_nothing(
     s: Setup,
 ) -> None:
