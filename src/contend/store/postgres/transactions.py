@@ -101,23 +101,25 @@ class PostgresTransaction:
             await self._complete(db, completion)
         except BaseException as exc:
             await _close(stack, exc)
-            if isinstance(exc, psycopg.errors.TransactionRollback):
+            if _is_conflict(exc):
                 raise _conflict(self.task_id, exc) from exc
             if isinstance(exc, psycopg.Error):
                 raise StoreError(f"task {self.task_id}: PostgreSQL error: {exc}") from exc
             raise
         try:
             await stack.__aexit__(None, None, None)  # COMMIT, and the connection goes back
-        except psycopg.errors.TransactionRollback as exc:
-            raise _conflict(self.task_id, exc) from exc
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            if _is_conflict(exc):
+                raise _conflict(self.task_id, exc) from exc
+            if not isinstance(exc, psycopg.OperationalError):
+                raise StoreError(
+                    f"task {self.task_id}: PostgreSQL refused the commit: {exc}"
+                ) from exc
             raise StoreError(
                 f"task {self.task_id}: the commit got no answer from PostgreSQL ({exc}); "
                 "whether it landed is unknown (the task's writes and its completion landed "
                 "together or not at all)"
             ) from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"task {self.task_id}: PostgreSQL refused the commit: {exc}") from exc
 
     async def _complete(self, db: Database, completion: Completion) -> None:
         """Write the completion under the fence, in the transaction; raise why not."""
@@ -170,6 +172,15 @@ async def _close(stack: AsyncExitStack, exc: BaseException) -> None:
         await stack.__aexit__(type(exc), exc, exc.__traceback__)
     except psycopg.Error as close_exc:
         log.debug("rolling back a task's transaction failed: %s", close_exc)
+
+
+#: The SQLSTATEs of a transaction PostgreSQL rolled back for a conflict: serialization_failure,
+#: deadlock_detected (psycopg does not make them subclasses of TransactionRollback).
+CONFLICTS = frozenset({"40001", "40P01"})
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in CONFLICTS
 
 
 def _conflict(task_id: str, exc: BaseException) -> TransactionConflict:
