@@ -303,6 +303,41 @@ async def test_a_lease_lost_after_the_commit_reports_the_run_committed(s: Setup)
     assert s.memory.value("n") == 1
 
 
+async def test_a_transaction_opened_as_its_run_is_stopped_is_rolled_back(s: Setup) -> None:
+    """The run is stopped in the very step its transaction opens, before it hears of it: the
+    open transaction is not lost (on SQLite it would hold the write lock for good)."""
+    rolled_back: list[MemoryTransaction] = []
+    real_begin = s.memory.begin
+    expert = s.expert()
+
+    async def begin(name: str, task_id: str, fence: int) -> MemoryTransaction:
+        tx = await real_begin(name, task_id, fence)
+        real_rollback = tx.rollback
+
+        async def rollback() -> None:
+            rolled_back.append(tx)
+            await real_rollback()
+
+        tx.rollback = rollback  # type: ignore[method-assign]
+        assert expert.parts is not None
+        run = expert.parts.executor.runs[task_id]
+        expert.parts.executor.abandon(run, "stopped as it opened")  # no await after this
+        return tx
+
+    s.memory.begin = begin  # type: ignore[method-assign]
+
+    @s.app.task(retries=0)
+    async def opens(ctx: TaskContext) -> None:
+        async with ctx.transaction() as tx:
+            await add(tx)
+
+    async with running(expert, s.clock):
+        await s.app.submit(opens)
+        await s.until(lambda: bool(rolled_back))
+    assert len(rolled_back) == 1 and s.memory.value("n") is None
+    assert [reason for _, _, reason in s.hook.of("on_abandoned")] == ["stopped as it opened"]
+
+
 @pytest.mark.parametrize(
     "misuse, message",
     [

@@ -119,10 +119,14 @@ class Run:
                 f"store {self.store.url} gives tasks no transactions of their own "
                 "(promises.transactions is false)"
             )
-        self.tx = await self._under_session(
-            "opening a transaction", lambda: self.store.begin(self.expert, c.id, c.fence)
-        )
-        return self.tx
+
+        async def opening() -> TaskTransaction:
+            # Kept the moment it opens, even if this run is stopped before it hears of it
+            # (the call given up on after it finished): the run's end rolls it back.
+            self.tx = await self.store.begin(self.expert, c.id, c.fence)
+            return self.tx
+
+        return await self._under_session("opening a transaction", opening)
 
     async def commit(self, tx: TaskTransaction) -> None:
         """Encode ``tx.result`` and commit it with the transaction, under the run's fence."""
@@ -137,15 +141,23 @@ class Run:
             await self._rollback(tx)
             raise
         completion = Completion(c.id, c.fence, text)
+
+        async def committing() -> None:
+            await tx.commit(completion)
+            self.committed = completion  # at once: this run may be stopped meanwhile
+
         try:
-            await self.session.call("a transaction's commit", lambda: tx.commit(completion))
+            await self.session.call("a transaction's commit", committing)
         except LeaseLost as exc:
             await self._rollback(tx)  # a commit cut short cleaned up after itself; one never
             raise LeaseLost(  # sent must be rolled back
                 f"task {c.id}: {exc}; whether its transaction committed is unknown (its "
                 "writes and its completion landed together or not at all)"
             ) from exc
-        self.committed = completion
+        except BaseException:
+            if self.committed is None:
+                await self._rollback(tx)  # stopped before the commit was sent: roll back
+            raise
 
     async def rollback(self, tx: TaskTransaction) -> None:
         self.tx = None
