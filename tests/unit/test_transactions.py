@@ -338,6 +338,45 @@ async def test_a_transaction_opened_as_its_run_is_stopped_is_rolled_back(s: Setu
     assert [reason for _, _, reason in s.hook.of("on_abandoned")] == ["stopped as it opened"]
 
 
+async def test_a_renewal_that_no_longer_lists_a_committing_task_does_not_stop_it(
+    s: Setup,
+) -> None:
+    """The store completes the task as the commit lands; a renewal answered in that moment no
+    longer lists it, and must not stop the run whose commit is landing."""
+    landing, land = asyncio.Event(), asyncio.Event()
+    real_begin = s.memory.begin
+
+    async def begin(name: str, task_id: str, fence: int) -> MemoryTransaction:
+        tx = await real_begin(name, task_id, fence)
+        real_commit = tx.commit
+
+        async def commit(completion: Completion) -> None:
+            landing.set()
+            await land.wait()
+            await real_commit(completion)
+
+        tx.commit = commit  # type: ignore[method-assign]
+        return tx
+
+    s.memory.begin = begin  # type: ignore[method-assign]
+
+    @s.app.task
+    async def lands(ctx: TaskContext) -> None:
+        async with ctx.transaction() as tx:
+            await add(tx)
+
+    expert = s.expert()
+    async with running(expert, s.clock):
+        await s.app.submit(lands)
+        await s.until(landing.is_set)
+        assert expert.parts is not None
+        expert.parts.executor.retain({})  # the store says: nothing is yours any more
+        assert expert.load == 1
+        land.set()
+        await s.until(lambda: expert.stats.tasks_done == 1)
+    assert s.hook.of("on_abandoned") == [] and s.memory.value("n") == 1
+
+
 @pytest.mark.parametrize(
     "misuse, message",
     [

@@ -87,6 +87,7 @@ class Run:
     started: float = 0.0  # the clock's monotonic time when it started
     tx: TaskTransaction | None = None  # the task's own transaction, while it is open
     committed: Completion | None = None  # the completion its transaction committed
+    committing: bool = False  # its transaction's commit is in flight
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
@@ -146,6 +147,7 @@ class Run:
             await tx.commit(completion)
             self.committed = completion  # at once: this run may be stopped meanwhile
 
+        self.committing = True
         try:
             await self.session.call("a transaction's commit", committing)
         except LeaseLost as exc:
@@ -158,6 +160,8 @@ class Run:
             if self.committed is None:
                 await self._rollback(tx)  # stopped before the commit was sent: roll back
             raise
+        finally:
+            self.committing = False
 
     async def rollback(self, tx: TaskTransaction) -> None:
         self.tx = None
@@ -410,8 +414,8 @@ class Executor:
         """Stop the runs whose task the store no longer gives this expert under their fence
         (cancelled, expired, taken over)."""
         for task_id, run in list(self.runs.items()):
-            if run.committed is not None:
-                continue  # completed in its transaction: no longer held, and rightly so
+            if run.committed is not None or run.committing:
+                continue  # completed in its transaction (or completing): no longer held
             if held.get(task_id) != run.claimed.fence and not run.finished:
                 log.warning(
                     "expert %s: task %s (fence %d) is no longer ours; stopping it",
