@@ -20,6 +20,7 @@ outside one. A task increments it exactly once as::
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import Any, Protocol
 
@@ -48,16 +49,26 @@ def counter_for(store: Store, name: str = "hits") -> Counter:
     if scheme == "memory":
         return MemoryCounter(store, name)
     if scheme == "sqlite":
-        from contend.store.sqlite import parse_sqlite_url
-
-        return SQLiteCounter(parse_sqlite_url(store.url)[0], name)
+        return SQLiteCounter(_sqlite_path(store.url), name)
     if scheme in ("postgresql", "postgres"):
-        from contend.store.postgres import parse_postgres_url
-
-        return PostgresCounter(parse_postgres_url(store.url)[0], name)
+        return PostgresCounter(_postgres_dsn(store.url), name)
     if scheme == "etcd":
         return EtcdCounter(store, name)
     raise ConfigError(f"no counter for a store at {store.url!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _sqlite_path(url: str) -> str:
+    from contend.store.sqlite import parse_sqlite_url
+
+    return parse_sqlite_url(url)[0]
+
+
+@functools.lru_cache(maxsize=64)
+def _postgres_dsn(url: str) -> str:
+    from contend.store.postgres import parse_postgres_url
+
+    return parse_postgres_url(url)[0]  # parsing it costs more than a task's transaction's SQL
 
 
 class MemoryCounter:

@@ -11,6 +11,12 @@ lock is held nobody can claim, steal, expire or cancel the task, so what the che
 the commit commits. Both checks read the time with ``clock_timestamp()``: ``now()`` is the
 transaction's start and would judge the lease by a moment long past.
 
+Round trips: one to open (``BEGIN`` and the check, one simple query); after the task's last
+statement, two (the completion, then ``COMMIT``), a third only for a task that others wait on.
+That is how long the task's own row locks are held after its writes. The transaction is begun
+by hand, so that psycopg sees it open: the task's ``tx.connection.transaction()`` is a
+savepoint.
+
 The transaction is READ COMMITTED (the server's default): a read-modify-write of the task's own
 rows wants an atomic ``UPDATE … SET n = n + 1`` or a ``SELECT … FOR UPDATE``. A serialization
 failure or a deadlock at the commit is a :class:`~contend.errors.TransactionConflict`.
@@ -25,14 +31,15 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-from psycopg import AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 from psycopg_pool import PoolTimeout
 
 from contend.domain import transitions as rules
 from contend.domain.task import JSON
-from contend.errors import StoreError, TransactionConflict
+from contend.domain.transitions import Holding
+from contend.errors import FencedOut, StoreError, TransactionConflict
 from contend.store.port import Completion
 from contend.store.postgres.apply import apply
 from contend.store.postgres.database import Database
@@ -52,32 +59,65 @@ _STATES = [str(s) for s in sorted(rules.WRITE_STATES)]
 HAS_WAITERS = ", EXISTS (SELECT 1 FROM {s}.task_deps d WHERE d.dep_id = applied.id)"
 
 
+#: Opening: BEGIN and what the store holds of the task, in one round trip (a simple query of
+#: two statements, its values bound by the client).
+OPEN = (
+    "BEGIN; SELECT {now}, (SELECT e.lease_deadline >= {now} FROM {s}.experts e"
+    " WHERE e.id = %(expert)s), t.fence, t.owner, t.state, t.lease_deadline"
+    " FROM (VALUES (1)) AS one(x) LEFT JOIN {s}.tasks t ON t.id = %(id)s"
+)
+
+
 async def begin(db: Database, expert: str, task_id: str, fence: int) -> PostgresTransaction:
     """A pooled connection inside a new transaction, for *expert*'s task at *fence*."""
     pool = await db.tx_pool()
     for attempt in range(BEGIN_TRIES):
         stack = AsyncExitStack()
+        conn: AsyncConnection[TupleRow] | None = None
         try:
             conn = await stack.enter_async_context(pool.connection())
-            await stack.enter_async_context(conn.transaction())
-            async with conn.cursor() as cur:
-                refused = await refusal_now(db, cur, expert, task_id, fence, rules.WRITE_STATES)
+            refused = await _open(db, conn, expert, task_id, fence)
             if refused is not None:
                 raise refused
             return PostgresTransaction(conn, expert, task_id, fence, _db=db, _stack=stack)
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            await _close(stack, exc)
+            await _close(stack, conn, exc)
             if attempt + 1 == BEGIN_TRIES:
                 raise StoreError(
                     f"cannot open a transaction on PostgreSQL at {safe(db.dsn)}: {exc}"
                 ) from exc
             log.warning("opening a task's transaction failed (%s); trying again", exc)
         except BaseException as exc:
-            await _close(stack, exc)
+            await _close(stack, conn, exc)
             if isinstance(exc, psycopg.Error):
                 raise StoreError(f"PostgreSQL error opening a transaction: {exc}") from exc
             raise
     raise AssertionError("unreachable")
+
+
+async def _open(
+    db: Database, conn: AsyncConnection[TupleRow], expert: str, task_id: str, fence: int
+) -> FencedOut | None:
+    """BEGIN on *conn* and check the claim: the refusal, or None when the expert holds it.
+
+    The transaction is begun by hand, not with ``conn.transaction()``: psycopg then sees one
+    open, so a ``tx.connection.transaction()`` of the task's own is a savepoint."""
+    async with AsyncClientCursor(conn) as cur:
+        await cur.execute(db.sql(OPEN, live=True), db.params(expert=expert, id=task_id))
+        cur.nextset()  # past BEGIN's result, to the SELECT's
+        row = await cur.fetchone()
+    assert row is not None  # one row, even for a task that does not exist
+    now, expert_live, *held = row
+    holding = None if held[0] is None else Holding(*held)
+    return rules.refusal(
+        task_id,
+        fence,
+        expert,
+        holding,
+        float(now),
+        expert_live=bool(expert_live),
+        states=rules.WRITE_STATES,
+    )
 
 
 @dataclass(eq=False)
@@ -100,14 +140,17 @@ class PostgresTransaction:
         try:
             await self._complete(db, completion)
         except BaseException as exc:
-            await _close(stack, exc)
+            await _close(stack, self.connection, exc)
             if _is_conflict(exc):
                 raise _conflict(self.task_id, exc) from exc
             if isinstance(exc, psycopg.Error):
                 raise StoreError(f"task {self.task_id}: PostgreSQL error: {exc}") from exc
             raise
         try:
-            await stack.__aexit__(None, None, None)  # COMMIT, and the connection goes back
+            try:
+                await self.connection.execute("COMMIT")
+            finally:
+                await stack.aclose()  # the connection goes back (rolled back if need be)
         except psycopg.Error as exc:
             if _is_conflict(exc):
                 raise _conflict(self.task_id, exc) from exc
@@ -155,7 +198,7 @@ class PostgresTransaction:
         if self._stack is None:
             return
         stack, _ = self._take()
-        await _close(stack, psycopg.Rollback())
+        await _close(stack, self.connection, None)
 
     def _take(self) -> tuple[AsyncExitStack, Database]:
         stack, db = self._stack, self._db
@@ -165,13 +208,26 @@ class PostgresTransaction:
         return stack, db
 
 
-async def _close(stack: AsyncExitStack, exc: BaseException) -> None:
+async def _close(
+    stack: AsyncExitStack, conn: AsyncConnection[TupleRow] | None, exc: BaseException | None
+) -> None:
     """Roll back and give the connection back (the pool discards a broken one); an error
     doing so only means the connection is gone, and its transaction with it."""
     try:
-        await stack.__aexit__(type(exc), exc, exc.__traceback__)
+        if conn is not None and conn.info.transaction_status in (
+            TransactionStatus.INTRANS,
+            TransactionStatus.INERROR,
+        ):
+            await conn.execute("ROLLBACK")
     except psycopg.Error as close_exc:
         log.debug("rolling back a task's transaction failed: %s", close_exc)
+    try:
+        if exc is None:
+            await stack.aclose()
+        else:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+    except psycopg.Error as close_exc:
+        log.debug("giving a task's connection back failed: %s", close_exc)
 
 
 #: The SQLSTATEs of a transaction PostgreSQL rolled back for a conflict: serialization_failure,
