@@ -22,6 +22,7 @@ from contend.errors import (
     TaskFailed,
     TaskNotFound,
     TaskStopped,
+    TransactionConflict,
     UnknownTaskType,
 )
 from contend.runtime.app import App, TaskHandle, TaskType
@@ -60,6 +61,7 @@ __all__ = [
     "TaskState",
     "TaskStopped",
     "TaskType",
+    "TransactionConflict",
     "UnknownTaskType",
     "__version__",
     "current",

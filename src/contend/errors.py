@@ -15,6 +15,8 @@ The tree::
     │   ├── SchemaError          the file or database is not a contend store, or its version differs
     │   └── InvalidTransition    the operation does not apply to the task's current state
     ├── FencedOut                an owner write carried a stale fence or a lapsed lease
+    ├── TransactionConflict      a task's transaction did not commit (its own compare failed, or
+    │                            the database refused a conflict); nothing was written: run it again
     ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
     ├── TaskStopped              ``ctx.check()`` in a run that must stop (lease lost, timeout, cancel)
     ├── ExpertConflict           an expert id is live elsewhere
@@ -122,6 +124,14 @@ class FencedOut(ContendError):
         #: not_owned, task_lease, expert_lease, raced.
         self.reason = reason
         self.detail = detail
+
+
+class TransactionConflict(ContendError):
+    """A task's own transaction (``ctx.transaction()``) was rolled back, not because the task
+    lost its claim but because what it read changed before it committed: a compare the task
+    added failed (etcd, the memory store), or the database refused the commit as a serialization
+    conflict or deadlock (PostgreSQL). Nothing of it was written and the task still holds its
+    claim: run the block again, as ``ctx.transact()`` does."""
 
 
 class LeaseLost(ContendError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,8 +10,12 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from contend.domain.task import TaskState
+from contend.domain.transitions import completed
 from contend.store.memory import MemoryStore
+from contend.store.port import Completion
+from contend.testing.contract import transactions
 from contend.testing.contract.stateful import StoreMachine
+from tests.contract.backends import memory_harness
 
 C, R = TaskState.CLAIMED, TaskState.RUNNING
 
@@ -52,3 +57,34 @@ def test_the_model_notices_a_store_that_ignores_fences() -> None:
             )
     finally:
         MemoryStore._owned = original  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        transactions.test_a_transaction_that_outlives_its_lease_is_rolled_back_whole,
+        transactions.test_a_transaction_whose_task_was_taken_over_is_rolled_back_whole,
+    ],
+)
+async def test_the_transaction_contract_notices_a_commit_that_checks_no_fence(
+    tmp_path: Path, test: Any
+) -> None:
+    """A memory store whose transactions commit without checking the claim (River's
+    ``JobCompleteTx``, in effect) fails the contract's stale-owner tests."""
+    original = MemoryStore._commit_values
+
+    def careless(
+        self: MemoryStore, expert: str, completion: Completion, reads: Any, writes: Any
+    ) -> None:
+        for key, text in writes.items():
+            self._values[key] = (text, 1)
+        row = self._tasks[completion.task_id]
+        self._apply(completion.task_id, row, completed(expert, completion.result_json), 0.0)
+
+    MemoryStore._commit_values = careless  # type: ignore[method-assign]
+    try:
+        async with memory_harness(tmp_path) as h:
+            with pytest.raises(AssertionError):
+                await test(h)
+    finally:
+        MemoryStore._commit_values = original  # type: ignore[method-assign]

@@ -26,6 +26,7 @@ def test_every_error_derives_from_the_root() -> None:
         contend.ExpertConflict,
         contend.UnknownTaskType,
         contend.TaskNotFound,
+        contend.TransactionConflict,
     ]
     for cls in errors:
         assert issubclass(cls, contend.ContendError), cls

@@ -184,9 +184,16 @@ def started(expert: str) -> Outcome:
     return Outcome(R, Event.STARTED, expert, owned=True)
 
 
-def completed(expert: str, result_json: str) -> Outcome:
+#: The history detail of a completion written in the task's own transaction.
+IN_TRANSACTION = "in the task's transaction"
+
+
+def completed(expert: str, result_json: str, *, in_transaction: bool = False) -> Outcome:
+    """The owner's result. *in_transaction*: written in the task's own transaction (with the
+    task's effects, all or none), which the history line says."""
+    detail = IN_TRANSACTION if in_transaction else None
     # every field given, straight to tuple.__new__: one of these is made per task
-    fields = (SUCCEEDED, Event.SUCCEEDED, expert, None, False, None, False, None, result_json)
+    fields = (SUCCEEDED, Event.SUCCEEDED, expert, detail, False, None, False, None, result_json)
     return _new(Outcome, (*fields, _KEEP))
 
 

@@ -1,15 +1,27 @@
 """What a running task sees of itself: ``ctx.fence``, ``ctx.attempt``, ``ctx.state``, checkpoints,
-and whether it must stop (``ctx.cancelled``, ``ctx.check()``)."""
+whether it must stop (``ctx.cancelled``, ``ctx.check()``), and its own transaction on the
+store's database (``ctx.transaction()``, ``ctx.transact()``), in which its effects and its
+completion commit together."""
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextvars
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from contend.domain.task import JSON, encode_json
-from contend.errors import TaskStopped
+from contend.errors import TaskStopped, TransactionConflict
+from contend.store.port import TaskTransaction
+
+X = TypeVar("X")
+T = TypeVar("T")
+
+#: How many times ``ctx.transact()`` runs a transaction that met a conflict, by default.
+TRANSACT_TRIES = 10
 
 _current: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("contend_task")
 
@@ -28,6 +40,70 @@ class TaskHost(Protocol):
     async def checkpoint(self, text: str) -> None:
         """Save the encoded state under the run's fence; raises FencedOut when the run no
         longer owns the task."""
+
+    async def begin(self) -> TaskTransaction:
+        """Open the task's own transaction under the run's fence (``ctx.transaction()``)."""
+
+    async def commit(self, tx: TaskTransaction) -> None:
+        """Commit *tx* with the task's completion (``tx.result``) under the run's fence."""
+
+    async def rollback(self, tx: TaskTransaction) -> None:
+        """Roll *tx* back; never raises."""
+
+    async def pause(self, tries: int) -> None:
+        """Wait a little before trying a transaction again after *tries* conflicts."""
+
+
+class TransactionBlock(Generic[X]):
+    """``async with ctx.transaction() as tx``: opens the task's transaction, commits it with
+    the task's completion when the block ends, rolls it back when the block raises."""
+
+    def __init__(self, ctx: TaskContext, kind: type[X] | None) -> None:
+        self._ctx = ctx
+        self._kind = kind
+        self._tx: TaskTransaction | None = None
+
+    def _host(self) -> TaskHost:
+        host = self._ctx._host
+        if host is None:
+            raise RuntimeError("this context is not attached to an expert")
+        return host
+
+    async def __aenter__(self) -> X:
+        host = self._host()
+        tx = await host.begin()
+        if self._kind is not None and not isinstance(tx, self._kind):
+            await host.rollback(tx)
+            raise TypeError(
+                f"ctx.transaction({self._kind.__name__}): this task's store gives a "
+                f"{type(tx).__name__}"
+            )
+        self._tx = tx
+        return tx  # type: ignore[return-value]  # X is the kind asked for, or Any
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return False
+        if kind is None:
+            await self._host().commit(tx)
+        else:
+            await self._host().rollback(tx)
+        return False
+
+    def __enter__(self) -> X:
+        raise TypeError(
+            "ctx.transaction() is async-only: write the task as `async def` and use "
+            "`async with ctx.transaction() as tx:`"
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 @dataclass
@@ -79,6 +155,59 @@ class TaskContext:
             raise RuntimeError("this context is not attached to an expert")
         await self._host.checkpoint(text)
         self.state = state
+
+    @overload
+    def transaction(self) -> TransactionBlock[Any]: ...
+
+    @overload
+    def transaction(self, kind: builtins.type[X]) -> TransactionBlock[X]: ...
+
+    def transaction(self, kind: builtins.type[X] | None = None) -> TransactionBlock[Any]:
+        """``async with ctx.transaction() as tx:`` — a transaction of this task's own on the
+        store's database, in which the task's completion is written too, under its fence:
+        the task's writes in the block and its completion commit together, or neither does.
+
+        What ``tx`` is depends on the store: ``tx.connection`` (a psycopg ``AsyncConnection``
+        or an ``sqlite3.Connection``) for PostgreSQL and SQLite; ``get``/``put``/``delete`` and
+        compares for etcd and the memory store. Set ``tx.result`` to the task's result (JSON;
+        None by default). When the block ends the task **is completed**: the expert commits
+        nothing more for it, and what the function returns afterwards is ignored. A block that
+        raises is rolled back and the error takes the usual way (retry policy). A run that no
+        longer owns the task gets :class:`~contend.errors.FencedOut`, its writes rolled back;
+        a conflict (etcd compare, PostgreSQL serialization failure) gets
+        :class:`~contend.errors.TransactionConflict`: use :meth:`transact` to run it again.
+
+        *kind* (``PostgresTransaction``, ``SQLiteTransaction``, ``EtcdTransaction``,
+        ``MemoryTransaction``) types ``tx`` for a type checker and refuses another store.
+        Async tasks only; one transaction per run, no checkpoint inside it."""
+        return TransactionBlock(self, kind)
+
+    async def transact(
+        self,
+        body: Callable[[Any], Awaitable[T]],
+        *,
+        tries: int = TRANSACT_TRIES,
+        retry_on: tuple[builtins.type[BaseException], ...] = (TransactionConflict,),
+    ) -> T:
+        """Run ``await body(tx)`` in :meth:`transaction`, again (after a short pause) while it
+        ends in one of *retry_on* — a conflict, by default — up to *tries* times. What *body*
+        returns becomes the task's result (when not None; else ``tx.result`` as the body left
+        it) and is returned."""
+        if tries < 1:
+            raise ValueError(f"tries must be at least 1, got {tries}")
+        for n in range(1, tries + 1):
+            try:
+                async with self.transaction() as tx:
+                    value = await body(tx)
+                    if value is not None:
+                        tx.result = value
+                return value
+            except retry_on:
+                if n == tries:
+                    raise
+                if self._host is not None:
+                    await self._host.pause(n)
+        raise AssertionError("unreachable")
 
     def checkpoint_sync(self, state: JSON) -> None:
         """The same as :meth:`checkpoint`, for sync task functions running in a worker thread."""

@@ -7,6 +7,12 @@ and when it is lost the run is stopped and nothing of it is committed. A sync fu
 be interrupted in its thread: it is told to stop (``ctx.cancelled``) and its result, if it
 ever comes, is thrown away. A task type with ``isolation="process"`` runs in a child process
 instead (``runtime.isolation``), which is killed when its run must stop.
+
+A run may complete its task in a transaction of its own (``ctx.transaction()``): the run opens
+it through the store (``Store.begin``) and commits it with the completion under the run's
+fence. Such a run is over as far as the store is concerned: its outcome is not sent to the
+committer, and the hooks see ``after_execute`` then ``on_committed`` when the function returns
+(or when the run is stopped after the commit), as for a run committed the usual way.
 """
 
 from __future__ import annotations
@@ -14,25 +20,32 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import FencedOut, LeaseLost, PayloadError
+from contend.errors import ConfigError, ContendError, FencedOut, LeaseLost, PayloadError
 from contend.runtime.app import TaskType
-from contend.runtime.clock import Clock, wait_event
+from contend.runtime.clock import Clock, bounded, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
 from contend.runtime.threads import ThreadRunner
-from contend.store.port import Claimed, Completion, Failure, Store
+from contend.store.port import Claimed, Completion, Failure, Store, TaskTransaction
 
 log = logging.getLogger("contend.expert")
+
+T = TypeVar("T")
+
+#: How long a rollback may take before the run gives up on it (its connection is then broken,
+#: and the database ends the transaction when it notices), seconds.
+ROLLBACK_WITHIN = 5.0
 
 
 def build_failure(
@@ -70,11 +83,20 @@ class Run:
     ctx: TaskContext = field(init=False)
     task: asyncio.Task[None] | None = None
     finished: bool = False  # an outcome was sent, or the run was stopped
+    started: float = 0.0  # the clock's monotonic time when it started
+    tx: TaskTransaction | None = None  # the task's own transaction, while it is open
+    committed: Completion | None = None  # the completion its transaction committed
+    committing: bool = False  # its transaction's commit is in flight
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
-        if self.finished:
-            raise FencedOut(c.id, c.fence, "this run was stopped")
+        if self.tx is not None:
+            raise RuntimeError(
+                f"task {c.id}: ctx.checkpoint() inside ctx.transaction() (the transaction "
+                "completes the task; a checkpoint has no use there)"
+            )
+        if self.finished or self.committed is not None:
+            raise FencedOut(c.id, c.fence, "this run was stopped or has completed the task")
         try:
             await self.session.call(
                 "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
@@ -83,15 +105,110 @@ class Run:
             detail = f"this expert's lease lapsed: {exc}"
             raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
 
+    # -- the task's own transaction (ctx.transaction()) ----------------------------------
+    async def begin(self) -> TaskTransaction:
+        c = self.claimed
+        if self.committed is not None:
+            raise RuntimeError(f"task {c.id} was completed by its transaction already")
+        if self.tx is not None:
+            raise RuntimeError(f"task {c.id} has a transaction open already (no nesting)")
+        if self.finished or self.ctx.cancelled:
+            raise FencedOut(c.id, c.fence, "this run was stopped")
+        if not self.store.promises.transactions:
+            raise ConfigError(
+                f"store {self.store.url} gives tasks no transactions of their own "
+                "(promises.transactions is false)"
+            )
+
+        async def opening() -> TaskTransaction:
+            # Kept the moment it opens, even if this run is stopped before it hears of it
+            # (the call given up on after it finished): the run's end rolls it back.
+            self.tx = await self.store.begin(self.expert, c.id, c.fence)
+            return self.tx
+
+        return await self._under_session("opening a transaction", opening)
+
+    async def commit(self, tx: TaskTransaction) -> None:
+        """Encode ``tx.result`` and commit it with the transaction, under the run's fence."""
+        c = self.claimed
+        self.tx = None
+        try:
+            text = encode_json(tx.result, f"result of task {c.id}")
+            if self.finished or not self.session.safe():
+                why = "this run was stopped" if self.finished else "the lease is not safe"
+                raise FencedOut(c.id, c.fence, why, reason="expert_lease")
+        except BaseException:
+            await self._rollback(tx)
+            raise
+        completion = Completion(c.id, c.fence, text)
+
+        async def committing() -> None:
+            await tx.commit(completion)
+            self.committed = completion  # at once: this run may be stopped meanwhile
+
+        self.committing = True
+        try:
+            await self.session.call("a transaction's commit", committing)
+        except LeaseLost as exc:
+            await self._rollback(tx)  # a commit cut short cleaned up after itself; one never
+            raise LeaseLost(  # sent must be rolled back
+                f"task {c.id}: {exc}; whether its transaction committed is unknown (its "
+                "writes and its completion landed together or not at all)"
+            ) from exc
+        except BaseException:
+            if self.committed is None:
+                await self._rollback(tx)  # stopped before the commit was sent: roll back
+            raise
+        finally:
+            self.committing = False
+
+    async def rollback(self, tx: TaskTransaction) -> None:
+        self.tx = None
+        await self._rollback(tx)
+
+    async def _rollback(self, tx: TaskTransaction) -> None:
+        try:
+            await bounded(self.session.clock, tx.rollback(), ROLLBACK_WITHIN)
+        except (TimeoutError, ContendError, OSError) as exc:
+            log.warning("task %s: its transaction's rollback failed: %r", self.claimed.id, exc)
+
+    async def pause(self, tries: int) -> None:
+        await self.session.clock.sleep(min(0.5, 0.002 * 2**tries) * random.uniform(0.5, 1))
+
+    async def _under_session(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        """``make()`` under the session (sent only while it is safe, bounded by its lease);
+        a lease that is lost or runs out meanwhile is this run's FencedOut."""
+        c = self.claimed
+        try:
+            return await self.session.call(what, make)
+        except LeaseLost as exc:
+            raise FencedOut(
+                c.id, c.fence, f"{what} not answered in time: {exc}", reason="expert_lease"
+            ) from exc
+
 
 class Ended:
-    """The host of a context whose run is over: a checkpoint it is asked for is refused."""
+    """The host of a context whose run is over: a checkpoint or a transaction it is asked for
+    is refused."""
 
     def __init__(self, claimed: Claimed) -> None:
         self.claimed = claimed
 
     async def checkpoint(self, text: str) -> None:
         raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+    async def begin(self) -> TaskTransaction:
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+    async def commit(self, tx: TaskTransaction) -> None:
+        await tx.rollback()
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+    async def rollback(self, tx: TaskTransaction) -> None:
+        await tx.rollback()
+
+    async def pause(self, tries: int) -> None:
+        return None
 
 
 class Executor:
@@ -142,6 +259,7 @@ class Executor:
             _host=run,
             _loop=asyncio.get_running_loop(),
         )
+        run.started = self.clock.monotonic()
         self.runs[claimed.id] = run
         self.hooks.before_execute(self.name, claimed)
         run.task = asyncio.create_task(self._execute(run), name=f"contend-task-{claimed.id}")
@@ -150,7 +268,7 @@ class Executor:
     # -- a run -----------------------------------------------------------------------------
     async def _execute(self, run: Run) -> None:
         c = run.claimed
-        started = self.clock.monotonic()
+        started = run.started
         try:
             tt = self.tasks.get(c.type)
             if tt is None:
@@ -167,12 +285,16 @@ class Executor:
                 outcome, error = self._failure(tt, c, exc), exc
                 if isinstance(exc, ChildFailed):
                     error = exc.error or exc
+            if run.committed is not None:  # its own transaction completed it
+                outcome, error = self._committed(run, outcome, error)
             seconds = self.clock.monotonic() - started
             mean = self.mean_run
             self.mean_run = seconds if mean is None else mean + 0.05 * (seconds - mean)
             self.tracker.record(c.type, error is None, seconds)
             self._finish(run, outcome, error, seconds)
         finally:
+            if run.tx is not None:  # opened and never ended (the block was not left)
+                await run.rollback(run.tx)
             if self.runs.get(c.id) is run:
                 del self.runs[c.id]
             # The run and its context point at each other: without this, every task would
@@ -180,6 +302,32 @@ class Executor:
             run.ctx._host = Ended(c)
             self._ended.set()
             self.on_free()
+
+    @staticmethod
+    def _committed(
+        run: Run, outcome: Outcome, error: BaseException | None
+    ) -> tuple[Outcome, BaseException | None]:
+        """The outcome of a run whose transaction committed: what it committed, whatever the
+        task did after it."""
+        committed = run.committed
+        assert committed is not None
+        c = run.claimed
+        if error is not None:
+            log.warning(
+                "task %s raised %r after its transaction committed; it stays succeeded",
+                c.id,
+                error,
+            )
+        elif isinstance(outcome, Completion) and outcome.result_json not in (
+            "null",
+            committed.result_json,
+        ):
+            log.warning(
+                "task %s: what it returned after its transaction committed is ignored; its "
+                "result is the transaction's (tx.result)",
+                c.id,
+            )
+        return committed, None
 
     @staticmethod
     def _failure(tt: TaskType, c: Claimed, exc: Exception) -> Failure:
@@ -237,6 +385,9 @@ class Executor:
             return  # stopped meanwhile: nothing of it may be committed
         run.finished = True
         self.hooks.after_execute(self.name, run.claimed, outcome, seconds, error)
+        if outcome is run.committed:
+            self.hooks.on_committed(self.name, outcome)  # in its transaction: nothing to send
+            return
         self._deliver(outcome, run.session)
 
     # -- stopping runs ---------------------------------------------------------------------
@@ -247,7 +398,13 @@ class Executor:
         if run.task is not None:
             run.task.cancel()
         self.runs.pop(run.claimed.id, None)
-        if not was_finished:
+        if was_finished:
+            pass
+        elif run.committed is not None:  # completed in its transaction: stopped after it
+            seconds = self.clock.monotonic() - run.started
+            self.hooks.after_execute(self.name, run.claimed, run.committed, seconds, None)
+            self.hooks.on_committed(self.name, run.committed)
+        else:
             self.hooks.on_abandoned(self.name, run.claimed, reason)
         self._ended.set()
         self.on_free()
@@ -257,12 +414,14 @@ class Executor:
         runs = [r for r in self.runs.values() if r.session is session]
         for run in runs:
             self.abandon(run, reason)
-        return len(runs)
+        return sum(1 for r in runs if r.committed is None)
 
     def retain(self, held: Mapping[str, int]) -> None:
         """Stop the runs whose task the store no longer gives this expert under their fence
         (cancelled, expired, taken over)."""
         for task_id, run in list(self.runs.items()):
+            if run.committed is not None or run.committing:
+                continue  # completed in its transaction (or completing): no longer held
             if held.get(task_id) != run.claimed.fence and not run.finished:
                 log.warning(
                     "expert %s: task %s (fence %d) is no longer ours; stopping it",

@@ -32,6 +32,7 @@ from typing import IO, Any
 from contend.domain.task import JSON
 from contend.errors import FencedOut, PayloadError
 from contend.runtime.context import TaskContext, _current
+from contend.store.port import TaskTransaction
 
 ISOLATIONS = (None, "process")
 #: The longest JSON line either side sends (a payload is at most 1 MiB of JSON, escaped).
@@ -196,6 +197,21 @@ class _PipeHost:
         reply = await loop.run_in_executor(None, self._parent.ask, {"checkpoint": text})
         if "fenced" in reply:
             raise FencedOut(self._ctx.task_id, self._ctx.fence, reply["fenced"])
+
+    async def begin(self) -> TaskTransaction:
+        raise RuntimeError(
+            "ctx.transaction() is not available to a task run with isolation='process': its "
+            "connection to the store stays in the expert"
+        )
+
+    async def commit(self, tx: TaskTransaction) -> None:
+        await self.begin()
+
+    async def rollback(self, tx: TaskTransaction) -> None:
+        return None
+
+    async def pause(self, tries: int) -> None:
+        return None
 
 
 def _resolve(target: str) -> Callable[..., Any]:

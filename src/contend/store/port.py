@@ -14,6 +14,10 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
   :class:`~contend.errors.LeaseLost` and never revives it.
 * ``expire`` returns tasks whose lease lapsed to ``pending`` (``dead`` when their attempts are
   spent), keeping their checkpoint.
+* ``begin`` opens a task's own transaction on the store's database (where
+  ``promises.transactions``): its ``commit`` writes the task's completion under the same fence,
+  owner and lease check as ``complete``, inside that transaction, so that the task's own writes
+  and its completion land together or not at all; a refused commit rolls back everything.
 * A refused submission (bad dependency, cycle) leaves the store unchanged.
 * ``submit`` is all or none up to ``promises.atomic_submit`` tasks (every size when it is
   None). A larger batch may be written in parts: every check still runs before the first
@@ -223,10 +227,43 @@ class StoreStats:
 @dataclass(frozen=True, slots=True)
 class Promises:
     """What a backend promises where the port lets backends differ; the contract suite reads
-    it instead of assuming. ``atomic_submit``: the largest submission written all or none
-    (None: any size)."""
+    it instead of assuming.
+
+    * ``atomic_submit`` — the largest submission written all or none (None: any size).
+    * ``transactions`` — :meth:`Store.begin` gives a task a transaction of its own on the
+      store's database (``ctx.transaction()``); False: ``begin`` raises ConfigError.
+    * ``exclusive_transactions`` — such a transaction holds the store's write lock from
+      ``begin`` to its end (SQLite): no other writer, in any process, writes meanwhile.
+    """
 
     atomic_submit: int | None = None
+    transactions: bool = False
+    exclusive_transactions: bool = False
+
+
+class TaskTransaction(Protocol):
+    """A task's own transaction on the store's database, opened by :meth:`Store.begin` for the
+    task's owner at its fence. Each backend's class adds what the task writes with (a
+    PostgreSQL or SQLite ``connection``; operations and compares for etcd and the memory
+    store); ``result`` is what the task sets as its result (JSON, None by default).
+
+    Exactly one of ``commit`` or ``rollback`` ends it."""
+
+    result: JSON
+
+    async def commit(self, completion: Completion) -> None:
+        """Write *completion* (the task's result under its fence) in this transaction and
+        commit both, or neither. The fence, owner and lease are checked inside the
+        transaction, as ``complete`` checks them. Raises :class:`~contend.errors.FencedOut`
+        (rolled back: the writer no longer holds the task) or
+        :class:`~contend.errors.TransactionConflict` (rolled back: a compare of the task's
+        own failed, or the database refused a conflict; the claim still holds). Any other
+        error rolls back too, unless the commit itself was sent and got no answer: then the
+        outcome is unknown (the error says so) — both or neither, still."""
+
+    async def rollback(self) -> None:
+        """Undo everything written in the transaction and end it. Safe to call twice, and
+        after a failed commit."""
 
 
 @runtime_checkable
@@ -332,6 +369,11 @@ class Store(Protocol):
 
     async def expire(self) -> int:
         """Return lapsed tasks to pending (or dead); returns how many moved."""
+
+    async def begin(self, expert: str, task_id: str, fence: int) -> TaskTransaction:
+        """Open the task's own transaction on the store's database, for *expert*, the owner of
+        *task_id* at *fence*. Raises FencedOut (and opens nothing) when it does not hold the
+        task now, ConfigError when ``promises.transactions`` is false."""
 
     # -- management ------------------------------------------------------------------------
     async def cancel(self, task_id: str) -> Task:

@@ -31,6 +31,7 @@ from contend.store.etcd.config import etcd_url_options, parse_etcd_url
 from contend.store.etcd.housekeeping import LEVEL_SWEEP
 from contend.store.etcd.record import Record as _Rec
 from contend.store.etcd.store import EtcdStore
+from contend.store.etcd.transactions import EtcdTransaction
 from contend.store.etcd.txn import DELETE, GET, PUT
 from contend.store.etcd.txn import put as _put
 
@@ -40,6 +41,7 @@ __all__ = [
     "LEVEL_SWEEP",
     "PUT",
     "EtcdStore",
+    "EtcdTransaction",
     "_Rec",
     "_put",
     "etcd_url_options",

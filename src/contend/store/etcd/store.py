@@ -21,6 +21,7 @@ from contend.store.etcd.owner import Owned, OwnerWrites
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.submit import Submitter
+from contend.store.etcd.transactions import Transactions
 from contend.store.etcd.txn import absent, get, put
 from contend.store.etcd.watch import Changes
 from contend.store.port import Promises, Store
@@ -39,7 +40,8 @@ class EtcdStore:
 
     #: A submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in
     #: tasks without dependencies); only a single task is promised to be written all or none.
-    promises = Promises(atomic_submit=1)
+    #: A task's own transaction is one Txn with its completion (transactions.py).
+    promises = Promises(atomic_submit=1, transactions=True)
 
     def __init__(
         self,
@@ -103,6 +105,7 @@ class EtcdStore:
         self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
         self.compact_history = manage.compact_history
         self.wait_for_change = self._changes.wait  # watch.py
+        self.begin = Transactions(etcd, keys, clock, owned, dependants, touch).begin
 
     # -- connection --------------------------------------------------------------------------
     async def open(self) -> None:
@@ -169,6 +172,13 @@ class EtcdStore:
 
     async def now(self) -> float:
         return self._clock()
+
+    async def read_key(self, key: str | bytes) -> bytes | None:
+        """The value of a key of your own, outside the store's prefix (what tasks' transactions
+        wrote); None when absent."""
+        k = key.encode() if isinstance(key, str) else key
+        kv = (await self._etcd.read_many([k]))[0]
+        return None if kv is None else bytes(kv.value)
 
 
 def _is_a_store(store: EtcdStore) -> Store:

@@ -13,5 +13,6 @@ It is also the reference for the other backends: the contract suite runs unchang
 
 from contend.store.memory.records import HISTORY_LIMIT
 from contend.store.memory.store import MemoryStore
+from contend.store.memory.transactions import MemoryTransaction
 
-__all__ = ["HISTORY_LIMIT", "MemoryStore"]
+__all__ = ["HISTORY_LIMIT", "MemoryStore", "MemoryTransaction"]

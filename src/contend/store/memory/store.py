@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Sequence
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Task, TaskSpec, TaskState, next_promotion
+from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState, next_promotion
 from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut, TaskNotFound
 from contend.store._common import (
@@ -25,6 +26,7 @@ from contend.store._common import (
 from contend.store.memory.index import TaskIndex
 from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
 from contend.store.memory.sessions import Sessions
+from contend.store.memory.transactions import MemoryTransaction, check_key, conflict
 from contend.store.port import (
     Auction,
     Backlog,
@@ -51,7 +53,9 @@ class MemoryStore:
     through :meth:`_set_state`, which keeps the indexes in step.
     """
 
-    promises = Promises()  # one process: every submission is atomic
+    #: One process: every submission is atomic. A task's transaction reads and writes the
+    #: store's key-value space (``value()``), without a lock: a conflict is found at commit.
+    promises = Promises(transactions=True)
 
     def __init__(
         self,
@@ -73,6 +77,8 @@ class MemoryStore:
         self._done_times: list[float] = []
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
         self._auction_close: dict[str, float] = {}
+        self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
+        self._value_version = 0
 
     async def open(self) -> None:
         return None
@@ -413,6 +419,49 @@ class MemoryStore:
         out = self._write_each(expert, items, lambda _: outcome)
         self._touch()
         return out
+
+    # -- a task's own transaction (transactions.py) ----------------------------------------
+    async def begin(self, expert: str, task_id: str, fence: int) -> MemoryTransaction:
+        row = self._owned(expert, task_id, fence, self._clock())
+        if isinstance(row, FencedOut):
+            raise row
+        return MemoryTransaction(self, expert, task_id, fence)
+
+    def value(self, key: str) -> JSON:
+        """The value of *key* in the store's key-value space, as committed transactions left
+        it (None when absent)."""
+        text, _ = self._read_value(check_key(key))
+        return None if text is None else json.loads(text)
+
+    def _read_value(self, key: str) -> tuple[str | None, int]:
+        text, version = self._values.get(key, (None, 0))
+        return text, version
+
+    def _commit_values(
+        self,
+        expert: str,
+        completion: Completion,
+        reads: dict[str, int],
+        writes: dict[str, str | None],
+    ) -> None:
+        """Check the claim and the reads, then apply the writes and the completion: one step,
+        nothing awaited in between."""
+        now = self._clock()
+        row = self._owned(expert, completion.task_id, completion.fence, now)
+        if isinstance(row, FencedOut):
+            raise row
+        for key, version in reads.items():
+            if self._read_value(key)[1] != version:
+                raise conflict(completion.task_id, key)
+        for key, text in writes.items():
+            if text is None:
+                self._values.pop(key, None)
+            else:
+                self._value_version += 1
+                self._values[key] = (text, self._value_version)
+        outcome = rules.completed(expert, completion.result_json, in_transaction=True)
+        self._apply(completion.task_id, row, outcome, now)
+        self._touch()
 
     # -- housekeeping and management -------------------------------------------------------
     async def expire(self) -> int:

@@ -37,6 +37,7 @@ Where things are:
 ``claims``              peek, claim and steal (``FOR UPDATE SKIP LOCKED``)
 ``owner_writes``        start, checkpoint, complete, fail, release (fenced, batched)
 ``refusals``            why a fenced write did not land
+``transactions``        a task's own transaction, its completion written in it under the fence
 ``sessions``            register, renew, deregister an expert; the liveness check
 ``housekeeping``        expire lapsed claims, age pending tasks, drop finished auctions
 ``auctions``            bids and their ranking
@@ -49,6 +50,7 @@ Where things are:
 
 from contend.store.postgres.migrations import SCHEMA_VERSION
 from contend.store.postgres.store import PostgresStore
+from contend.store.postgres.transactions import PostgresTransaction
 from contend.store.postgres.url import parse_postgres_url
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "parse_postgres_url"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "PostgresTransaction", "parse_postgres_url"]

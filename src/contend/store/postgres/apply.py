@@ -68,11 +68,15 @@ def apply(
     *,
     notify: bool = False,
     before: str = "",
+    returning: str = "",
+    live: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """The statement that applies *decided* where *guard* holds (``t`` is the task, ``i`` the
     task's id, fence and outcome), recording their history lines, and its parameters. It
     returns ``(id, state)`` of each task it changed; with *notify* it also wakes the listeners
-    (at commit). *before* is more CTEs (each ending in a comma) for the same statement.
+    (at commit). *before* is more CTEs (each ending in a comma) for the same statement;
+    *returning* more columns of ``applied`` to return after those two; *live*: the time when
+    the statement runs, not its transaction's start (``Database.sql``).
 
     A field that has one value for the whole batch (for a completion, all but the result) is
     sent once rather than as an array: the text depends only on which fields vary, so each
@@ -108,7 +112,8 @@ def apply(
         "), events AS ("
         "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
         "  SELECT id, {now}, event, fence, actor, detail FROM applied"
-        f") SELECT id, state{wake} FROM applied"
+        f") SELECT id, state{returning}{wake} FROM applied",
+        live=live,
     )
     return sql, params
 

@@ -38,6 +38,9 @@ LOST_SCHEMA = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 
 #: The store's "now" in every statement: the injected clock's value, else the database's.
 NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
+#: The same, read when the statement runs: ``now()`` is the transaction's start, which in a
+#: task's own transaction (``transactions.py``) may be long past.
+NOW_LIVE = "coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)"
 
 
 class Database:
@@ -64,6 +67,8 @@ class Database:
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._pool: Pool | None = None
+        self._tx_pool: Pool | None = None  # tasks' own transactions, opened on first use
+        self._tx_pool_lock = asyncio.Lock()
 
     @property
     def is_open(self) -> bool:
@@ -107,12 +112,39 @@ class Database:
         self._pool = pool
 
     async def close(self) -> None:
+        if self._tx_pool is not None:
+            await self._tx_pool.close()
+            self._tx_pool = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
 
-    def sql(self, text: str) -> str:
-        return text.replace("{s}", self._s).replace("{now}", NOW)
+    async def tx_pool(self) -> Pool:
+        """The pool of tasks' own transactions (``ctx.transaction()``), apart from the store's
+        so that a task holding a connection for its block never delays a renewal; made on first
+        use, with no connection kept open before one is asked for."""
+        if self._pool is None:
+            raise StoreError("the PostgreSQL store is not open (call await store.open())")
+        async with self._tx_pool_lock:
+            if self._tx_pool is None:
+                pool: Pool = AsyncConnectionPool(
+                    self.dsn,
+                    kwargs=self.connect_kwargs(self.dsn),
+                    min_size=0,
+                    max_size=self._pool_size,
+                    open=False,
+                    timeout=self.retry_deadline,
+                    reconnect_timeout=self.retry_deadline,
+                    name=f"contend-{self.schema}-tasks",
+                )
+                await pool.open(wait=False)
+                self._tx_pool = pool
+            return self._tx_pool
+
+    def sql(self, text: str, *, live: bool = False) -> str:
+        """*text* with its ``{s}`` (the schema) and ``{now}`` holes filled; *live*: the time
+        when the statement runs rather than when its transaction began."""
+        return text.replace("{s}", self._s).replace("{now}", NOW_LIVE if live else NOW)
 
     def params(self, **params: Any) -> dict[str, Any]:
         params["now"] = None if self.clock is None else float(self.clock())

@@ -61,18 +61,37 @@ async def refusals(
     return out
 
 
+async def refusal_now(
+    db: Database,
+    cur: Cursor,
+    expert: str,
+    task_id: str,
+    fence: int,
+    states: frozenset[TaskState],
+) -> FencedOut | None:
+    """Why *expert* may not write *task_id* at *fence* now (None: it may), as the domain's
+    :func:`~contend.domain.transitions.refusal` says from what the store holds, the leases
+    judged at the time the statement runs (in a transaction begun long ago, too)."""
+    now_, expert_live, found = await _holdings(db, cur, expert, [task_id], live=True)
+    return rules.refusal(
+        task_id, fence, expert, found.get(task_id), now_, expert_live=expert_live, states=states
+    )
+
+
 async def _holdings(
-    db: Database, cur: Cursor, expert: str, ids: list[str]
+    db: Database, cur: Cursor, expert: str, ids: list[str], *, live: bool = False
 ) -> tuple[float, bool, dict[str, Holding]]:
-    """The store's now, whether *expert*'s lease is live, and what the store holds of those of
-    *ids* that exist (one row even when none does)."""
+    """The store's now (*live*: when the statement runs), whether *expert*'s lease is live,
+    and what the store holds of those of *ids* that exist (one row even when none does)."""
+    params = db.params(ids=ids, expert=expert)
     await cur.execute(
         db.sql(
             "SELECT {now}, (SELECT e.lease_deadline >= {now} FROM {s}.experts e"
             "  WHERE e.id = %(expert)s), t.id, t.fence, t.owner, t.state, t.lease_deadline"
-            " FROM (VALUES (1)) AS one(x) LEFT JOIN {s}.tasks t ON t.id = ANY(%(ids)s)"
+            " FROM (VALUES (1)) AS one(x) LEFT JOIN {s}.tasks t ON t.id = ANY(%(ids)s)",
+            live=live,
         ),
-        db.params(ids=ids, expert=expert),
+        params,
     )
     rows: list[Any] = await cur.fetchall()
     found = {r[2]: Holding(r[3], r[4], r[5], r[6]) for r in rows if r[2] is not None}

@@ -21,6 +21,7 @@ from contend.store.postgres import (
     schema,
     sessions,
     submission,
+    transactions,
 )
 from contend.store.postgres.database import Database
 from contend.store.postgres.url import TRUE, parse_postgres_url
@@ -31,7 +32,9 @@ class PostgresStore:
     """A store in a PostgreSQL schema. One instance per process; it keeps a connection pool
     and one listener connection."""
 
-    promises = Promises()  # one transaction per submission, whatever its size
+    #: One transaction per submission, whatever its size; a task's own transaction on a
+    #: connection of the same database (transactions.py).
+    promises = Promises(transactions=True)
 
     def __init__(
         self,
@@ -86,6 +89,7 @@ class PostgresStore:
         self.renew = bind(sessions.renew, db)
         self.deregister_expert = bind(sessions.deregister_expert, db)
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
+        self.begin = bind(transactions.begin, db)  # transactions.py
 
     # -- opening and closing ---------------------------------------------------------------
 

@@ -8,6 +8,8 @@
   which shares the lock fairly between processes.
 * Wake-ups: ``PRAGMA data_version`` tells, without taking a lock, whether another connection
   committed; an idle expert checks it every few milliseconds.
+* A task's own transaction (``ctx.transaction()``, :mod:`~contend.store.sqlite.transactions`)
+  is a connection of its own to the file, holding the write lock from its start to its end.
 * Times come from this host's clock (all processes share it); tests inject a fake clock.
 
 Durability: ``synchronous=NORMAL`` by default, which in WAL mode survives any process crash
@@ -17,6 +19,7 @@ URL to survive that too, at the cost of an fsync per commit.
 
 from contend.store.sqlite.schema import APPLICATION_ID, SCHEMA, SCHEMA_VERSION, TASK_COLUMNS
 from contend.store.sqlite.store import SQLiteStore
+from contend.store.sqlite.transactions import SQLiteTransaction
 from contend.store.sqlite.url import parse_sqlite_url
 
 __all__ = [
@@ -25,5 +28,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "TASK_COLUMNS",
     "SQLiteStore",
+    "SQLiteTransaction",
     "parse_sqlite_url",
 ]

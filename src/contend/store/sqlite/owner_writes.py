@@ -24,7 +24,7 @@ from contend.store.sqlite.rows import chunks
 _Held = tuple[Any, ...]
 
 
-def _check(
+def check_owners(
     conn: sqlite3.Connection,
     now: float,
     expert: str,
@@ -71,7 +71,7 @@ def _owner_write(
 
     def run(conn: sqlite3.Connection) -> list[FencedOut | None]:
         now = db.clock()
-        out, ok = _check(conn, now, expert, items, states)
+        out, ok = check_owners(conn, now, expert, items, states)
         if ok:
             changes = [(r[0], r[1], outcomes[n], r[5], r[6]) for n, r in ok]
             apply_outcomes(conn, now, changes)
@@ -90,7 +90,7 @@ async def start(
 async def checkpoint(db: Database, expert: str, task_id: str, fence: int, state_json: str) -> None:
     def run(conn: sqlite3.Connection) -> FencedOut | None:
         now = db.clock()
-        (res,), ok = _check(conn, now, expert, [(task_id, fence)], rules.WRITE_STATES)
+        (res,), ok = check_owners(conn, now, expert, [(task_id, fence)], rules.WRITE_STATES)
         if ok:
             conn.execute(
                 "UPDATE tasks SET checkpoint = ?, updated_at = ? WHERE id = ?",

@@ -23,6 +23,7 @@ from contend.store.sqlite import (
 )
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.schema import prepare
+from contend.store.sqlite.transactions import Transactions
 from contend.store.sqlite.url import parse_sqlite_url, sync_pragma
 
 
@@ -32,7 +33,9 @@ class SQLiteStore:
     ``create=False`` opens an existing store only: a file that does not exist or is empty
     raises SchemaError and is left as it is (the read-only commands open stores so)."""
 
-    promises = Promises()  # one write transaction per submission, whatever its size
+    #: One write transaction per submission, whatever its size. A task's transaction holds the
+    #: write lock from begin to end (transactions.py).
+    promises = Promises(transactions=True, exclusive_transactions=True)
 
     def __init__(
         self,
@@ -74,6 +77,8 @@ class SQLiteStore:
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
         self.cancel = bind(management.cancel, db)  # management.py
         self.retry = bind(management.retry, db)
+        self._transactions = Transactions(db, self._sync)  # transactions.py
+        self.begin = self._transactions.begin
 
     # -- connection and the parts that are not a function of the database -------------
     async def open(self) -> None:
@@ -83,6 +88,7 @@ class SQLiteStore:
         )
 
     async def close(self) -> None:
+        self._transactions.close()
         await self._db.close()
 
     async def now(self) -> float:

@@ -25,6 +25,7 @@ A backend outside this repository runs it as this repository runs it on its own 
     from contend.testing.contract.management import *  # noqa: F403
     from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401
     from contend.testing.contract.submission import *  # noqa: F403
+    from contend.testing.contract.transactions import *  # noqa: F403
 
 Every test takes the ``harness`` fixture and runs once per registered backend. What a backend
 cannot promise it declares in ``Harness.extra`` (see :class:`Harness`); a test that depends on
@@ -45,6 +46,7 @@ pytest.register_assert_rewrite(
     "contend.testing.contract.management",
     "contend.testing.contract.stateful",
     "contend.testing.contract.submission",
+    "contend.testing.contract.transactions",
 )
 
 from contend.testing.contract.harness import (  # noqa: E402

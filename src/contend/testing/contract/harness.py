@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from contend.store.port import Store
+from contend.testing.counters import Counter, counter_for
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Harness:
       Tests express their waits and delays in multiples of it where they can.
     * ``tolerance`` — how far (seconds) two readings of the store's clock taken around one call
       may differ; 0 for a fake clock, a little for a real one. ``at(t)`` compares with it.
+    * ``extra["counter"]`` — for a backend with transactions that
+      :func:`contend.testing.counters.counter_for` does not know: ``name -> Counter``, a counter
+      in the store's own database that a task's transaction increments.
     """
 
     name: str
@@ -54,6 +58,11 @@ class Harness:
     ttl: float = 10.0
     tolerance: float = 1e-6
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def counter(self, name: str = "hits") -> Counter:
+        """A counter in the store's own database (see ``extra["counter"]``)."""
+        make = self.extra.get("counter")
+        return make(name) if make is not None else counter_for(self.store, name)
 
     def at(self, t: float) -> Any:
         """A time on the store's clock, compared with ``tolerance``: ``x == h.at(now + 5)``."""
