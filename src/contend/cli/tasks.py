@@ -18,6 +18,7 @@ from contend.cli.common import (
     with_store,
 )
 from contend.domain.task import TaskState
+from contend.store.diagnosis import diagnose
 from contend.store.port import Store
 
 # The fields of a task in ``list --json`` and in the answer of ``retry``/``cancel --json``.
@@ -96,12 +97,16 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
         task = await store.get(args.id, history=True)
         data = task.to_json()
+        why = await diagnose(store, task)
         if args.json:
+            data["why_not_running"] = None if why is None else why.to_json()
             print_json(data)
             return 0
         now = await store.now()
         for k in SHOW_FIELDS:
             print(f"{k:>13}: {data[k] if data[k] is not None else '-'}")
+        if why is not None:
+            print(f"{'not running':>13}: {why.blocker}: {why.message}")
         print(f"{'created':>13}: {age(now - task.created_at)} ago")
         if task.lease_deadline is not None:
             print(f"{'lease left':>13}: {age(task.lease_deadline - now)}")

@@ -179,6 +179,7 @@ class Expert:
             tier=self.config.tier,
             host=socket.gethostname(),
             pid=os.getpid(),
+            task_types=tuple(sorted(self.app.tasks)),
         )
 
     async def run(self) -> None:

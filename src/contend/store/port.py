@@ -83,6 +83,8 @@ class ExpertInfo:
     tier: str = "general"
     host: str = ""
     pid: int = 0
+    #: The task types the expert's app has (empty: not said; an older expert).
+    task_types: tuple[str, ...] = ()
 
     def to_json_text(self) -> str:
         return json.dumps(
@@ -94,6 +96,7 @@ class ExpertInfo:
                 "tier": self.tier,
                 "host": self.host,
                 "pid": self.pid,
+                "task_types": list(self.task_types),
             }
         )
 
@@ -111,6 +114,7 @@ class ExpertInfo:
             tier=d.get("tier", "general"),
             host=d.get("host", ""),
             pid=int(d.get("pid", 0)),
+            task_types=tuple(d.get("task_types", ())),
         )
 
 
@@ -139,6 +143,7 @@ class ExpertRecord:
             "tier": self.info.tier,
             "host": self.info.host,
             "pid": self.info.pid,
+            "task_types": list(self.info.task_types),
             "load": self.load,
             "lease_deadline": self.lease_deadline,
             "heartbeat_at": self.heartbeat_at,
