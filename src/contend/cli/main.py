@@ -126,17 +126,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- logging and main ----------------------------------------------------------------------
+#: The fields a log line about a task carries (``contend.runtime.hooks.task_fields``).
+TASK_LOG_FIELDS = ("task_id", "task_type", "expert", "fence", "attempt")
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "ts": round(record.created, 3),
-                "level": record.levelname,
-                "logger": record.name,
-                "pid": record.process,
-                "msg": record.getMessage(),
-            }
-        )
+        line = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        for name in TASK_LOG_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = value
+        return json.dumps(line)
 
 
 def configure_logging(level: str, as_json: bool) -> None:

@@ -28,7 +28,7 @@ from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
-from contend.runtime.hooks import Hook, Outcome
+from contend.runtime.hooks import Hook, Outcome, task_fields
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
 from contend.store.port import Claimed, Completion, Failure, Store
@@ -262,10 +262,13 @@ class Executor:
         for task_id, run in list(self.runs.items()):
             if held.get(task_id) != run.claimed.fence and not run.finished:
                 log.warning(
-                    "expert %s: task %s (fence %d) is no longer ours; stopping it",
+                    "expert %s: task %s (%s) attempt %d fence %d is no longer ours; stopping it",
                     self.name,
                     task_id,
+                    run.claimed.type,
+                    run.claimed.attempt,
                     run.claimed.fence,
+                    extra=task_fields(self.name, run.claimed),
                 )
                 self.abandon(run, "no longer this expert's")
 

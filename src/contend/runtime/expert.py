@@ -102,6 +102,7 @@ class _Parts:
             competition=e.competition,
             load=lambda: self.executor.load,
             on_join_or_leave=e._wake_claimer,
+            hooks=e.hooks,
         )
 
 
