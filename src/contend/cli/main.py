@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from contend.cli import expert, migrate, status, submit, tasks
+from contend.cli import dashboard, expert, migrate, status, submit, tasks
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         tasks.add_parser,
         status.add_parser,
         migrate.add_parser,
+        dashboard.add_parser,
         _add_demo,
         _add_bench,
     ):
