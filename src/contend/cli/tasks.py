@@ -73,6 +73,17 @@ def add_parser(sub: Subcommands) -> None:
         add_read_options(sp)
 
 
+def progress_text(p: Any) -> str:
+    """``3/10 (30%) resizing`` from a task's progress."""
+    if not isinstance(p, dict):
+        return json.dumps(p)
+    done, total, note = p.get("done"), p.get("total"), p.get("note")
+    text = f"{done:g}" if isinstance(done, int | float) else str(done)
+    if isinstance(total, int | float) and isinstance(done, int | float):
+        text += f"/{total:g}" + (f" ({done / total:.0%})" if total else "")
+    return f"{text} {note}" if note else text
+
+
 def task_summary(d: dict[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in SUMMARY_FIELDS}
 
@@ -111,6 +122,8 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         if task.lease_deadline is not None:
             print(f"{'lease left':>13}: {age(task.lease_deadline - now)}")
         print(f"{'args':>13}: {json.dumps(task.args)}  kwargs: {json.dumps(task.kwargs)}")
+        if task.progress is not None:
+            print(f"{'progress':>13}: {progress_text(task.progress)}")
         for k in ("result", "error", "checkpoint"):
             if data[k] is not None:
                 print(f"{k:>13}: {json.dumps(data[k])[:2000]}")

@@ -263,6 +263,20 @@ def _button(task_id: str, action: str, csrf: str) -> Safe:
     )
 
 
+def _progress(p: Mapping[str, Any]) -> Safe:
+    done, total, note = p.get("done"), p.get("total"), p.get("note")
+    parts: list[Any] = []
+    if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+        share = max(0.0, min(1.0, done / total))
+        parts.append(tag("progress", f"{share:.0%}", value=f"{share:.3f}", max="1"))
+        parts.append(f" {done:g} of {total:g} ({share:.0%})")
+    else:
+        parts.append(f"{done}")
+    if note:
+        parts.append(f" — {note}")
+    return tag("span", join(parts), id="progress")
+
+
 def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: str = "") -> str:
     facts: list[tuple[str, Any]] = [
         ("state", state_badge(str(task.state))),
@@ -281,6 +295,8 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
     if task.depends_on:
         links = join((tag("a", d, href=f"/tasks/{d}", class_="mono") for d in task.depends_on), " ")
         facts.append(("depends on", links))
+    if isinstance(task.progress, dict):
+        facts.append(("progress", _progress(task.progress)))
     if why is not None:
         facts.append(
             (

@@ -1,5 +1,5 @@
 """What a running task sees of itself: ``ctx.fence``, ``ctx.attempt``, ``ctx.state``, checkpoints,
-and whether it must stop (``ctx.cancelled``, ``ctx.check()``)."""
+progress, and whether it must stop (``ctx.cancelled``, ``ctx.check()``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from contend.domain.task import JSON, encode_json
+from contend.domain.task import JSON, check_progress, encode_json
 from contend.errors import TaskStopped
 
 _current: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("contend_task")
@@ -28,6 +28,9 @@ class TaskHost(Protocol):
     async def checkpoint(self, text: str) -> None:
         """Save the encoded state under the run's fence; raises FencedOut when the run no
         longer owns the task."""
+
+    async def progress(self, text: str) -> None:
+        """Save the encoded progress under the run's fence; raises FencedOut as checkpoint."""
 
 
 @dataclass
@@ -79,6 +82,27 @@ class TaskContext:
             raise RuntimeError("this context is not attached to an expert")
         await self._host.checkpoint(text)
         self.state = state
+
+    async def progress(
+        self, done: float, total: float | None = None, note: str | None = None
+    ) -> None:
+        """Report how far this run is (``done`` of ``total``, with an optional ``note``):
+        saved under this run's fence, shown by ``contend tasks show``, the dashboard and a
+        caller waiting on ``handle.result(on_progress=…)``. Each call is one store write: call
+        it per step, not per item. Raises :class:`~contend.errors.FencedOut` when this run no
+        longer owns the task, and TaskError for values out of shape."""
+        text = encode_json(check_progress(done, total, note), f"progress of task {self.task_id}")
+        if self._host is None:
+            raise RuntimeError("this context is not attached to an expert")
+        await self._host.progress(text)
+
+    def progress_sync(
+        self, done: float, total: float | None = None, note: str | None = None
+    ) -> None:
+        """The same as :meth:`progress`, for sync task functions running in a worker thread."""
+        if self._loop is None:
+            raise RuntimeError("this context is not attached to an event loop")
+        asyncio.run_coroutine_threadsafe(self.progress(done, total, note), self._loop).result()
 
     def checkpoint_sync(self, state: JSON) -> None:
         """The same as :meth:`checkpoint`, for sync task functions running in a worker thread."""

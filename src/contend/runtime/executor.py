@@ -16,7 +16,7 @@ import contextvars
 import json
 import logging
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,12 +74,23 @@ class Run:
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
+        await self._save(
+            "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
+        )
+
+    async def progress(self, text: str) -> None:
+        c = self.claimed
+        await self._save(
+            "a progress report", lambda: self.store.progress(self.expert, c.id, c.fence, text)
+        )
+
+    async def _save(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        """A fenced write of the running task, under its session."""
+        c = self.claimed
         if self.finished:
             raise FencedOut(c.id, c.fence, "this run was stopped")
         try:
-            await self.session.call(
-                "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
-            )
+            await self.session.call(what, write)
         except LeaseLost as exc:
             detail = f"this expert's lease lapsed: {exc}"
             raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
@@ -92,6 +103,9 @@ class Ended:
         self.claimed = claimed
 
     async def checkpoint(self, text: str) -> None:
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+    async def progress(self, text: str) -> None:
         raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
 
 
@@ -207,6 +221,7 @@ class Executor:
                     dict(c.kwargs),
                     ctx if tt.pass_context else None,
                     run.checkpoint,
+                    run.progress,
                 )
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:

@@ -54,6 +54,7 @@ class Claimed:
     timeout: float | None
     lease_deadline: float
     priority: int = 0
+    trace: Mapping[str, str] | None = None  # the submitter's trace context
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +324,10 @@ class Store(Protocol):
 
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
         """Save a running task's state; raises FencedOut."""
+
+    async def progress(self, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+        """Save a running task's progress (``Task.progress``), fenced as a checkpoint is;
+        raises FencedOut."""
 
     async def complete(
         self, expert: str, items: Sequence[Completion]
