@@ -43,3 +43,12 @@ async def slow(ctx: TaskContext, seconds: float) -> dict[str, Any]:
 @app.task
 def echo(value: Any) -> Any:
     return value
+
+
+@app.task
+async def report(ctx: TaskContext, steps: int) -> int:
+    """Reports its progress at each step (ctx.progress)."""
+    for i in range(1, steps + 1):
+        await asyncio.sleep(0.05)
+        await ctx.progress(i, steps, f"step {i} of {steps}")
+    return steps

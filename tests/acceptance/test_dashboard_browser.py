@@ -182,6 +182,17 @@ def test_the_dashboard_in_a_real_browser(dashboard: tuple[str, str, Experts, int
             assert "succeeded" in page.inner_text("#facts")
             page.screenshot(path=str(SHOTS / "task.png"), full_page=True)
 
+            # a task's progress, as ctx.progress reported it
+            reporting = TaskSpec.build("report", [3])
+            on_store(url, lambda s: s.submit([reporting]))
+            page.goto(f"{base}/tasks/{reporting.id}")
+            deadline = time.monotonic() + 30
+            while "3 of 3" not in (page.inner_text("#facts")):
+                assert time.monotonic() < deadline, page.inner_text("#facts")
+                time.sleep(0.2)
+                page.reload()
+            assert "step 3 of 3" in page.inner_text("#progress")
+
             for path, name in (("/queues", "queues"), ("/competition", "competition")):
                 page.goto(base + path)
                 page.wait_for_selector("main table")
