@@ -2,7 +2,8 @@
 # The whole test suite: lint, types, layer contracts, then every test level.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/venv.sh dev,postgres,etcd
+scripts/venv.sh dev,postgres,etcd,dashboard,metrics,otel
+scripts/install-chromium.sh   # the dashboard tests drive Debian's chromium
 scripts/install-etcd.sh   # the etcd tests start their own server from this binary
 echo "== ruff"; .venv/bin/ruff check src tests benchmarks
 echo "== ruff format"; .venv/bin/ruff format --check src tests benchmarks

@@ -84,3 +84,12 @@ def _log_effect(ctx: TaskContext) -> None:
         )
     out.write(f"{ctx.task_id} {ctx.fence}\n")
     out.flush()  # in the kernel's hands: a kill -9 keeps it
+
+
+@app.task
+async def report(ctx: TaskContext, steps: int) -> int:
+    """Reports its progress at each step (ctx.progress)."""
+    for i in range(1, steps + 1):
+        await asyncio.sleep(0.05)
+        await ctx.progress(i, steps, f"step {i} of {steps}")
+    return steps

@@ -38,6 +38,12 @@ def test_manage_a_task_from_the_cli(tmp_path: Path) -> None:
     assert retried.stdout.strip() == f"{task_id} pending"
     shown = run_cli("tasks", "show", task_id, "--store", url)
     assert "cancelled" in shown.stdout and "retried" in shown.stdout  # the history
+    # pending, and no expert runs: the store says why it is not running
+    assert "not running: no_live_expert: no live expert claims from queue 'default'" in (
+        shown.stdout
+    )
+    why = json.loads(run_cli("tasks", "show", task_id, "--store", url, "--json").stdout)
+    assert why["why_not_running"]["reason"] == "no_live_expert"
     status = run_cli("status", "--store", url, "--json")
     data = json.loads(status.stdout)
     assert data["queues"]["default"]["pending"] == 1

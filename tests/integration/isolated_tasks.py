@@ -31,6 +31,13 @@ def not_json() -> object:
     return {1, 2}
 
 
+def counts(ctx: TaskContext, n: int) -> int:
+    """Reports its progress from the child, one step at a time."""
+    for i in range(1, n + 1):
+        ctx.progress_sync(i, n, f"step {i}")
+    return n
+
+
 def resume(ctx: TaskContext) -> dict[str, object]:
     """Saves a checkpoint on its first attempt and dies; the next attempt sees it."""
     if ctx.attempt == 1:

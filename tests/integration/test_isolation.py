@@ -26,6 +26,7 @@ async def app(tmp_path: Path) -> AsyncIterator[App]:
     process(t.add_async)
     app.task(isolation="process", retries=RetryPolicy(dont_retry_on=(t.Unwelcome,)))(t.refuse)
     process(t.not_json)
+    process(t.counts)
     app.task(isolation="process", retries=2)(t.resume)
     # 3 s: the child must have started (and written its pid) before the timeout, even on a
     # loaded machine; the test is about the kill, not about how fast a process starts
@@ -40,6 +41,13 @@ async def test_results_come_back_as_json_from_a_child(app: App) -> None:
         assert await asyncio.wait_for((await app.submit("add", [2, 3])).result(), 30) == 5
         got = await asyncio.wait_for((await app.submit("add_async", [1, 1])).result(), 30)
         assert got["sum"] == 2 and got["pid"] != os.getpid()
+
+
+async def test_progress_reported_in_a_child_is_saved(app: App) -> None:
+    async with expert(app, "iso"):
+        handle = await app.submit("counts", [3])
+        assert await asyncio.wait_for(handle.result(), 30) == 3
+        assert await handle.progress() == {"done": 3, "total": 3, "note": "step 3"}
 
 
 async def test_errors_cross_the_pipe_with_their_type(app: App) -> None:

@@ -173,4 +173,4 @@ def test_reference_lists_exactly_the_expert_options() -> None:
         ln for ln in REFERENCE.read_text().splitlines() if ln.startswith("| `contend expert ")
     ]
     listed = set(re.findall(r"--[a-z][a-z-]*", line))
-    assert listed == FLAGS | {"--no-steal", "--store"}
+    assert listed == FLAGS | {"--no-steal", "--store", "--metrics-port", "--metrics-host"}

@@ -30,6 +30,8 @@ ARGS: dict[str, tuple[Any, ...]] = {
     "on_fenced_out": ("e", _DONE, FencedOut("t", 1, "refused")),
     "on_heartbeat": ("e", Heartbeat(), 3),
     "on_lease_lost": ("e", "why", 1, 2),
+    "on_renewal": ("e", 0.01, 9.5),
+    "on_expired": ("e", 2),
 }
 
 

@@ -13,7 +13,18 @@ def test_all_names_exist_and_are_public() -> None:
 
 def test_nothing_else_public_leaks() -> None:
     public = {n for n in vars(contend) if not n.startswith("_")}
-    modules = {"domain", "errors", "runtime", "store", "testing", "cli", "demo", "sim"}
+    modules = {
+        "domain",
+        "errors",
+        "runtime",
+        "store",
+        "testing",
+        "cli",
+        "demo",
+        "sim",
+        "metrics",
+        "dashboard",
+    }
     assert public - set(contend.__all__) - modules == set()
 
 

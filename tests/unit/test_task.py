@@ -344,3 +344,14 @@ def test_task_ids_sort_by_their_time() -> None:
     later = new_task_id(now=2_000_000_001.0)
     assert early < later
     assert set(early) <= set("0123456789abcdefghjkmnpqrstvwxyz")
+
+
+def test_a_trace_context_must_be_a_small_map_of_strings() -> None:
+    from contend.domain.task import MAX_TRACE_CHARS, TaskSpec, load_trace
+
+    spec = TaskSpec.build("t", trace={"traceparent": "00-ab-cd-01"})
+    assert load_trace(spec.trace) == {"traceparent": "00-ab-cd-01"}
+    assert TaskSpec.build("t", trace={}).trace is None
+    for bad in ({"a": 1}, {1: "a"}, {"a": "x" * MAX_TRACE_CHARS}):
+        with pytest.raises(TaskError, match="trace context"):
+            TaskSpec.build("t", trace=bad)  # type: ignore[arg-type]

@@ -15,10 +15,12 @@ from contend.cli.common import (
     UsageError,
     add_store_option,
     bounded,
+    int_in,
     load_app,
     load_callable,
     queue_arg,
     resolve_store_url,
+    text_arg,
 )
 from contend.domain.task import Capabilities
 from contend.errors import TaskError
@@ -30,6 +32,7 @@ from contend.runtime.config import (
     setting_of,
     value_type,
 )
+from contend.runtime.hooks import Hook
 
 log = logging.getLogger("contend.cli")
 
@@ -131,7 +134,33 @@ def add_parser(sub: Subcommands) -> None:
     e.add_argument(
         "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
     )
+    add_metrics_options(e)
     e.set_defaults(func=cmd_expert)
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int_in("--metrics-port", 0, 65535),
+        help="serve Prometheus metrics on this port (0: any free one; needs contend[metrics])",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        type=text_arg("--metrics-host"),
+        default="127.0.0.1",
+        help="the address the metrics endpoint binds to (default: 127.0.0.1)",
+    )
+
+
+def metrics_hooks(args: argparse.Namespace) -> tuple[list[Hook], Callable[[], None]]:
+    """The metrics hook and a function that stops its server, when --metrics-port is given."""
+    if args.metrics_port is None:
+        return [], lambda: None
+    from contend.metrics import MetricsHook, serve_metrics
+
+    hook = MetricsHook()
+    server = serve_metrics(hook.registry, args.metrics_port, args.metrics_host)
+    return [hook], server.close
 
 
 async def cmd_expert(args: argparse.Namespace) -> int:
@@ -141,7 +170,8 @@ async def cmd_expert(args: argparse.Namespace) -> int:
     url = resolve_store_url(args, app)
     app.with_store(url)
     config = config_from_args(args)
-    expert = Expert(app, config)
+    hooks, stop_metrics = metrics_hooks(args)
+    expert = Expert(app, config, hooks=hooks)
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -163,5 +193,6 @@ async def cmd_expert(args: argparse.Namespace) -> int:
     try:
         await expert.run()
     finally:
+        stop_metrics()
         await app.aclose()
     return 0

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from contend.cli import expert, migrate, status, submit, tasks
+from contend.cli import dashboard, expert, migrate, status, submit, tasks
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         tasks.add_parser,
         status.add_parser,
         migrate.add_parser,
+        dashboard.add_parser,
         _add_demo,
         _add_bench,
     ):
@@ -132,17 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- logging and main ----------------------------------------------------------------------
+#: The fields a log line about a task carries (``contend.runtime.hooks.task_fields``).
+TASK_LOG_FIELDS = ("task_id", "task_type", "expert", "fence", "attempt")
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {
-                "ts": round(record.created, 3),
-                "level": record.levelname,
-                "logger": record.name,
-                "pid": record.process,
-                "msg": record.getMessage(),
-            }
-        )
+        line = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        for name in TASK_LOG_FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = value
+        return json.dumps(line)
 
 
 def configure_logging(level: str, as_json: bool) -> None:

@@ -18,6 +18,7 @@ from contend.cli.common import (
     with_store,
 )
 from contend.domain.task import TaskState
+from contend.store.diagnosis import diagnose
 from contend.store.port import Store
 
 # The fields of a task in ``list --json`` and in the answer of ``retry``/``cancel --json``.
@@ -72,6 +73,17 @@ def add_parser(sub: Subcommands) -> None:
         add_read_options(sp)
 
 
+def progress_text(p: Any) -> str:
+    """``3/10 (30%) resizing`` from a task's progress."""
+    if not isinstance(p, dict):
+        return json.dumps(p)
+    done, total, note = p.get("done"), p.get("total"), p.get("note")
+    text = f"{done:g}" if isinstance(done, int | float) else str(done)
+    if isinstance(total, int | float) and isinstance(done, int | float):
+        text += f"/{total:g}" + (f" ({done / total:.0%})" if total else "")
+    return f"{text} {note}" if note else text
+
+
 def task_summary(d: dict[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in SUMMARY_FIELDS}
 
@@ -96,16 +108,22 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
         task = await store.get(args.id, history=True)
         data = task.to_json()
+        why = await diagnose(store, task)
         if args.json:
+            data["why_not_running"] = None if why is None else why.to_json()
             print_json(data)
             return 0
         now = await store.now()
         for k in SHOW_FIELDS:
             print(f"{k:>13}: {data[k] if data[k] is not None else '-'}")
+        if why is not None:
+            print(f"{'not running':>13}: {why.blocker}: {why.message}")
         print(f"{'created':>13}: {age(now - task.created_at)} ago")
         if task.lease_deadline is not None:
             print(f"{'lease left':>13}: {age(task.lease_deadline - now)}")
         print(f"{'args':>13}: {json.dumps(task.args)}  kwargs: {json.dumps(task.kwargs)}")
+        if task.progress is not None:
+            print(f"{'progress':>13}: {progress_text(task.progress)}")
         for k in ("result", "error", "checkpoint"):
             if data[k] is not None:
                 print(f"{k:>13}: {json.dumps(data[k])[:2000]}")

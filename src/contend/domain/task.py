@@ -286,6 +286,9 @@ class TaskSpec:
     timeout: float | None = None
     depends_on: tuple[str, ...] = ()
     id: str = field(default_factory=new_task_id)
+    #: The submitter's trace context (W3C ``traceparent``/``tracestate``) as JSON text, for
+    #: the expert's spans to join the submitter's trace; None when there is none.
+    trace: str | None = None
 
     @classmethod
     def build(
@@ -303,6 +306,7 @@ class TaskSpec:
         timeout: float | None = None,
         depends_on: Iterable[str] = (),
         limit: int = MAX_PAYLOAD_BYTES,
+        trace: Mapping[str, str] | None = None,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem."""
         check_name(type, "task type")
@@ -347,7 +351,47 @@ class TaskSpec:
             max_attempts=max_attempts,
             timeout=None if timeout is None else float(timeout),
             depends_on=deps,
+            trace=check_trace(trace),
         )
+
+
+#: The most a trace context may hold, characters of JSON.
+MAX_TRACE_CHARS = 1024
+
+
+def check_trace(carrier: Mapping[str, str] | None) -> str | None:
+    """A trace context (a few short string fields) as JSON text; TaskError when it is not."""
+    if carrier is None or not carrier:
+        return None
+    if not isinstance(carrier, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in carrier.items()
+    ):
+        raise TaskError(f"a trace context must map strings to strings, got {shown(carrier)}")
+    text = encode_json(dict(carrier), "trace context")
+    if len(text) > MAX_TRACE_CHARS:
+        raise TaskError(f"a trace context must be at most {MAX_TRACE_CHARS} characters of JSON")
+    return text
+
+
+def load_trace(text: str | None) -> dict[str, str] | None:
+    """The trace context a store kept (see :func:`check_trace`)."""
+    if not text:
+        return None
+    value = parse_json(text, "trace context")
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+
+
+def check_progress(done: object, total: object, note: object) -> dict[str, JSON]:
+    """What ``ctx.progress(done, total, note)`` stores: TaskError for values out of shape."""
+    if isinstance(done, bool) or not isinstance(done, int | float) or not _finite_nonneg(done):
+        raise TaskError(f"progress done must be a number >= 0, got {shown(done)}")
+    if total is not None and (
+        isinstance(total, bool) or not isinstance(total, int | float) or not _finite_nonneg(total)
+    ):
+        raise TaskError(f"progress total must be None or a number >= 0, got {shown(total)}")
+    if note is not None and (not isinstance(note, str) or text_problem(note) is not None):
+        raise TaskError(f"progress note must be text, got {shown(note)}")
+    return {"done": done, "total": total, "note": None if note is None else note[:500]}
 
 
 def _finite_nonneg(value: object) -> bool:
@@ -406,6 +450,9 @@ class Task:
     checkpoint: JSON = None
     depends_on: tuple[str, ...] = ()
     history: tuple[TaskEvent, ...] = ()
+    #: The last ``ctx.progress()`` of a run: ``{"done", "total", "note"}``, or None.
+    progress: JSON = None
+    trace: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -430,6 +477,7 @@ class Task:
             "result": self.result,
             "error": self.error,
             "checkpoint": self.checkpoint,
+            "progress": self.progress,
             "depends_on": list(self.depends_on),
             "history": [e.to_json() for e in self.history],
         }

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, overload
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
+from contend.runtime import tracing
 from contend.runtime.isolation import ISOLATIONS, import_path
 from contend.store.port import Store
 
@@ -268,6 +269,7 @@ class App:
         requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
         timeout: float | None = None,
         depends_on: Iterable[str | TaskHandle] = (),
+        trace: Mapping[str, str] | None = None,
     ) -> TaskSpec:
         tt = self.task_type(task)
         return TaskSpec.build(
@@ -282,6 +284,7 @@ class App:
             max_attempts=tt.retry.max_attempts,
             timeout=tt.timeout if timeout is None else timeout,
             depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
+            trace=trace,
         )
 
     async def submit(
@@ -293,8 +296,12 @@ class App:
     ) -> TaskHandle:
         """Submit one task; options: queue, priority, key, delay, requirements, timeout,
         depends_on. Returns a handle whose ``result()`` can be awaited."""
-        spec = self.build_spec(task, args, kwargs, **options)
-        (submitted,) = await (await self.store()).submit([spec])
+        name = self.task_type(task).name
+        with tracing.submit_span(name) as (span, carrier):
+            spec = self.build_spec(task, args, kwargs, **options, trace=carrier)
+            (submitted,) = await (await self.store()).submit([spec])
+            if span is not None:
+                span.set_attribute("contend.task.id", submitted.id)
         return TaskHandle(self, submitted.id, created=submitted.created)
 
     async def submit_many(self, specs: Sequence[TaskSpec]) -> list[TaskHandle]:
@@ -335,13 +342,24 @@ class TaskHandle:
     async def get(self) -> Task:
         return await (await self.app.store()).get(self.id)
 
-    async def result(self, timeout: float | None = None) -> JSON:
-        """Wait until the task ends; return its result or raise TaskFailed."""
+    async def progress(self) -> JSON:
+        """The task's last reported progress (``{"done", "total", "note"}``), or None."""
+        return (await self.get()).progress
+
+    async def result(
+        self, timeout: float | None = None, *, on_progress: Callable[[JSON], None] | None = None
+    ) -> JSON:
+        """Wait until the task ends; return its result or raise TaskFailed. *on_progress* is
+        called with each new progress the task reports (``ctx.progress``) while it runs."""
         store = await self.app.store()
 
         async def wait() -> Task:
+            seen: JSON = None
             while True:
                 task = await store.get(self.id)
+                if on_progress is not None and task.progress is not None and task.progress != seen:
+                    seen = task.progress
+                    on_progress(seen)
                 if task.state.terminal:
                     return task
                 await store.wait_for_change(0.5)
@@ -354,8 +372,10 @@ class TaskHandle:
             raise TaskFailed(self.id, task.state, task.error)
         return task.result
 
-    def wait(self, timeout: float | None = None) -> JSON:
-        return self.app.run_sync(self.result(timeout))
+    def wait(
+        self, timeout: float | None = None, *, on_progress: Callable[[JSON], None] | None = None
+    ) -> JSON:
+        return self.app.run_sync(self.result(timeout, on_progress=on_progress))
 
     def __await__(self) -> Any:
         return self.result().__await__()

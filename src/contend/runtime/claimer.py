@@ -27,7 +27,7 @@ from contend.runtime.clock import Clock, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
-from contend.runtime.hooks import Hook
+from contend.runtime.hooks import Hook, task_fields
 from contend.runtime.session import LeaseKeeper, Session
 from contend.store.port import Auction, Claimed, Store
 
@@ -242,7 +242,16 @@ class ClaimLoop:
                 started.append(c)
             else:
                 gone.append(c.id)
-                log.info("expert %s: prefetched task %s was taken over (%s)", self.name, c.id, res)
+                log.info(
+                    "expert %s: prefetched task %s (%s) attempt %d fence %d was taken over (%s)",
+                    self.name,
+                    c.id,
+                    c.type,
+                    c.attempt,
+                    c.fence,
+                    res,
+                    extra=task_fields(self.name, c),
+                )
         if gone:
             self.hooks.on_taken_over(self.name, gone)
         return started

@@ -1,6 +1,6 @@
 """What a running task sees of itself: ``ctx.fence``, ``ctx.attempt``, ``ctx.state``, checkpoints,
-whether it must stop (``ctx.cancelled``, ``ctx.check()``), and its own transaction on the
-store's database (``ctx.transaction()``, ``ctx.transact()``), in which its effects and its
+progress, whether it must stop (``ctx.cancelled``, ``ctx.check()``), and its own transaction on
+the store's database (``ctx.transaction()``, ``ctx.transact()``), in which its effects and its
 completion commit together."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from contend.domain.task import JSON, encode_json
+from contend.domain.task import JSON, check_progress, encode_json
 from contend.errors import TaskStopped, TransactionConflict
 from contend.store.port import TaskTransaction
 
@@ -52,6 +52,9 @@ class TaskHost(Protocol):
 
     async def pause(self, tries: int) -> None:
         """Wait a little before trying a transaction again after *tries* conflicts."""
+
+    async def progress(self, text: str) -> None:
+        """Save the encoded progress under the run's fence; raises FencedOut as checkpoint."""
 
 
 class TransactionBlock(Generic[X]):
@@ -208,6 +211,27 @@ class TaskContext:
                 if self._host is not None:
                     await self._host.pause(n)
         raise AssertionError("unreachable")
+
+    async def progress(
+        self, done: float, total: float | None = None, note: str | None = None
+    ) -> None:
+        """Report how far this run is (``done`` of ``total``, with an optional ``note``):
+        saved under this run's fence, shown by ``contend tasks show``, the dashboard and a
+        caller waiting on ``handle.result(on_progress=…)``. Each call is one store write: call
+        it per step, not per item. Raises :class:`~contend.errors.FencedOut` when this run no
+        longer owns the task, and TaskError for values out of shape."""
+        text = encode_json(check_progress(done, total, note), f"progress of task {self.task_id}")
+        if self._host is None:
+            raise RuntimeError("this context is not attached to an expert")
+        await self._host.progress(text)
+
+    def progress_sync(
+        self, done: float, total: float | None = None, note: str | None = None
+    ) -> None:
+        """The same as :meth:`progress`, for sync task functions running in a worker thread."""
+        if self._loop is None:
+            raise RuntimeError("this context is not attached to an event loop")
+        asyncio.run_coroutine_threadsafe(self.progress(done, total, note), self._loop).result()
 
     def checkpoint_sync(self, state: JSON) -> None:
         """The same as :meth:`checkpoint`, for sync task functions running in a worker thread."""

@@ -33,7 +33,7 @@ from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, bounded, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
-from contend.runtime.hooks import Hook, Outcome
+from contend.runtime.hooks import Hook, Outcome, task_fields
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.session import Session
 from contend.runtime.threads import ThreadRunner
@@ -95,12 +95,23 @@ class Run:
                 f"task {c.id}: ctx.checkpoint() inside ctx.transaction() (the transaction "
                 "completes the task; a checkpoint has no use there)"
             )
+        await self._save(
+            "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
+        )
+
+    async def progress(self, text: str) -> None:
+        c = self.claimed
+        await self._save(
+            "a progress report", lambda: self.store.progress(self.expert, c.id, c.fence, text)
+        )
+
+    async def _save(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
+        """A fenced write of the running task, under its session."""
+        c = self.claimed
         if self.finished or self.committed is not None:
             raise FencedOut(c.id, c.fence, "this run was stopped or has completed the task")
         try:
-            await self.session.call(
-                "a checkpoint", lambda: self.store.checkpoint(self.expert, c.id, c.fence, text)
-            )
+            await self.session.call(what, write)
         except LeaseLost as exc:
             detail = f"this expert's lease lapsed: {exc}"
             raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
@@ -209,6 +220,9 @@ class Ended:
 
     async def pause(self, tries: int) -> None:
         return None
+
+    async def progress(self, text: str) -> None:
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
 
 
 class Executor:
@@ -356,6 +370,7 @@ class Executor:
                     dict(c.kwargs),
                     ctx if tt.pass_context else None,
                     run.checkpoint,
+                    run.progress,
                 )
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:
@@ -424,10 +439,13 @@ class Executor:
                 continue  # completed in its transaction (or completing): no longer held
             if held.get(task_id) != run.claimed.fence and not run.finished:
                 log.warning(
-                    "expert %s: task %s (fence %d) is no longer ours; stopping it",
+                    "expert %s: task %s (%s) attempt %d fence %d is no longer ours; stopping it",
                     self.name,
                     task_id,
+                    run.claimed.type,
+                    run.claimed.attempt,
                     run.claimed.fence,
+                    extra=task_fields(self.name, run.claimed),
                 )
                 self.abandon(run, "no longer this expert's")
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contend.errors import ContendError
+from contend.runtime import tracing
 from contend.runtime.app import App
 from contend.runtime.claimer import ClaimLoop, SlotState
 from contend.runtime.clock import Clock, SystemClock, settle_strays
@@ -102,6 +103,7 @@ class _Parts:
             competition=e.competition,
             load=lambda: self.executor.load,
             on_join_or_leave=e._wake_claimer,
+            hooks=e.hooks,
         )
 
 
@@ -128,6 +130,9 @@ class Expert:
         self.queues = list(self.config.queues or app.queues)
         self.clock: Clock = clock or SystemClock()
         self.stats = ExpertStats()
+        hooks = list(hooks)
+        if tracing.enabled() and not any(isinstance(h, tracing.TracingHook) for h in hooks):
+            hooks.append(tracing.TracingHook())  # OpenTelemetry is set up: trace the tasks
         self.hooks = Hooks([self.stats, TaskLog(), *hooks])
         self.competition = Competition(
             self.name,
@@ -179,6 +184,7 @@ class Expert:
             tier=self.config.tier,
             host=socket.gethostname(),
             pid=os.getpid(),
+            task_types=tuple(sorted(self.app.tasks)),
         )
 
     async def run(self) -> None:

@@ -83,6 +83,15 @@ class Hook:
         """The lease was lost: *running* runs were stopped and *dropped* finished outcomes
         will never be committed."""
 
+    def on_renewal(self, expert: str, seconds: float, margin: float) -> None:
+        """A renewal answered after *seconds*; *margin* is how much of the lease it renewed
+        was still left then, by this expert's clock (the lease safety margin: at 0 the
+        watchdog would have declared the lease lost)."""
+
+    def on_expired(self, expert: str, count: int) -> None:
+        """This expert's housekeeping returned *count* tasks whose lease had lapsed (anyone's)
+        to pending, or dead on their last attempt."""
+
 
 #: The moments a hook can override, by name.
 MOMENTS = tuple(name for name in vars(Hook) if name.startswith(("on_", "before_", "after_")))
@@ -102,7 +111,8 @@ class Hooks(Hook):
         }
         self._reported: set[tuple[int, str]] = set()
         # The moments of the hot path (several calls per task) skip the dispatch loop: none
-        # overridden, a no-op; one, that hook's method behind the same guard.
+        # overridden, a no-op; one, that hook's method behind the same guard; more, their
+        # methods bound once.
         for name in ("before_execute", "after_execute", "on_committed"):
             only = self._by_moment[name]
             if not only:
@@ -112,6 +122,8 @@ class Hooks(Hook):
                 # the expert's own hooks do not raise: no guard around them
                 bound = getattr(hook, name) if hook._trusted else self._guarded(hook, name)
                 setattr(self, name, bound)
+            else:
+                setattr(self, name, self._bound_all(only, name))
 
     def _guarded(self, hook: Hook, moment: str) -> Callable[..., None]:
         method = getattr(hook, moment)
@@ -121,6 +133,18 @@ class Hooks(Hook):
                 method(*args)
             except Exception as exc:
                 self._failed(hook, moment, exc)
+
+        return call
+
+    def _bound_all(self, hooks: tuple[Hook, ...], moment: str) -> Callable[..., None]:
+        pairs = tuple((hook, getattr(hook, moment)) for hook in hooks)
+
+        def call(*args: Any) -> None:
+            for hook, method in pairs:
+                try:
+                    method(*args)
+                except Exception as exc:
+                    self._failed(hook, moment, exc)
 
         return call
 
@@ -178,6 +202,24 @@ class Hooks(Hook):
 
     def on_lease_lost(self, expert: str, reason: str, running: int, dropped: int) -> None:
         self._call("on_lease_lost", expert, reason, running, dropped)
+
+    def on_renewal(self, expert: str, seconds: float, margin: float) -> None:
+        self._call("on_renewal", expert, seconds, margin)
+
+    def on_expired(self, expert: str, count: int) -> None:
+        self._call("on_expired", expert, count)
+
+
+def task_fields(expert: str, task: Claimed) -> dict[str, Any]:
+    """The ``extra`` of a log line about *task*: ``--log-json`` writes these fields on every
+    line about a task (task id, type, expert, fence, attempt)."""
+    return {
+        "task_id": task.id,
+        "task_type": task.type,
+        "expert": expert,
+        "fence": task.fence,
+        "attempt": task.attempt,
+    }
 
 
 @dataclass
@@ -239,32 +281,44 @@ class TaskLog(Hook):
             return
         body = json.loads(outcome.error_json)
         kind, message = body.get("type"), str(body.get("message", ""))[:200]
+        extra = task_fields(expert, task)
         if outcome.retry_delay is not None:
             log.info(
-                "task %s (%s) attempt %d failed: %s: %s; retry in %.2fs",
+                "task %s (%s) attempt %d fence %d on %s failed: %s: %s; retry in %.2fs",
                 task.id,
                 task.type,
                 task.attempt,
+                task.fence,
+                expert,
                 kind,
                 message,
                 outcome.retry_delay,
+                extra=extra,
             )
         else:
             log.warning(
-                "task %s (%s) attempt %d failed: %s: %s; now %s",
+                "task %s (%s) attempt %d fence %d on %s failed: %s: %s; now %s",
                 task.id,
                 task.type,
                 task.attempt,
+                task.fence,
+                expert,
                 kind,
                 message,
                 outcome.final_state,
+                extra=extra,
             )
 
     def on_stolen(self, expert: str, victim: str, tasks: Sequence[Claimed]) -> None:
         log.info("expert %s stole %d task(s) from %s", expert, len(tasks), victim)
 
     def on_fenced_out(self, expert: str, outcome: Outcome, refusal: FencedOut) -> None:
-        log.warning("expert %s: commit refused: %s", expert, refusal)
+        log.warning(
+            "expert %s: commit refused: %s",
+            expert,
+            refusal,
+            extra={"task_id": outcome.task_id, "expert": expert, "fence": outcome.fence},
+        )
 
     def on_lease_lost(self, expert: str, reason: str, running: int, dropped: int) -> None:
         log.error(

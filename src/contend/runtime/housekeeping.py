@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.competition import Competition
+from contend.runtime.hooks import Hook
 from contend.runtime.session import Session
 from contend.store.port import Store
 
@@ -44,6 +45,7 @@ class Housekeeper:
         competition: Competition,
         load: Callable[[], int],
         on_join_or_leave: Callable[[], None],
+        hooks: Hook | None = None,
     ) -> None:
         self.store = store
         self.name = name
@@ -51,6 +53,7 @@ class Housekeeper:
         self.competition = competition
         self._load = load
         self._on_change = on_join_or_leave
+        self.hooks = hooks or Hook()
         self.orphans = Orphans()
         self._due = asyncio.Event()
         self._session: Session | None = None  # the session of the last renewal
@@ -73,7 +76,9 @@ class Housekeeper:
                 continue
             try:
                 await self._release_orphans()
-                await session.call("an expiry", self.store.expire)
+                expired = await session.call("an expiry", self.store.expire)
+                if expired:
+                    self.hooks.on_expired(self.name, expired)
                 await self.refresh_cluster(session)
             except LeaseLost as exc:
                 log.debug("expert %s: housekeeping stopped: %s", self.name, exc)

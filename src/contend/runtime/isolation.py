@@ -93,6 +93,7 @@ async def run_in_process(
     kwargs: dict[str, JSON],
     ctx: TaskContext | None,
     checkpoint: Callable[[str], Awaitable[None]],
+    progress: Callable[[str], Awaitable[None]] | None = None,
 ) -> JSON:
     """Run ``target`` in a child process; its result, or ChildFailed. Cancelled (the run must
     stop), the child is killed at once."""
@@ -118,10 +119,13 @@ async def run_in_process(
                     "ProcessDied", f"the task's process exited with {code} and no result", "", None
                 )
             msg = json.loads(line)
-            if "checkpoint" in msg:
+            if "checkpoint" in msg or "progress" in msg:
                 reply: dict[str, str | bool] = {"ok": True}
                 try:
-                    await checkpoint(msg["checkpoint"])
+                    if "checkpoint" in msg:
+                        await checkpoint(msg["checkpoint"])
+                    elif progress is not None:
+                        await progress(msg["progress"])
                 except FencedOut as exc:
                     reply = {"fenced": str(exc)}
                 proc.stdin.write(json.dumps(reply).encode() + b"\n")
@@ -193,8 +197,14 @@ class _PipeHost:
         self._parent, self._ctx = parent, ctx
 
     async def checkpoint(self, text: str) -> None:
+        await self._ask({"checkpoint": text})
+
+    async def progress(self, text: str) -> None:
+        await self._ask({"progress": text})
+
+    async def _ask(self, msg: dict[str, str]) -> None:
         loop = asyncio.get_running_loop()
-        reply = await loop.run_in_executor(None, self._parent.ask, {"checkpoint": text})
+        reply = await loop.run_in_executor(None, self._parent.ask, msg)
         if "fenced" in reply:
             raise FencedOut(self._ctx.task_id, self._ctx.fence, reply["fenced"])
 

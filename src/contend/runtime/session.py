@@ -240,9 +240,12 @@ class LeaseKeeper:
         except ContendError as exc:
             log.warning("expert %s: renewal failed, will retry: %s", self.name, exc)
             return
+        answered = self.clock.monotonic()
+        margin = session.deadline - answered  # the lease this renewal extended, still left
         session.renewed_at = sent
         log.debug("expert %s renewed its lease; the store says it holds %d", self.name, len(held))
         self.hooks.on_heartbeat(self.name, beat, len(held))
+        self.hooks.on_renewal(self.name, answered - sent, margin)
         self._on_renewed(session, held)
 
     async def _open_again(self, lost: Session) -> None:

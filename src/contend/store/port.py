@@ -58,6 +58,7 @@ class Claimed:
     timeout: float | None
     lease_deadline: float
     priority: int = 0
+    trace: Mapping[str, str] | None = None  # the submitter's trace context
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ class ExpertInfo:
     tier: str = "general"
     host: str = ""
     pid: int = 0
+    #: The task types the expert's app has (empty: not said; an older expert).
+    task_types: tuple[str, ...] = ()
 
     def to_json_text(self) -> str:
         return json.dumps(
@@ -98,6 +101,7 @@ class ExpertInfo:
                 "tier": self.tier,
                 "host": self.host,
                 "pid": self.pid,
+                "task_types": list(self.task_types),
             }
         )
 
@@ -115,6 +119,7 @@ class ExpertInfo:
             tier=d.get("tier", "general"),
             host=d.get("host", ""),
             pid=int(d.get("pid", 0)),
+            task_types=tuple(d.get("task_types", ())),
         )
 
 
@@ -143,6 +148,7 @@ class ExpertRecord:
             "tier": self.info.tier,
             "host": self.info.host,
             "pid": self.info.pid,
+            "task_types": list(self.info.task_types),
             "load": self.load,
             "lease_deadline": self.lease_deadline,
             "heartbeat_at": self.heartbeat_at,
@@ -355,6 +361,10 @@ class Store(Protocol):
 
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
         """Save a running task's state; raises FencedOut."""
+
+    async def progress(self, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+        """Save a running task's progress (``Task.progress``), fenced as a checkpoint is;
+        raises FencedOut."""
 
     async def complete(
         self, expert: str, items: Sequence[Completion]

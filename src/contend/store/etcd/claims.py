@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
-from contend.domain.task import Capabilities, Requirements, TaskState
+from contend.domain.task import Capabilities, Requirements, TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
@@ -68,6 +68,7 @@ def claimed(rec: Record, args: Args, checkpoint: Any, lease_deadline: float) -> 
         timeout=rec.timeout,
         lease_deadline=lease_deadline,
         priority=rec.priority,
+        trace=load_trace(rec.trace),
     )
 
 

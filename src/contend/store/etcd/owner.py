@@ -100,7 +100,7 @@ class OwnerWrites:
         self._dependants = dependants
         self._touch = touch
 
-    # -- the five writes ---------------------------------------------------------------------
+    # -- the six writes ----------------------------------------------------------------------
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
         started = rules.started(expert)
         return await self._transition(expert, items, rules.START_STATES, [started] * len(items))
@@ -113,6 +113,17 @@ class OwnerWrites:
                 put(self._keys.task(rec.id), rec.dumps()),
                 put(self._keys.data(rec.id, "checkpoint"), state_json),
             ]
+
+        self._owned.pop(task_id, None)  # the task key moves: the next write reads it
+        res = await self._write(expert, task_id, fence, rules.WRITE_STATES, apply)
+        if res is not None:
+            raise res
+
+    async def progress(self, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+        def apply(rec: Record, now: float) -> list[Any]:
+            rec.updated_at = now
+            rec.progress = progress_json
+            return [put(self._keys.task(rec.id), rec.dumps())]
 
         self._owned.pop(task_id, None)  # the task key moves: the next write reads it
         res = await self._write(expert, task_id, fence, rules.WRITE_STATES, apply)

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState
+from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState, load_trace
 
 #: Keep at most this many history events in a task record (it is rewritten at every change).
 HISTORY_LIMIT = 50
@@ -56,6 +56,8 @@ class Record:
     args: str | None = None  # "[args, kwargs]" JSON text
     result: str | None = None  # the result JSON text, once succeeded
     checkpointed: bool | None = None  # a d/{id}/checkpoint exists (None: not known, look)
+    progress: str | None = None  # the last ctx.progress() JSON text (small: kept inline)
+    trace: str | None = None  # the submitter's trace context, JSON text
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;
@@ -141,4 +143,6 @@ def task_of(
         checkpoint=checkpoint,
         depends_on=tuple(rec.depends_on),
         history=tuple(TaskEvent(*e) for e in rec.history) if history else (),
+        progress=_load(rec.progress),
+        trace=load_trace(rec.trace),
     )

@@ -95,6 +95,7 @@ class EtcdStore:
         self.steal = claims.steal
         self.start = owner.start  # owner.py
         self.checkpoint = owner.checkpoint
+        self.progress = owner.progress
         self.complete = owner.complete
         self.fail = owner.fail
         self.release = owner.release

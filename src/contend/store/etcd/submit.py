@@ -73,6 +73,7 @@ def new_record(
         has_waiters=False,
         indexed=False,
         history=[],
+        trace=spec.trace,
     )
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from contend.domain.scoring import TaskView
-from contend.domain.task import JSON, Task, TaskEvent, TaskSpec, TaskState
+from contend.domain.task import JSON, Task, TaskEvent, TaskSpec, TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.store.port import Claimed
 
@@ -39,6 +39,7 @@ class Row:
     result: str | None = None
     error: str | None = None
     checkpoint: str | None = None
+    progress: str | None = None
     history: list[TaskEvent] = field(default_factory=list)
     aged: int = 0  # effective priority, raised by ``expire`` as the task waits
     promote_at: float = 0.0
@@ -78,6 +79,8 @@ def task_of(tid: str, row: Row, history: bool = False) -> Task:
         checkpoint=_load(row.checkpoint),
         depends_on=s.depends_on,
         history=tuple(row.history) if history else (),
+        progress=_load(row.progress),
+        trace=load_trace(s.trace),
     )
 
 
@@ -103,6 +106,7 @@ def claimed_of(tid: str, row: Row, lease_deadline: float) -> Claimed:
         timeout=s.timeout,
         lease_deadline=lease_deadline,
         priority=s.priority,
+        trace=load_trace(s.trace),
     )
 
 

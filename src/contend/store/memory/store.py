@@ -384,11 +384,19 @@ class MemoryStore:
         return held
 
     async def checkpoint(self, expert: str, task_id: str, fence: int, state_json: str) -> None:
+        self._save(expert, task_id, fence, "checkpoint", state_json)
+
+    async def progress(self, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+        self._save(expert, task_id, fence, "progress", progress_json)
+        self._touch()  # a caller waiting on the task sees it at once
+
+    def _save(self, expert: str, task_id: str, fence: int, what: str, text: str) -> None:
+        """A fenced write of a running task's checkpoint or progress."""
         now = self._clock()
         row = self._owned(expert, task_id, fence, now)
         if isinstance(row, FencedOut):
             raise row
-        row.checkpoint = state_json
+        setattr(row, what, text)
         row.updated_at = now
 
     async def complete(self, expert: str, items: Sequence[Completion]) -> list[FencedOut | None]:

@@ -138,6 +138,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DROP INDEX IF EXISTS {s}.tasks_state",
         ),
     ),
+    Migration(
+        5,
+        "a task's progress (ctx.progress) and the submitter's trace context",
+        ("ALTER TABLE {s}.tasks ADD COLUMN progress text, ADD COLUMN trace text",),
+    ),
 )
 
 #: The version this contend understands.

@@ -104,8 +104,20 @@ async def _write(
 
 async def checkpoint(db: Database, expert: str, task_id: str, fence: int, state_json: str) -> None:
     """Save a running task's state under its fence (no transition, no history line)."""
+    await _save(db, expert, task_id, fence, "checkpoint", state_json)
+
+
+async def progress(db: Database, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+    """Save a running task's progress under its fence, as a checkpoint is saved."""
+    await _save(db, expert, task_id, fence, "progress", progress_json)
+
+
+async def _save(
+    db: Database, expert: str, task_id: str, fence: int, column: str, state_json: str
+) -> None:
+    assert column in ("checkpoint", "progress")
     sql = db.sql(
-        "UPDATE {s}.tasks t SET checkpoint = %(state)s, updated_at = {now} "
+        f"UPDATE {{s}}.tasks t SET {column} = %(state)s, updated_at = {{now}} "
         "FROM unnest(%(ids)s::text[], %(fences)s::bigint[]) AS i(id, fence) "
         f"WHERE {FENCED} RETURNING t.id"
     )

@@ -7,20 +7,28 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from contend.domain.task import JSON, Capabilities, Requirements, Task, TaskEvent, TaskState
+from contend.domain.task import (
+    JSON,
+    Capabilities,
+    Requirements,
+    Task,
+    TaskEvent,
+    TaskState,
+    load_trace,
+)
 from contend.store.port import Claimed
 
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on"
+    "checkpoint, depends_on, progress, trace"
 )
 
 #: What a claim or a steal returns of each task it takes (read by :func:`claimed`).
 CLAIMED_COLUMNS = (
     "t.id, t.type, t.queue, t.args, t.kwargs, t.fence, t.attempts,"
     "   t.max_attempts, t.checkpoint, t.timeout, t.lease_deadline, t.priority, t.run_at,"
-    "   t.eff_priority"
+    "   t.eff_priority, t.trace"
 )
 
 # The requirement filter: tags a subset of the expert's, every resource need within its amount.
@@ -66,6 +74,8 @@ def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
         checkpoint=load(r[20]),
         depends_on=tuple(r[21] or ()),
         history=history,
+        progress=load(r[22]),
+        trace=load_trace(r[23]),
     )
 
 
@@ -83,6 +93,7 @@ def claimed(r: Sequence[Any]) -> Claimed:
         timeout=r[9],
         lease_deadline=r[10],
         priority=r[11],
+        trace=load_trace(r[14]),
     )
 
 

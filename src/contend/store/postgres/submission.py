@@ -38,6 +38,7 @@ _SUBMIT_COLUMNS = {
     "deps_left": "int",
     "error": "text",
     "promote_in": "float8",
+    "trace": "text",
 }
 
 
@@ -146,6 +147,7 @@ def _columns(
             len(left),
             error,
             next_promotion(spec.priority, spec.priority, 0.0),  # after creation
+            spec.trace,
         )
         for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
             cols[name].append(value)
@@ -161,12 +163,12 @@ def _submit_sql(db: Database) -> str:
         "WITH ins AS ("
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
         "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
-        "   deps_left, error, eff_priority, promote_at)"
+        "   deps_left, error, eff_priority, promote_at, trace)"
         "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
         "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
         "   CASE WHEN r.deps IS NULL THEN NULL"
         "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
-        "   r.deps_left, r.error, r.priority, {now} + r.promote_in"
+        "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace"
         f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
         "  ON CONFLICT (id) DO NOTHING RETURNING id"
         "), deps AS ("

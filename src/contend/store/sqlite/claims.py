@@ -108,7 +108,7 @@ async def claim(
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "
             f"WHERE {inner} "
             "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
-            "checkpoint, timeout, priority",
+            "checkpoint, timeout, priority, trace",
             (str(outcome.state), expert, now + ttl, now, *params),
         ).fetchall()
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
@@ -148,7 +148,7 @@ async def steal(
             "AND (requirements IS NULL OR contend_fits(requirements)) "
             "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
             "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
-            "checkpoint, timeout, priority",
+            "checkpoint, timeout, priority, trace",
             (str(outcome.state), thief, now + ttl, now, victim, now, *queues, limit),
         ).fetchall()
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""

@@ -88,13 +88,26 @@ async def start(
 
 
 async def checkpoint(db: Database, expert: str, task_id: str, fence: int, state_json: str) -> None:
+    await _save(db, expert, task_id, fence, "checkpoint", state_json)
+
+
+async def progress(db: Database, expert: str, task_id: str, fence: int, progress_json: str) -> None:
+    await _save(db, expert, task_id, fence, "progress", progress_json)
+
+
+async def _save(
+    db: Database, expert: str, task_id: str, fence: int, column: str, text: str
+) -> None:
+    """A fenced write of a running task's checkpoint or progress (no transition)."""
+    assert column in ("checkpoint", "progress")
+
     def run(conn: sqlite3.Connection) -> FencedOut | None:
         now = db.clock()
         (res,), ok = check_owners(conn, now, expert, [(task_id, fence)], rules.WRITE_STATES)
         if ok:
             conn.execute(
-                "UPDATE tasks SET checkpoint = ?, updated_at = ? WHERE id = ?",
-                (state_json, now, task_id),
+                f"UPDATE tasks SET {column} = ?, updated_at = ? WHERE id = ?",
+                (text, now, task_id),
             )
         return res
 

@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState
+from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState, load_trace
 from contend.store.port import Claimed
 
 #: A row of ``task_events``: task id, at, event, fence, expert, detail ("" for none: see
@@ -42,6 +42,8 @@ def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...]
         checkpoint=load(r[20]),
         depends_on=tuple(load(r[21]) or ()),
         history=history,
+        progress=load(r[22]),
+        trace=load_trace(r[23]),
     )
 
 
@@ -60,6 +62,7 @@ def claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
         timeout=r[9],
         lease_deadline=deadline,
         priority=r[10],
+        trace=load_trace(r[11]),
     )
 
 

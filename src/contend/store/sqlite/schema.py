@@ -7,7 +7,7 @@ import sqlite3
 from contend.errors import SchemaError
 from contend.store.sqlite.connection import is_busy, not_yet
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
 
 SCHEMA = """
@@ -37,7 +37,9 @@ CREATE TABLE tasks (
     depends_on TEXT,
     deps_left INTEGER NOT NULL DEFAULT 0,
     eff_priority INTEGER NOT NULL,
-    promote_at REAL NOT NULL
+    promote_at REAL NOT NULL,
+    progress TEXT,
+    trace TEXT
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
@@ -76,8 +78,16 @@ CREATE TABLE experts (
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on"
+    "checkpoint, depends_on, progress, trace"
 )
+
+#: What each version adds to the one before it (a file of version 1 is upgraded on open).
+UPGRADES: dict[int, tuple[str, ...]] = {
+    2: (
+        "ALTER TABLE tasks ADD COLUMN progress TEXT",
+        "ALTER TABLE tasks ADD COLUMN trace TEXT",
+    ),
+}
 
 
 def prepare(db: sqlite3.Connection, path: str, sync: str, *, create: bool = True) -> None:
@@ -122,8 +132,9 @@ def prepare(db: sqlite3.Connection, path: str, sync: str, *, create: bool = True
             "(it has other tables); point --store at a new or existing contend file"
         )
     else:
-        row = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
-        version = int(row[0]) if row else 0
+        version = _version(db)
+        if 0 < version < SCHEMA_VERSION:
+            version = _upgrade(db)
         if version != SCHEMA_VERSION:
             raise SchemaError(
                 f"{path!r} has contend schema version {version}; this contend "
@@ -132,3 +143,28 @@ def prepare(db: sqlite3.Connection, path: str, sync: str, *, create: bool = True
     if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
         db.execute("PRAGMA journal_mode = WAL")
     db.execute(f"PRAGMA synchronous = {sync}")
+
+
+def _version(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _upgrade(db: sqlite3.Connection) -> int:
+    """Bring a file of an older version up to this one, in one write transaction (another
+    process may be doing the same: the version is read again under the lock)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = _version(db)
+        while version in range(1, SCHEMA_VERSION):
+            version += 1
+            for stmt in UPGRADES[version]:
+                db.execute(stmt)
+        db.execute(
+            "UPDATE contend_meta SET value = ? WHERE key = 'schema_version'", (str(version),)
+        )
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return version

@@ -68,6 +68,7 @@ class SQLiteStore:
         self.bid = bind(auctions.bid, db)  # auctions.py
         self.start = bind(owner_writes.start, db)  # owner_writes.py
         self.checkpoint = bind(owner_writes.checkpoint, db)
+        self.progress = bind(owner_writes.progress, db)
         self.complete = bind(owner_writes.complete, db)
         self.fail = bind(owner_writes.fail, db)
         self.release = bind(owner_writes.release, db)

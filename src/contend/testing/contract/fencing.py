@@ -40,14 +40,15 @@ async def test_owner_write_with_the_current_fence_lands(harness: Harness, op: st
     t = spec(max_attempts=3)
     await s.submit([t])
     e = await join(harness)
-    c = await e.claim_one(start=op != "start" and op != "checkpoint")
-    if op == "checkpoint":
+    c = await e.claim_one(start=op not in ("start", "checkpoint", "progress"))
+    if op in ("checkpoint", "progress"):
         assert await e.write("start", t.id, c.fence) is None
     assert await e.write(op, t.id, c.fence, state={"done": 3}) is None
     task = await s.get(t.id)
     expected = {
         "start": R,
         "checkpoint": R,
+        "progress": R,
         "complete": OK,
         "fail": DEAD,
         "release": P,
@@ -55,6 +56,9 @@ async def test_owner_write_with_the_current_fence_lands(harness: Harness, op: st
     assert task.state == expected
     if op == "checkpoint":
         assert task.checkpoint == {"done": 3}
+    if op == "progress":
+        assert task.progress == {"done": 3, "total": 10, "note": None}
+        assert task.checkpoint is None  # progress is not state
     if op == "complete":
         assert task.result == "ok"
     if op == "fail":

@@ -20,7 +20,7 @@ from contend.store.port import (
 )
 from contend.testing.contract.harness import Harness
 
-OWNER_WRITES = ("start", "checkpoint", "complete", "fail", "release")
+OWNER_WRITES = ("start", "checkpoint", "progress", "complete", "fail", "release")
 
 
 def spec(type: str = "job", *args: Any, **options: Any) -> TaskSpec:
@@ -103,6 +103,13 @@ async def owner_write(
     elif op == "checkpoint":
         try:
             await store.checkpoint(expert, task_id, fence, json.dumps(state or {"step": 1}))
+        except FencedOut as exc:
+            return exc
+        return None
+    elif op == "progress":
+        try:
+            text = json.dumps({"done": (state or {}).get("done", 1), "total": 10, "note": None})
+            await store.progress(expert, task_id, fence, text)
         except FencedOut as exc:
             return exc
         return None

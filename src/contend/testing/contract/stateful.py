@@ -410,6 +410,8 @@ class StoreMachine(RuleBasedStateMachine):
             t.state = R
         elif op == "checkpoint":
             t.checkpoint = {"n": self.counter}
+        elif op == "progress":
+            pass  # the model keeps no progress; a refused one must change nothing (above)
         elif op == "complete":
             t.state, t.result, t.owner, t.lease = OK, self.counter, None, None
             self.settle(t.id)

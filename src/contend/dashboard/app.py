@@ -1,0 +1,269 @@
+"""The dashboard as an ASGI app (Starlette): pages, the live feed, actions and ``/metrics``.
+
+It reads and acts through the Store port alone, so it works with every backend. Pages are
+rendered on the server (``contend.dashboard.pages``); one small script of our own
+(``static/dashboard.js``) polls ``/api/live`` each second to refresh the numbers marked live
+and redraw the charts. Who may look and act is ``contend.dashboard.auth``'s business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from contend.dashboard import pages
+from contend.dashboard.auth import COOKIE, Guard
+from contend.dashboard.html import age, percent
+from contend.dashboard.sampler import Sampler
+from contend.domain.task import TaskState
+from contend.errors import InvalidTransition, TaskNotFound
+from contend.metrics.store import StoreMetrics, StoreSnapshot, read_snapshot
+from contend.store.diagnosis import explain
+from contend.store.port import Store, StoreStats
+
+STATIC = Path(__file__).parent / "static"
+#: How many tasks the tasks page reads (oldest first) before filtering by type and text.
+SCAN = 2000
+#: How many it shows.
+SHOW = 200
+#: How long counts of blocked tasks are reused, seconds (they list pending tasks).
+BLOCKED_TTL = 5.0
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Dashboard:
+    """The state behind the routes: the store, the guard, the sampler, cached counts."""
+
+    def __init__(self, store: Store, guard: Guard, *, every: float = 1.0) -> None:
+        self.store = store
+        self.guard = guard
+        self.sampler = Sampler(store, every)
+        self.metrics = StoreMetrics()
+        self._snapshot: StoreSnapshot | None = None
+        self._snapshot_at = 0.0
+
+    async def stats(self) -> StoreStats:
+        """The store's stats, at most a sampling period and a half old."""
+        last = self.sampler.last
+        if last is not None and time.monotonic() - self.sampler.taken_at < 1.5 * self.sampler.every:
+            return last
+        return await self.sampler.take()
+
+    async def snapshot(self, fresh: bool = False) -> StoreSnapshot:
+        if fresh or self._snapshot is None or time.monotonic() - self._snapshot_at > BLOCKED_TTL:
+            self._snapshot = await read_snapshot(self.store, await self.stats())
+            self._snapshot_at = time.monotonic()
+        return self._snapshot
+
+    # -- guards ------------------------------------------------------------------------------
+    def allowed(self, request: Request) -> bool:
+        return self.guard.allowed(request.cookies.get(COOKIE), request.headers.get("authorization"))
+
+    def csrf(self, request: Request) -> str:
+        return self.guard.csrf(request.cookies.get(COOKIE))
+
+    def page(self, handler: Handler) -> Handler:
+        """A page that needs the token (when there is one): else the token form."""
+
+        async def guarded(request: Request) -> Response:
+            if not self.allowed(request):
+                if request.url.path.startswith(("/api/", "/metrics")):
+                    return JSONResponse({"error": "a token is needed"}, status_code=401)
+                return RedirectResponse("/login", status_code=303)
+            return await handler(request)
+
+        return guarded
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
+
+
+async def _form(request: Request) -> dict[str, str]:
+    body = (await request.body())[:65536].decode("utf-8", "replace")
+    return {k: v[0] for k, v in parse_qs(body).items()}
+
+
+def _live_numbers(d: Dashboard, stats: StoreStats, snap: StoreSnapshot) -> dict[str, Any]:
+    n: dict[str, Any] = {"store_time": time.strftime("%H:%M:%S", time.localtime(stats.now))}
+    for s in pages.STATES:
+        n[f"total:{s}"] = sum(c.get(s, 0) for c in stats.counts.values())
+    for q, counts in stats.counts.items():
+        for s in pages.STATES:
+            n[f"queue:{q}:{s}"] = counts.get(s, 0)
+    for q, rate in d.sampler.queue_throughput().items():
+        n[f"queue:{q}:throughput"] = f"{rate:.1f}/s"
+    n["throughput"] = f"{stats.done_last_minute / 60:.1f}/s"
+    n["oldest_pending"] = age(stats.oldest_pending_age)
+    live = [e for e in stats.experts if e.alive]
+    n["live_experts"] = len(live)
+    attempts = sum(e.claim_attempts for e in live)
+    n["success_rate"] = percent(sum(e.claims_won for e in live) / attempts if attempts else None)
+    for e in stats.experts:
+        key = f"expert:{e.info.id}"
+        n[f"{key}:load"] = f"{e.load}/{e.info.capacity}"
+        n[f"{key}:heartbeat"] = age(stats.now - e.heartbeat_at)
+        n[f"{key}:won"] = e.claims_won
+        n[f"{key}:lost"] = e.metrics.get("lost_races", e.claim_attempts - e.claims_won)
+        n[f"{key}:done"] = e.tasks_done
+    for reason, count in pages.blocked_by_reason(snap.blocked.counts).items():
+        n[f"blocked:{reason}"] = count
+    return n
+
+
+def routes(d: Dashboard) -> list[Route | Mount]:
+    store = d.store
+
+    async def overview(request: Request) -> Response:
+        snap = await d.snapshot()
+        stats = await d.stats()
+        return _html(pages.overview(stats, pages.blocked_by_reason(snap.blocked.counts)))
+
+    async def experts(request: Request) -> Response:
+        return _html(pages.experts(await d.stats()))
+
+    async def queues(request: Request) -> Response:
+        stats = await d.stats()
+        oldest = {q: (await store.backlog([q])).oldest_age for q in stats.counts}
+        return _html(pages.queues(stats, d.sampler.queue_throughput(), oldest))
+
+    async def competition(request: Request) -> Response:
+        return _html(pages.competition(await d.stats()))
+
+    async def tasks(request: Request) -> Response:
+        qp = request.query_params
+        state = qp.get("state") or None
+        if state is not None and state not in pages.STATES:
+            return _html(pages.error("Tasks", f"no such state: {state}"), 400)
+        f = pages.TaskFilter(
+            state, qp.get("queue") or None, qp.get("type") or None, qp.get("q") or None
+        )
+        listed = await store.list_tasks(
+            state=TaskState(state) if state else None, queue=f.queue, limit=SCAN
+        )
+        text = (f.text or "").lower()
+        chosen = [
+            t
+            for t in listed
+            if (f.type is None or t.type == f.type) and (not text or text in _searchable(t))
+        ]
+        now, experts_ = await store.now(), await store.list_experts()
+        found = [(t, explain(t, now, experts_)) for t in chosen[:SHOW]]
+        names = sorted((await d.stats()).counts)
+        more = len(listed) >= SCAN or len(chosen) > SHOW
+        return _html(pages.tasks(found, f, names, now, len(listed), more))
+
+    async def task_detail(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        try:
+            task = await store.get(task_id, history=True)
+        except TaskNotFound:
+            return _html(pages.error("Not found", f"no task {task_id}"), 404)
+        now, experts_ = await store.now(), await store.list_experts()
+        note = request.query_params.get("note", "")[:200]
+        body = pages.task_detail(task, explain(task, now, experts_), now, d.csrf(request), note)
+        return _html(body)
+
+    async def act(request: Request) -> Response:
+        task_id, action = request.path_params["task_id"], request.path_params["action"]
+        if action not in ("retry", "cancel"):
+            return _html(pages.error("Not found", f"no action {action}"), 404)
+        if not d.allowed(request):
+            return _html(pages.error("Refused", "a token is needed to change a task"), 401)
+        form = await _form(request)
+        host = request.headers.get("host", "")
+        if not d.guard.csrf_ok(
+            request.cookies.get(COOKIE), form.get("csrf"), request.headers.get("origin"), host
+        ):
+            return _html(
+                pages.error("Refused", "the form's CSRF check failed: reload the page"), 403
+            )
+        try:
+            task = await (store.retry if action == "retry" else store.cancel)(task_id)
+        except TaskNotFound:
+            return _html(pages.error("Not found", f"no task {task_id}"), 404)
+        except InvalidTransition as exc:
+            return _html(pages.error("Not done", str(exc)), 409)
+        note = quote(f"{action}: the task is now {task.state}")
+        return RedirectResponse(f"/tasks/{task_id}?note={note}", status_code=303)
+
+    async def api_live(request: Request) -> Response:
+        stats = await d.stats()
+        snap = await d.snapshot()
+        points = [
+            {"at": p.at, "throughput": p.throughput, "success_rate": p.success_rate}
+            for p in d.sampler.points()[-300:]
+        ]
+        return JSONResponse({"numbers": _live_numbers(d, stats, snap), "points": points})
+
+    async def metrics(request: Request) -> Response:
+        d.metrics.update(await d.snapshot(fresh=True))
+        return Response(generate_latest(d.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def login_form(request: Request) -> Response:
+        if not d.guard.required:
+            return RedirectResponse("/", status_code=303)
+        return _html(pages.login())
+
+    async def login(request: Request) -> Response:
+        form = await _form(request)
+        if not d.guard.right_token(form.get("token", "")):
+            return _html(pages.login(refused=True), 403)
+        reply = RedirectResponse("/", status_code=303)
+        reply.set_cookie(COOKIE, d.guard.cookie_value(), httponly=True, samesite="strict")
+        return reply
+
+    page = d.page
+    return [
+        Route("/", page(overview)),
+        Route("/experts", page(experts)),
+        Route("/queues", page(queues)),
+        Route("/competition", page(competition)),
+        Route("/tasks", page(tasks)),
+        Route("/tasks/{task_id}", page(task_detail)),
+        Route("/tasks/{task_id}/{action}", act, methods=["POST"]),
+        Route("/api/live", page(api_live)),
+        Route("/metrics", page(metrics)),
+        Route("/login", login_form, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+
+
+def _searchable(task: Any) -> str:
+    parts = [task.id, task.type, task.owner or "", task.key or ""]
+    parts += [json.dumps(v) for v in (task.args, task.kwargs, task.error, task.result) if v]
+    return " ".join(parts).lower()
+
+
+def create_app(store: Store, *, token: str | None = None, every: float = 1.0) -> Starlette:
+    """The dashboard over an open *store*; *token* None asks for none (loopback only)."""
+    d = Dashboard(store, Guard(token), every=every)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sampling = asyncio.create_task(d.sampler.run(), name="contend-dashboard-sampler")
+        try:
+            yield
+        finally:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
+
+    app = Starlette(routes=routes(d), lifespan=lifespan)
+    app.state.dashboard = d
+    return app

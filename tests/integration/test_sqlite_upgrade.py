@@ -1,0 +1,46 @@
+"""A SQLite file of schema version 1 (before progress and trace contexts) is upgraded in place
+when a newer contend opens it: its tasks stay, and the new columns work."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from contend.domain.task import TaskSpec
+from contend.store.sqlite import SQLiteStore
+from contend.store.sqlite.schema import SCHEMA_VERSION
+
+
+async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    store = SQLiteStore(url)
+    await store.open()
+    old = TaskSpec.build("job", [1])
+    await store.submit([old])
+    await store.close()
+    # make it the file contend wrote before version 2
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE tasks DROP COLUMN progress")
+    db.execute("ALTER TABLE tasks DROP COLUMN trace")
+    db.execute("UPDATE contend_meta SET value = '1' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+
+    store = SQLiteStore(url)
+    await store.open()
+    try:
+        assert (await store.get(old.id)).args == [1]
+        new = TaskSpec.build(
+            "job", [2], trace={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        )
+        await store.submit([new])
+        assert (await store.get(new.id)).trace == {
+            "traceparent": new.trace and "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+        }
+    finally:
+        await store.close()
+    db = sqlite3.connect(path)
+    (version,) = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
+    db.close()
+    assert int(version) == SCHEMA_VERSION == 2
