@@ -106,6 +106,7 @@ class Etcd:
             kvs = resp.responses[-1].response_range.kvs
             if not kvs or kvs[0].value != guard:
                 raise self.lost(found=bool(kvs))
+            del resp.responses[-1]  # the guard's read: callers see the failure reads they asked
         return resp
 
     def lost(self, *, found: bool) -> SchemaError:
