@@ -55,6 +55,15 @@ def test_an_expiry_uses_an_attempt_and_the_last_one_is_dead() -> None:
     assert json.loads(dead.error_json or "")["type"] == "LeaseExpired"
 
 
+def test_an_ended_session_is_an_expiry_that_says_so() -> None:
+    lapsed = rules.expired("e1", attempts=1, max_attempts=2)
+    ended = rules.expired("e1", attempts=1, max_attempts=2, session_ended=True)
+    assert ended._replace(detail=None) == lapsed  # the same rule, only the history differs
+    assert ended.detail == rules.SESSION_ENDED
+    dead = rules.expired("e1", attempts=2, max_attempts=2, session_ended=True)
+    assert dead.state == DEAD and "session was ended" in json.loads(dead.error_json or "")["message"]
+
+
 def test_a_release_gives_the_attempt_back_but_never_below_zero() -> None:
     out = rules.released("e1")
     assert (out.state, out.event) == (P, Event.RELEASED)

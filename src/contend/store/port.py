@@ -14,6 +14,8 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
   :class:`~contend.errors.LeaseLost` and never revives it.
 * ``expire`` returns tasks whose lease lapsed to ``pending`` (``dead`` when their attempts are
   spent), keeping their checkpoint.
+* ``end_session`` ends one expert's session at once, as if its lease had lapsed: the same
+  expiry rule for its tasks, in the same step, and every write of that session fenced out.
 * A refused submission (bad dependency, cycle) leaves the store unchanged.
 * ``submit`` is all or none up to ``promises.atomic_submit`` tasks (every size when it is
   None). A larger batch may be written in parts: every check still runs before the first
@@ -344,6 +346,16 @@ class Store(Protocol):
         """Start a session; raises ExpertConflict when *info.id* is live. Returns the session."""
 
     async def deregister_expert(self, expert: str, session: str) -> None: ...
+
+    async def end_session(self, expert: str, session: str) -> int:
+        """End *expert*'s *session* now, as if its lease had lapsed: what a supervisor does
+        when it sees the expert's process die, so that its tasks need not wait out the lease.
+        The session stops being live and every task claimed or running under the expert's name
+        goes through the expiry rule (pending again, or dead on its last attempt; checkpoint
+        kept), ready for others to claim: in one transaction where the backend has them (on
+        etcd the lease's revocation is the atomic step, and the tasks follow in the same call). Should the expert be alive after all, it is fenced out: its
+        renewals raise LeaseLost and its writes are refused. Returns how many tasks it gave
+        back; 0, changing nothing, when *session* is not *expert*'s current session."""
 
     # -- wake-ups --------------------------------------------------------------------------
     async def wait_for_change(self, timeout: float) -> None:

@@ -433,6 +433,22 @@ class MemoryStore:
             self._touch()
         return moved
 
+    async def end_session(self, expert: str, session: str) -> int:
+        now = self._clock()
+        if not self._sessions.end(expert, session, now):
+            return 0
+        moved = 0
+        for tid in list(self._index.held):
+            row = self._tasks[tid]
+            if row.owner == expert and row.state in (C, R):
+                outcome = rules.expired(
+                    expert, row.attempts, row.spec.max_attempts, session_ended=True
+                )
+                self._apply(tid, row, outcome, now)
+                moved += 1
+        self._touch()
+        return moved
+
     async def cancel(self, task_id: str) -> Task:
         now = self._clock()
         row = self._tasks.get(task_id)

@@ -86,6 +86,7 @@ class PostgresStore:
         self.renew = bind(sessions.renew, db)
         self.deregister_expert = bind(sessions.deregister_expert, db)
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
+        self.end_session = bind(housekeeping.end_session, db)
 
     # -- opening and closing ---------------------------------------------------------------
 
