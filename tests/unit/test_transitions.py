@@ -61,7 +61,9 @@ def test_an_ended_session_is_an_expiry_that_says_so() -> None:
     assert ended._replace(detail=None) == lapsed  # the same rule, only the history differs
     assert ended.detail == rules.SESSION_ENDED
     dead = rules.expired("e1", attempts=2, max_attempts=2, session_ended=True)
-    assert dead.state == DEAD and "session was ended" in json.loads(dead.error_json or "")["message"]
+    assert (
+        dead.state == DEAD and "session was ended" in json.loads(dead.error_json or "")["message"]
+    )
 
 
 def test_a_release_gives_the_attempt_back_but_never_below_zero() -> None:

@@ -25,7 +25,7 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -267,10 +267,16 @@ class Store(Protocol):
 
     # -- the claim protocol ----------------------------------------------------------------
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[TaskView]:
         """Claimable tasks (pending, due) this expert can run, best first. Reads only.
-        ``low_lane`` as in :meth:`claim`."""
+        ``low_lane`` and ``types`` as in :meth:`claim`."""
 
     async def claim(
         self,
@@ -284,10 +290,16 @@ class Store(Protocol):
         task_ids: Sequence[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         """Atomically claim up to *limit* tasks (only those in *task_ids* when given), moving
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
         session is not live.
+
+        A task is claimable when it is pending and due, in one of *queues*, its requirements
+        met by *capabilities* and, when *types* is given, of one of those task types (the
+        types the expert's app has: an expert never claims a task it has no function for;
+        ``None``: any type).
 
         Order: highest *effective* priority first (it grows as a task waits; ``expire`` raises
         it, see ``contend.domain.task.aged_priority``), then first in, first out. Up to
@@ -304,10 +316,11 @@ class Store(Protocol):
         *,
         limit: int,
         lease_ttl: float,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         """Work stealing (seed 003): take up to *limit* of *victim*'s claimed-but-unstarted
         tasks in one atomic step, as a claim does (fence + 1, new owner, running, new lease),
-        without counting an attempt. The victim's ``start`` of a stolen task is fenced out, so
+        without counting an attempt; *queues*, *capabilities* and *types* as in a claim. The victim's ``start`` of a stolen task is fenced out, so
         it never runs it. Raises LeaseLost when the thief's session is not live."""
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:

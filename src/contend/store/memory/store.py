@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
@@ -212,11 +212,17 @@ class MemoryStore:
 
     # -- the claim protocol ----------------------------------------------------------------
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
-        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane, types)
         return [view_of(tid, self._tasks[tid]) for tid in chosen]
 
     async def claim(
@@ -231,16 +237,18 @@ class MemoryStore:
         task_ids: Sequence[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         now = self._clock()
         self._sessions.live(expert, session, now)
+        index = self._index
         if task_ids is None:
-            chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+            chosen = index.claimable(queues, capabilities, now, limit, low_lane, types)
         else:
             wanted = set(task_ids)
-            claimable = self._index.claimable(queues, capabilities, now, len(self._tasks))
+            claimable = index.claimable(queues, capabilities, now, len(self._tasks), types=types)
             chosen = [tid for tid in claimable if tid in wanted][:limit]
         outcome = rules.claimed(expert, start=start)
         return [
@@ -267,12 +275,14 @@ class MemoryStore:
         *,
         limit: int,
         lease_ttl: float,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         now = self._clock()
         self._sessions.live(thief, session, now)
         qs = set(queues)
+        kinds = None if types is None else set(types)
         loot = sorted(
             (
                 (-row.aged, row.run_at, tid)
@@ -282,6 +292,7 @@ class MemoryStore:
                 and row.lease_deadline is not None
                 and row.lease_deadline >= now
                 and row.spec.queue in qs
+                and (kinds is None or row.spec.type in kinds)
                 and capabilities.satisfies(row.spec.requirements)
             )
         )[:limit]
