@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table
+.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table recovery-bench
 demo:            ## install into .venv and run the demo on the embedded SQLite store
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
@@ -13,3 +13,5 @@ bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuu
 	PYTHONPATH=src .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
 bad-input-table: ## run every bad-input case and rewrite its table in docs/reliability.md
 	PYTHONPATH=src .venv/bin/python scripts/bad-input-table.py
+recovery-bench:  ## kill -9 supervised experts on every backend; rewrite docs/recovery.md
+	PYTHONPATH=src .venv/bin/python -m benchmarks.recovery

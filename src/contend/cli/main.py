@@ -1,7 +1,7 @@
 """``contend``: run experts, submit and manage tasks, show status, run the demo and benchmarks.
 
-Each command lives in a module of its own (``expert``, ``submit``, ``tasks``, ``status``,
-``migrate``, ``demo``, ``bench``); this module assembles their parsers and runs one.
+Each command lives in a module of its own (``expert``, ``supervise``, ``submit``, ``tasks``,
+``status``, ``migrate``, ``demo``, ``bench``); this module assembles their parsers and runs one.
 
 Exit codes: 0 success, 1 failure at run time, 2 bad input (nothing was changed).
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from contend.cli import expert, migrate, status, submit, tasks
+from contend.cli import expert, migrate, status, submit, supervise, tasks
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         expert.add_parser,
+        supervise.add_parser,
         submit.add_parser,
         tasks.add_parser,
         status.add_parser,
