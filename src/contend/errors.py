@@ -17,6 +17,7 @@ The tree::
     ├── FencedOut                an owner write carried a stale fence or a lapsed lease
     ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
     ├── TaskStopped              ``ctx.check()`` in a run that must stop (lease lost, timeout, cancel)
+    ├── MemoryLimitExceeded      a task run in its own process went over its ``memory_limit``
     ├── ExpertConflict           an expert id is live elsewhere
     └── TaskFailed               raised by ``handle.result()`` for a task that ended badly
 """
@@ -132,6 +133,21 @@ class TaskStopped(ContendError):
     """Raised by ``ctx.check()`` inside a run that must stop: its expert lost the lease, it
     timed out, it was cancelled or taken over. Nothing the run returns will be committed; let
     it propagate (do not swallow it in a broad ``except Exception``)."""
+
+
+class MemoryLimitExceeded(ContendError):
+    """A task with ``isolation="process"`` and a ``memory_limit`` used more memory than that:
+    its process was killed and the attempt failed (not retried: the same input would need the
+    same memory)."""
+
+    def __init__(self, task_type: str, used: int, limit: int) -> None:
+        mib = 1024 * 1024
+        super().__init__(
+            f"task type {task_type!r} used {used / mib:.0f} MiB of memory, over its "
+            f"memory_limit of {limit / mib:.0f} MiB: its process was killed (raise the limit, "
+            "then `contend tasks retry ID`)"
+        )
+        self.task_type, self.used, self.limit = task_type, used, limit
 
 
 class ExpertConflict(ContendError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import re
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any, TypeVar, overload
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
-from contend.runtime.isolation import ISOLATIONS, import_path
+from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
 from contend.store.port import Store
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ class TaskType:
     pass_context: bool = False
     mode: str = "race"
     isolation: str | None = None  # "process": run in a child process, killed to stop it
+    memory_limit: int | None = None  # bytes of resident memory the child may use
 
     @property
     def is_async(self) -> bool:
@@ -54,6 +56,35 @@ class TaskType:
 def _check_url(url: object) -> None:
     if url is not None and (not isinstance(url, str) or not url.strip()):
         raise ConfigError(f"a store URL must be a non-empty string, got {shown(url)}")
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "k": 2**10, "m": 2**20, "g": 2**30})
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
+
+
+def _memory_limit(name: str, limit: object, isolation: str | None) -> int | None:
+    """A task type's ``memory_limit`` in bytes: an integer, or text such as ``"512MiB"``."""
+    if limit is None:
+        return None
+    what = f"memory_limit of {shown(name)}"
+    if isolation != "process":
+        raise ConfigError(
+            f"{what} needs isolation='process': only a task in a process of its own can be "
+            "stopped when it uses too much memory"
+        )
+    if isinstance(limit, str):
+        m = _SIZE.fullmatch(limit.lower())
+        if m is None or m.group(2) not in _UNITS:
+            raise ConfigError(
+                f"{what} must be bytes or a size like '512MiB' or '2GB', got {shown(limit)}"
+            )
+        limit = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 16 * 2**20:
+        raise ConfigError(f"{what} must be at least 16 MiB, got {shown(limit)}")
+    if not can_limit_memory():
+        raise ConfigError(f"{what}: this system does not let contend read a process's memory")
+    return limit
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:
@@ -118,6 +149,7 @@ class App:
         pass_context: bool | None = None,
         mode: str = "race",
         isolation: str | None = None,
+        memory_limit: int | str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -134,12 +166,16 @@ class App:
         pass_context: bool | None = None,
         mode: str = "race",
         isolation: str | None = None,
+        memory_limit: int | str | None = None,
     ) -> F | Callable[[F], F]:
         """Register a sync or async function as a task type (named after the function).
 
         ``isolation="process"`` runs each call in a child process of its own, killed when the
         run must stop (lease lost, timeout, cancel); the function must be importable (a
-        module-level function, not in ``__main__``) and its args and result JSON."""
+        module-level function, not in ``__main__``) and its args and result JSON. With it,
+        ``memory_limit`` (bytes, or text such as ``"512MiB"``) kills a child whose resident
+        memory goes over it, and the attempt fails with ``MemoryLimitExceeded`` (not retried);
+        the expert carries on (Linux)."""
 
         def register(f: F) -> F:
             type_name = name or f.__name__
@@ -163,6 +199,7 @@ class App:
                     import_path(f)
                 except ValueError as exc:
                     raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
+            limit = _memory_limit(type_name, memory_limit, isolation)
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -176,6 +213,7 @@ class App:
                 pass_context=_wants_context(f) if pass_context is None else pass_context,
                 mode=mode,
                 isolation=isolation,
+                memory_limit=limit,
             )
             return f
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import FencedOut, LeaseLost, PayloadError
+from contend.errors import FencedOut, LeaseLost, MemoryLimitExceeded, PayloadError
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
@@ -189,6 +189,8 @@ class Executor:
             return build_failure(c, "Timeout", message, policy=tt.retry)
         if isinstance(exc, PayloadError):
             return build_failure(c, "PayloadError", str(exc), policy=None)
+        if isinstance(exc, MemoryLimitExceeded):  # the same input would need the same memory
+            return build_failure(c, "MemoryLimitExceeded", str(exc), policy=None)
         if isinstance(exc, ChildFailed):  # what the task raised in its own process
             error = exc.error or exc
             return build_failure(c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb)
@@ -208,6 +210,8 @@ class Executor:
                     dict(c.kwargs),
                     ctx if tt.pass_context else None,
                     run.checkpoint,
+                    memory_limit=tt.memory_limit,
+                    task_type=tt.name,
                 )
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:
