@@ -139,6 +139,12 @@ def test_completed_built_fast_equals_the_named_tuple() -> None:
     # completed() builds its Outcome straight through tuple.__new__ (one per task): it must
     # stay the same value as the keyword-built one when Outcome gains a field.
     fast = rules.completed("e1", '{"ok":1}')
-    want = rules.Outcome(TaskState.SUCCEEDED, Event.SUCCEEDED, "e1", result_json='{"ok":1}')
+    want = rules.Outcome(
+        TaskState.SUCCEEDED,
+        Event.SUCCEEDED,
+        "e1",
+        error_json=rules.NO_ERROR,  # an earlier attempt's error is cleared
+        result_json='{"ok":1}',
+    )
     assert fast == want
     assert len(fast) == len(rules.Outcome._fields)

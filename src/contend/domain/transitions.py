@@ -185,9 +185,15 @@ def started(expert: str) -> Outcome:
     return Outcome(R, Event.STARTED, expert, owned=True)
 
 
+#: The error a success leaves: JSON null, so that an earlier attempt's error is not shown on a
+#: task that succeeded.
+NO_ERROR = "null"
+
+
 def completed(expert: str, result_json: str) -> Outcome:
+    """Succeeded with *result_json*; the error of an earlier attempt is cleared."""
     # every field given, straight to tuple.__new__: one of these is made per task
-    fields = (SUCCEEDED, Event.SUCCEEDED, expert, None, False, None, False, None, result_json)
+    fields = (SUCCEEDED, Event.SUCCEEDED, expert, None, False, None, False, NO_ERROR, result_json)
     return _new(Outcome, (*fields, _KEEP))
 
 
