@@ -24,6 +24,8 @@ The tree::
 
 from __future__ import annotations
 
+import re
+
 #: How many characters of a user's value an error message echoes (see :func:`shown`).
 ECHO_LIMIT = 80
 
@@ -42,6 +44,16 @@ def shown(value: object, limit: int = ECHO_LIMIT) -> str:
         return clip(repr(value), limit)
     except ValueError:  # an int of more than 4,300 digits refuses to become text
         return f"an {type(value).__name__} too large to show"
+
+
+_SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:pass|secret|token|key)[^=&#]*=)[^&#]*")
+_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:@/?#]*:)[^@/?#]*@", re.IGNORECASE)
+
+
+def shown_url(url: str) -> str:
+    """A store URL as a log line or message shows it: its password, in the user part or in the
+    query (``password=``, ``sslpassword=``, a token …), replaced by ``***``."""
+    return clip(_SECRET_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1***@", url)), 200)
 
 
 class ContendError(Exception):
@@ -81,8 +93,8 @@ class DependencyError(TaskError):
 
 
 class TaskNotFound(TaskError, LookupError):
-    def __init__(self, task_id: str) -> None:
-        super().__init__(f"no task with id {shown(task_id)}")
+    def __init__(self, task_id: str, hint: str = "") -> None:
+        super().__init__(f"no task with id {shown(task_id)}" + (f"; {hint}" if hint else ""))
         self.task_id = task_id
 
 

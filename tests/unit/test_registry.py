@@ -71,7 +71,7 @@ def test_a_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(
         registry.BACKENDS,
         "fakedb",
-        ("contend_no_such_driver.backend", "Store", "fakedb", "contend_no_such_driver"),
+        ("contend_no_such_driver.backend", "Store", "fakedb", ("contend_no_such_driver",)),
     )
     with pytest.raises(MissingExtraError, match=r"pip install 'contend\[fakedb\]'") as info:
         make_store("fakedb://somewhere")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import re
 import threading
@@ -17,9 +18,11 @@ from typing import Any, TypeVar, overload
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
-from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
+from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
 from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
 from contend.store.port import Store
+
+log = logging.getLogger("contend.app")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,6 +45,22 @@ class TaskType:
     mode: str = "race"
     isolation: str | None = None  # "process": run in a child process, killed to stop it
     memory_limit: int | None = None  # bytes of resident memory the child may use
+
+    signature: inspect.Signature | None = field(default=None, compare=False, repr=False)
+
+    def check_arguments(self, args: Sequence[JSON], kwargs: Mapping[str, JSON]) -> None:
+        """Refuse, before anything is written, args and kwargs that do not fit the function's
+        signature (they would fail every attempt at run time)."""
+        sig = self.signature
+        if sig is None:
+            return
+        try:
+            sig.bind(*((None,) if self.pass_context else ()), *args, **kwargs)
+        except TypeError as exc:
+            params = list(sig.parameters.values())[1 if self.pass_context else 0 :]
+            bare = [p.replace(annotation=inspect.Parameter.empty) for p in params]
+            shape = f"{self.name}({', '.join(str(p) for p in bare)})"
+            raise TaskError(f"arguments do not fit task type {shape}: {exc}") from None
 
     @property
     def is_async(self) -> bool:
@@ -87,6 +106,38 @@ def _memory_limit(name: str, limit: object, isolation: str | None) -> int | None
     return limit
 
 
+@dataclass(frozen=True)
+class StoreChoice:
+    """Which store a program uses, and why: ``source`` is ``--store``, ``the app`` or
+    ``CONTEND_STORE``; ``ignored`` names a ``CONTEND_STORE`` that was set to another store."""
+
+    url: str
+    source: str
+    ignored: str | None = None
+
+
+def choose_store(given: str | None, app_url: str | None) -> StoreChoice:
+    """The one rule, the same from Python and from the CLI: the store given on the command line
+    (``--store``), else the one the app names in code (``App(url)``), else ``CONTEND_STORE``.
+    The environment is a default for an app that names no store; it never overrides one that
+    does. An empty ``CONTEND_STORE`` counts as unset."""
+    env = os.environ.get("CONTEND_STORE") or None
+    for url, source in ((given, "--store"), (app_url, "the app"), (env, "CONTEND_STORE")):
+        if url:
+            ignored = env if env and source != "CONTEND_STORE" and env != url else None
+            return StoreChoice(url, source, ignored)
+    raise ConfigError(
+        "no store URL: pass App('sqlite:///path.db'), --store URL, or set CONTEND_STORE"
+    )
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some callables have none Python can read
+        return None
+
+
 def _wants_context(fn: Callable[..., Any]) -> bool:
     params = list(inspect.signature(fn).parameters.values())
     return bool(params) and params[0].name == "ctx"
@@ -112,16 +163,14 @@ class App:
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._sync_thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._told = False  # warned once that CONTEND_STORE is ignored
 
     # -- configuration ---------------------------------------------------------------------
     @property
     def store_url(self) -> str:
-        url = self._url or os.environ.get("CONTEND_STORE")
-        if not url:
-            raise ConfigError(
-                "no store URL: pass App('sqlite:///path.db'), --store URL, or set CONTEND_STORE"
-            )
-        return url
+        """The store this app uses: ``App(url)`` (or ``with_store``, which ``--store`` calls),
+        else ``CONTEND_STORE`` (see :func:`choose_store`)."""
+        return choose_store(None, self._url).url
 
     def with_store(self, url: str) -> App:
         """Point this app at another store (used by the CLI's --store); returns self."""
@@ -214,6 +263,7 @@ class App:
                 mode=mode,
                 isolation=isolation,
                 memory_limit=limit,
+                signature=_signature(f),
             )
             return f
 
@@ -247,6 +297,7 @@ class App:
         async with self._opening.setdefault(loop, asyncio.Lock()):
             store = self._stores.get(loop)
             if store is None:
+                self._warn_if_env_ignored()
                 if self._factory is not None:
                     store = self._factory(self.store_url)
                 else:
@@ -256,6 +307,17 @@ class App:
                 await store.open()
                 self._stores[loop] = store
         return store
+
+    def _warn_if_env_ignored(self) -> None:
+        choice = choose_store(None, self._url)
+        if choice.ignored is not None and not self._told:
+            self._told = True
+            log.warning(
+                "CONTEND_STORE (%s) is ignored: %s names the store %s",
+                shown_url(choice.ignored),
+                choice.source,
+                shown_url(choice.url),
+            )
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -308,7 +370,7 @@ class App:
         depends_on: Iterable[str | TaskHandle] = (),
     ) -> TaskSpec:
         tt = self.task_type(task)
-        return TaskSpec.build(
+        spec = TaskSpec.build(
             tt.name,
             args,
             kwargs,
@@ -321,6 +383,8 @@ class App:
             timeout=tt.timeout if timeout is None else timeout,
             depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
         )
+        tt.check_arguments(args, kwargs or {})  # once build() found them a JSON list and object
+        return spec
 
     async def submit(
         self,
