@@ -156,7 +156,9 @@ def test_batch_line_that_is_not_json(seeded: tuple[str, Path], tmp_path: Path) -
 def test_batch_submits_every_line(seeded: tuple[str, Path], tmp_path: Path) -> None:
     url, db = seeded
     batch = tmp_path / "ok.jsonl"
-    batch.write_text('{"args": [1]}\n{"args": [2], "priority": 3, "key": "k2"}\n\n{"kwargs": {"value": 4}}\n')
+    batch.write_text(
+        '{"args": [1]}\n{"args": [2], "priority": 3, "key": "k2"}\n\n{"kwargs": {"value": 4}}\n'
+    )
     done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 3

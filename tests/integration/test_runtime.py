@@ -416,3 +416,20 @@ async def test_an_expert_leaves_the_task_types_its_app_lacks_to_others(tmp_path:
     finally:
         await old.aclose()
         await new.aclose()
+
+
+async def test_a_stopped_expert_leaves_its_final_counts_in_the_store(app: App) -> None:
+    """status and the demo show the store's per-expert counts: they must be the final ones,
+    not those of the last heartbeat (here, with a 30 s lease, there is none after the tasks)."""
+
+    @app.task
+    async def quick(n: int) -> int:
+        return n
+
+    async with expert(app, name="counted", lease_ttl=30.0):
+        handles = [await app.submit(quick, [n]) for n in range(5)]
+        for h in handles:
+            await h.result(timeout=10)
+    (rec,) = await (await app.store()).list_experts()
+    assert (rec.info.id, rec.alive, rec.tasks_done) == ("counted", False, 5)
+    assert rec.claims_won == 5
