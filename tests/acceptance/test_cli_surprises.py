@@ -4,6 +4,7 @@ the real ``contend`` command in a subprocess."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,9 +12,12 @@ import time
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import contend
 from contend.domain.task import TaskSpec, TaskState
 from contend.store.registry import open_store
+from contend.testing.postgres import NoServer, fresh_database, server_url
 from tests.acceptance.conftest import APP, ROOT, Experts, cli_env, run_cli, wait_until
 
 
@@ -286,3 +290,33 @@ async def test_a_second_sigint_stops_an_expert_at_once(tmp_path: Path) -> None:
     finally:
         experts.stop_all()
         await store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (
+            f"{server_url()}/contend_no_such_database",
+            'database "contend_no_such_database" does not exist',
+        ),
+        ("postgresql://no-such-host.invalid/test", "failed to resolve host 'no-such-host.invalid'"),
+    ],
+    ids=["no such database", "unknown host"],
+)
+async def test_postgresql_that_cannot_heal_fails_at_once_with_libpq_reason(
+    url: str, reason: str
+) -> None:
+    try:
+        async with fresh_database():  # the server is there
+            pass
+    except NoServer as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"not under CI and {exc}")
+    started = time.monotonic()
+    done = run_cli("status", "--store", url)
+    took = time.monotonic() - started
+    assert done.returncode == 2
+    one_line_error(done, "cannot connect to PostgreSQL", reason)
+    assert took < 8, took  # no 15 s of retries (a process start is most of this)

@@ -159,6 +159,8 @@ def configure_logging(level: str, as_json: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    # The pool says "error connecting" at each of its tries; the store says it once, itself.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def _fail(message: str, code: int) -> NoReturn:
