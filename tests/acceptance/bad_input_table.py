@@ -251,6 +251,7 @@ CASES: list[Case] = [
     cli("SQL in a task type", "unknown task type", "submit", APP, "echo" + DROP, S, STORE),
     # -- store URLs and files that are not contend stores
     cli("an SQLite URL with a host", "has a host part", "status", S, "sqlite://host/x.db", proof="dir"),
+    cli("`sqlite:/x.db`: one slash (read as a relative x.db before)", "needs three slashes", "submit", APP, "echo", "--args", "[1]", S, "sqlite:/x.db", proof="dir"),
     cli("an unknown URL scheme", "unknown store URL", "status", S, "mysql://localhost/db", proof="dir"),
     cli("not a URL", "unknown store URL", "status", S, "not a url", proof="dir"),
     cli("an unknown URL option", "unknown option", "status", S, "sqlite:///{dir}/x.db?journal=off", proof="dir"),

@@ -30,6 +30,8 @@ from contend.testing import FakeClock
         ("sqlite:///dir/", "names no file"),
         ("sqlite:///x.db?journal=wal", r"unknown option\(s\) \['journal'\]"),
         ("sqlite:///x.db?synchronous=maybe", "synchronous must be one of"),
+        ("sqlite:/x.db", "needs three slashes"),
+        ("sqlite:x.db", "needs three slashes"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_problem(url: object, words: str) -> None:
