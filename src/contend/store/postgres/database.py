@@ -113,9 +113,7 @@ class Database:
         the pool's retry deadline. A server that may come up (refused, starting) is left to the
         pool, which retries, said once here; returns why it could not connect then."""
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.dsn, **self.connect_kwargs(self.dsn)
-            )
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **self.connect_kwargs(self.dsn))
         except psycopg.OperationalError as exc:
             reason = one_line(str(exc))
             if cannot_heal(reason):
