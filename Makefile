@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table exactly-once
+.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table exactly-once recovery-bench
 demo:            ## install into .venv and run the demo on the embedded SQLite store
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
@@ -15,3 +15,5 @@ bad-input-table: ## run every bad-input case and rewrite its table in docs/relia
 	PYTHONPATH=src .venv/bin/python scripts/bad-input-table.py
 exactly-once:    ## count 10,000 tasks exactly once on every backend under kill -9 and SIGSTOP
 	CONTEND_EXACTLY_ONCE_TASKS=10000 PYTHONPATH=src .venv/bin/pytest -s -p no:cacheprovider tests/acceptance/test_exactly_once.py
+recovery-bench:  ## kill -9 supervised experts on every backend; rewrite docs/recovery.md
+	PYTHONPATH=src .venv/bin/python -m benchmarks.recovery

@@ -19,11 +19,14 @@ The tree::
     │                            the database refused a conflict); nothing was written: run it again
     ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
     ├── TaskStopped              ``ctx.check()`` in a run that must stop (lease lost, timeout, cancel)
+    ├── MemoryLimitExceeded      a task run in its own process went over its ``memory_limit``
     ├── ExpertConflict           an expert id is live elsewhere
     └── TaskFailed               raised by ``handle.result()`` for a task that ended badly
 """
 
 from __future__ import annotations
+
+import re
 
 #: How many characters of a user's value an error message echoes (see :func:`shown`).
 ECHO_LIMIT = 80
@@ -43,6 +46,16 @@ def shown(value: object, limit: int = ECHO_LIMIT) -> str:
         return clip(repr(value), limit)
     except ValueError:  # an int of more than 4,300 digits refuses to become text
         return f"an {type(value).__name__} too large to show"
+
+
+_SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:pass|secret|token|key)[^=&#]*=)[^&#]*")
+_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:@/?#]*:)[^@/?#]*@", re.IGNORECASE)
+
+
+def shown_url(url: str) -> str:
+    """A store URL as a log line or message shows it: its password, in the user part or in the
+    query (``password=``, ``sslpassword=``, a token …), replaced by ``***``."""
+    return clip(_SECRET_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1***@", url)), 200)
 
 
 class ContendError(Exception):
@@ -82,8 +95,8 @@ class DependencyError(TaskError):
 
 
 class TaskNotFound(TaskError, LookupError):
-    def __init__(self, task_id: str) -> None:
-        super().__init__(f"no task with id {shown(task_id)}")
+    def __init__(self, task_id: str, hint: str = "") -> None:
+        super().__init__(f"no task with id {shown(task_id)}" + (f"; {hint}" if hint else ""))
         self.task_id = task_id
 
 
@@ -142,6 +155,21 @@ class TaskStopped(ContendError):
     """Raised by ``ctx.check()`` inside a run that must stop: its expert lost the lease, it
     timed out, it was cancelled or taken over. Nothing the run returns will be committed; let
     it propagate (do not swallow it in a broad ``except Exception``)."""
+
+
+class MemoryLimitExceeded(ContendError):
+    """A task with ``isolation="process"`` and a ``memory_limit`` used more memory than that:
+    its process was killed and the attempt failed (not retried: the same input would need the
+    same memory)."""
+
+    def __init__(self, task_type: str, used: int, limit: int) -> None:
+        mib = 1024 * 1024
+        super().__init__(
+            f"task type {task_type!r} used {used / mib:.0f} MiB of memory, over its "
+            f"memory_limit of {limit / mib:.0f} MiB: its process was killed (raise the limit, "
+            "then `contend tasks retry ID`)"
+        )
+        self.task_type, self.used, self.limit = task_type, used, limit
 
 
 class ExpertConflict(ContendError):

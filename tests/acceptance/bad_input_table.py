@@ -92,6 +92,8 @@ def prepare(workdir: Path) -> Env:
     env = Env(workdir, f"sqlite:///{workdir / 'store.db'}")
     for name, data in BATCHES.items():
         (workdir / name).write_bytes(data)
+    (workdir / "broken_app.py").write_text("from contend import App\napp = App(\n  def\n")
+    (workdir / "raising_app.py").write_text("import os\n\nSETTING = os.environ['CONFIG']\n")
     (workdir / "notes.db").write_text("these are my notes, not a database\n" * 50)
     (workdir / "empty.db").touch()
     with sqlite3.connect(workdir / "other.db") as conn:
@@ -198,6 +200,14 @@ CASES: list[Case] = [
     cli("`--args '[\"\\ud800\"]'`: a lone surrogate", "not valid Unicode", "submit", APP, "echo", "--args", '["\\ud800"]', S, STORE),
     cli("a byte that is not UTF-8 (0xFF) in `--args`", "from the byte 0xFF that is not UTF-8", "submit", APP, "echo", "--args", '["\udcff"]', S, STORE),
     cli("a byte that is not UTF-8 in a task id", "ID is not valid Unicode", "tasks", "show", "\udcff", S, STORE),
+    cli("`--args` that do not fit the function", "arguments do not fit task type echo(value): too many positional arguments", "submit", APP, "echo", "--args", "[1, 2]", S, STORE),
+    cli("`--kwargs` naming no parameter", "got an unexpected keyword argument 'valu'", "submit", APP, "echo", "--args", "[1]", "--kwargs", '{"valu": 1}', S, STORE),
+    cli("`--args @FILE` with no such file", "--args: cannot read 'missing.json'", "submit", APP, "echo", "--args", "@missing.json", S, STORE),
+    cli("`--requirements 5`", "--requirements must be a JSON array or object", "submit", APP, "echo", "--requirements", "5", S, STORE),
+    cli("`--timeout 0`", "--timeout must be between 0.001", "submit", APP, "echo", "--timeout", "0", S, STORE),
+    cli("`--depends-on` an unknown task", "unknown dependencies: nope", "submit", APP, "echo", "--args", "[1]", "--depends-on", "nope", S, STORE),
+    cli("an app module with a syntax error", "SyntaxError: '(' was never closed (DIR/broken_app.py, line 2); fix it and run again", "submit", "broken_app:app", "echo", S, STORE),
+    cli("an app module that raises when imported", "importing it raised KeyError: 'CONFIG' (DIR/raising_app.py, line 3)", "submit", "raising_app:app", "echo", S, STORE),
     # -- batch files: one bad line among good ones refuses the file
     cli("batch: a line that is not UTF-8", "utf8.jsonl:2: not valid UTF-8", "submit", APP, "echo", "--batch", "{dir}/utf8.jsonl", S, STORE),
     cli("batch: a line that is not JSON", "notjson.jsonl:2: the line is not valid JSON", "submit", APP, "echo", "--batch", "{dir}/notjson.jsonl", S, STORE),
@@ -220,6 +230,9 @@ CASES: list[Case] = [
     cli("`expert --capability mem_gb=lots`", "amount must be a number", "expert", APP, "--capability", "mem_gb=lots", S, STORE),
     cli("`expert --fitness` that is not a function", "is not a function", "expert", APP, "--fitness", APP, S, STORE),
     cli("`tasks list --limit 0`", "--limit must be between 1", "tasks", "list", "--limit", "0", S, STORE),
+    cli("`supervise -n 0`", "--experts must be between 1 and 256", "supervise", "-n", "0", APP, S, STORE),
+    cli("`supervise` on a memory:// store", "a memory:// store lives in one process", "supervise", APP, S, "memory://"),
+    cli("`supervise --lease 0`: refused once, not per expert", "--lease must be between 0.5", "supervise", "-n", "4", APP, "--lease", "0", S, STORE),
     cli("an app that is not MODULE:APP", "MODULE:ATTRIBUTE", "submit", "just-a-name", "echo", S, STORE),
     cli("an app module that does not exist", "cannot import module 'no_module_here'", "submit", "no_module_here:app", "echo", S, STORE),
     cli("a relative app module", "a module name cannot be relative", "submit", "..tasks:app", "echo", S, STORE),
@@ -238,18 +251,20 @@ CASES: list[Case] = [
     cli("SQL in a task type", "unknown task type", "submit", APP, "echo" + DROP, S, STORE),
     # -- store URLs and files that are not contend stores
     cli("an SQLite URL with a host", "has a host part", "status", S, "sqlite://host/x.db", proof="dir"),
+    cli("`sqlite:/x.db`: one slash (read as a relative x.db before)", "needs three slashes", "submit", APP, "echo", "--args", "[1]", S, "sqlite:/x.db", proof="dir"),
     cli("an unknown URL scheme", "unknown store URL", "status", S, "mysql://localhost/db", proof="dir"),
     cli("not a URL", "unknown store URL", "status", S, "not a url", proof="dir"),
     cli("an unknown URL option", "unknown option", "status", S, "sqlite:///{dir}/x.db?journal=off", proof="dir"),
     cli("a directory that does not exist", "does not exist", "status", S, "sqlite:///{dir}/no/such/x.db", proof="dir"),
-    cli("a text file given as the store", "is not an SQLite database", "submit", APP, "echo", S, "sqlite:///{dir}/notes.db", proof="file:notes.db"),
+    cli("a text file given as the store", "is not an SQLite database", "submit", APP, "echo", "--args", "[1]", S, "sqlite:///{dir}/notes.db", proof="file:notes.db"),
     cli("another program's SQLite file", "not a contend store", "status", S, "sqlite:///{dir}/other.db", proof="file:other.db"),
     # -- ids and states
     cli("`tasks show` of a missing id", "no task with id 'nope'", "tasks", "show", "nope", S, STORE),
     cli("`tasks retry` of a missing id", "no task with id 'nope'", "tasks", "retry", "nope", S, STORE),
     cli("`tasks cancel` of a missing id", "no task with id 'nope'", "tasks", "cancel", "nope", S, STORE),
-    cli("`tasks retry` of a running task", "cannot retry task {running}: it is running", "tasks", "retry", "{running}", S, STORE, code=1),
-    cli("`tasks retry` of a pending task", "cannot retry task {pending}: it is pending", "tasks", "retry", "{pending}", S, STORE, code=1),
+    cli("`tasks retry` of a running task", "cannot retry task {running}: it is running", "tasks", "retry", "{running}", S, STORE),
+    cli("`tasks retry` of a pending task", "cannot retry task {pending}: it is pending", "tasks", "retry", "{pending}", S, STORE),
+    cli("`tasks show` of an id cut short", "task ids are 28 characters", "tasks", "show", "01a2", S, STORE),
     cli("an expert name that is live elsewhere", "expert id 'holder' is live elsewhere", "expert", APP, "--name", HOLDER, S, STORE, code=1),
     # -- the Python API
     py("`TaskSpec.build` with a lone surrogate", "not valid Unicode", "PayloadError", lambda env, app: _build(["\ud800"])),
@@ -263,6 +278,8 @@ CASES: list[Case] = [
     py("`app.submit` with a 100 KB key", "idempotency key must be at most 500", "TaskError", lambda env, app: _submit(app, "echo", key=HUGE)),
     py("`app.submit` with an unknown dependency", "no-such-task", "DependencyError", lambda env, app: _submit(app, "echo", depends_on=["no-such-task"])),
     py("`app.submit_many`: one bad spec among good ones", "no-such-task", "DependencyError", _submit_many_one_bad),
+    py("`app.submit` with args that do not fit", "arguments do not fit task type echo(value=None): too many positional arguments", "TaskError", lambda env, app: _submit(app, "echo", [1, 2])),
+    py("`memory_limit` without `isolation='process'`", "needs isolation='process'", "ConfigError", lambda env, app: _call(app.task(name="hog", memory_limit="1GiB"), print)),
     py("`App('')`", "a store URL must be a non-empty string", "ConfigError", lambda env, app: _call(App, "")),
     py("`ExpertConfig(queues=[''])`", "queue must be a non-empty string", "ConfigError", lambda env, app: _call(ExpertConfig(queues=[""]).validate)),
     py("`ExpertConfig(concurrency=0)`", "concurrency must be between 1 and 10000", "ConfigError", lambda env, app: _call(ExpertConfig(concurrency=0).validate)),

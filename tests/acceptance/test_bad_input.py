@@ -156,7 +156,9 @@ def test_batch_line_that_is_not_json(seeded: tuple[str, Path], tmp_path: Path) -
 def test_batch_submits_every_line(seeded: tuple[str, Path], tmp_path: Path) -> None:
     url, db = seeded
     batch = tmp_path / "ok.jsonl"
-    batch.write_text('{"args": [1]}\n{"args": [2], "priority": 3, "key": "k2"}\n\n{}\n')
+    batch.write_text(
+        '{"args": [1]}\n{"args": [2], "priority": 3, "key": "k2"}\n\n{"kwargs": {"value": 4}}\n'
+    )
     done = run_cli("submit", APP, "echo", "--store", url, "--batch", str(batch))
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.split()) == 3
@@ -190,7 +192,7 @@ def test_a_file_that_is_not_a_database_is_left_alone(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_text("these are my notes, not a database\n" * 50)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    done = run_cli("submit", APP, "echo", "--store", f"sqlite:///{path}")
+    done = run_cli("submit", APP, "echo", "--args", "[1]", "--store", f"sqlite:///{path}")
     assert done.returncode == 2
     assert "is not an SQLite database" in done.stderr
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest

@@ -32,7 +32,7 @@ def test_manage_a_task_from_the_cli(tmp_path: Path) -> None:
     assert json.loads(cancelled.stdout)["state"] == "cancelled"
     twice = run_cli("tasks", "cancel", task_id, "--store", url)
     assert (
-        twice.returncode == 1 and f"cannot cancel task {task_id}: it is cancelled" in twice.stderr
+        twice.returncode == 2 and f"cannot cancel task {task_id}: it is cancelled" in twice.stderr
     )
     retried = run_cli("tasks", "retry", task_id, "--store", url)
     assert retried.stdout.strip() == f"{task_id} pending"

@@ -55,3 +55,10 @@ def spin(marker: str) -> None:
             ticks.write(f"{time.monotonic()}\n")
             ticks.flush()
             time.sleep(0.02)
+
+
+def hog(mib: int, hold: float) -> int:
+    """Holds *mib* MiB of memory it has written to (so it is resident) for *hold* seconds."""
+    block = b"x" * (mib * 1024 * 1024)
+    time.sleep(hold)
+    return len(block) // (1024 * 1024)

@@ -124,3 +124,37 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_child_over_its_memory_limit_is_killed_and_the_expert_lives_on(
+    tmp_path: Path,
+) -> None:
+    app = App(f"sqlite:///{tmp_path / 'mem.db'}")
+    app.task(isolation="process", memory_limit="100MiB", retries=3)(t.hog)
+    try:
+        async with expert(app, "frugal", concurrency=2):
+            greedy = await app.submit("hog", [400, 30.0])
+            started = time.monotonic()
+            with pytest.raises(TaskFailed, match="MemoryLimitExceeded"):
+                await asyncio.wait_for(greedy.result(), 30)
+            assert time.monotonic() - started < 10  # killed, not left to hold it for 30 s
+            task = await greedy.get()
+            assert (task.state.value, task.attempts) == ("failed", 1)  # not retried
+            assert "over its memory_limit of 100 MiB" in task.error["message"]
+            # the same expert goes on running tasks within the limit
+            modest = await app.submit("hog", [10, 0.0])
+            assert await asyncio.wait_for(modest.result(), 30) == 10
+    finally:
+        await app.aclose()
+
+
+def test_a_memory_limit_needs_a_process_and_a_sane_size() -> None:
+    app = App("sqlite:///unused.db")
+    with pytest.raises(ConfigError, match="needs isolation='process'"):
+        app.task(memory_limit="1GiB")(t.add)
+    with pytest.raises(ConfigError, match="size like '512MiB'"):
+        app.task(isolation="process", memory_limit="lots")(t.add)
+    with pytest.raises(ConfigError, match="at least 16 MiB"):
+        app.task(isolation="process", memory_limit=1000)(t.add)
+    app.task(isolation="process", memory_limit="1.5GB")(t.add)
+    assert app.tasks["add"].memory_limit == 1_500_000_000

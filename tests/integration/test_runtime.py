@@ -385,3 +385,51 @@ async def test_claims_the_expert_does_not_know_of_are_released(app: App) -> None
         await eventually(released, timeout=5)
         task = await store.get(handle.id)
         assert task.attempts == 0 and task.fence == lost.fence
+
+
+async def test_an_expert_leaves_the_task_types_its_app_lacks_to_others(tmp_path: Path) -> None:
+    """A rolling deploy: new code submits a new task type while an old expert still runs.
+    The old expert must not claim it (it would fail it for good as UnknownTaskType)."""
+    url = f"sqlite:///{tmp_path / 'deploy.db'}"
+    old, new = App(url), App(url)
+
+    @old.task(name="resize")
+    @new.task(name="resize")
+    async def resize(n: int) -> int:
+        return n
+
+    @new.task(name="resize_v2")
+    async def resize_v2(n: int) -> str:
+        return f"v2:{n}"
+
+    try:
+        later = await new.submit("resize_v2", [1], priority=10)  # the best task in the queue
+        first = await new.submit("resize", [2])
+        async with expert(old, name="old", window=0):
+            assert await first.result(timeout=10) == 2
+            task = await later.get()
+            assert (task.state, task.attempts, task.owner) == (TaskState.PENDING, 0, None)
+            async with expert(new, name="new", window=0):
+                assert await later.result(timeout=10) == "v2:1"
+        history = (await (await new.store()).get(later.id, history=True)).history
+        assert [e.expert for e in history if e.event == "claimed"] == ["new"]
+    finally:
+        await old.aclose()
+        await new.aclose()
+
+
+async def test_a_stopped_expert_leaves_its_final_counts_in_the_store(app: App) -> None:
+    """status and the demo show the store's per-expert counts: they must be the final ones,
+    not those of the last heartbeat (here, with a 30 s lease, there is none after the tasks)."""
+
+    @app.task
+    async def quick(n: int) -> int:
+        return n
+
+    async with expert(app, name="counted", lease_ttl=30.0):
+        handles = [await app.submit(quick, [n]) for n in range(5)]
+        for h in handles:
+            await h.result(timeout=10)
+    (rec,) = await (await app.store()).list_experts()
+    assert (rec.info.id, rec.alive, rec.tasks_done) == ("counted", False, 5)
+    assert rec.claims_won == 5

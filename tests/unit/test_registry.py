@@ -30,6 +30,8 @@ from contend.testing import FakeClock
         ("sqlite:///dir/", "names no file"),
         ("sqlite:///x.db?journal=wal", r"unknown option\(s\) \['journal'\]"),
         ("sqlite:///x.db?synchronous=maybe", "synchronous must be one of"),
+        ("sqlite:/x.db", "needs three slashes"),
+        ("sqlite:x.db", "needs three slashes"),
     ],
 )
 def test_a_bad_url_is_a_config_error_naming_the_problem(url: object, words: str) -> None:
@@ -71,7 +73,7 @@ def test_a_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(
         registry.BACKENDS,
         "fakedb",
-        ("contend_no_such_driver.backend", "Store", "fakedb", "contend_no_such_driver"),
+        ("contend_no_such_driver.backend", "Store", "fakedb", ("contend_no_such_driver",)),
     )
     with pytest.raises(MissingExtraError, match=r"pip install 'contend\[fakedb\]'") as info:
         make_store("fakedb://somewhere")

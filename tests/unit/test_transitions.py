@@ -55,6 +55,17 @@ def test_an_expiry_uses_an_attempt_and_the_last_one_is_dead() -> None:
     assert json.loads(dead.error_json or "")["type"] == "LeaseExpired"
 
 
+def test_an_ended_session_is_an_expiry_that_says_so() -> None:
+    lapsed = rules.expired("e1", attempts=1, max_attempts=2)
+    ended = rules.expired("e1", attempts=1, max_attempts=2, session_ended=True)
+    assert ended._replace(detail=None) == lapsed  # the same rule, only the history differs
+    assert ended.detail == rules.SESSION_ENDED
+    dead = rules.expired("e1", attempts=2, max_attempts=2, session_ended=True)
+    assert (
+        dead.state == DEAD and "session was ended" in json.loads(dead.error_json or "")["message"]
+    )
+
+
 def test_a_release_gives_the_attempt_back_but_never_below_zero() -> None:
     out = rules.released("e1")
     assert (out.state, out.event) == (P, Event.RELEASED)
@@ -128,6 +139,12 @@ def test_completed_built_fast_equals_the_named_tuple() -> None:
     # completed() builds its Outcome straight through tuple.__new__ (one per task): it must
     # stay the same value as the keyword-built one when Outcome gains a field.
     fast = rules.completed("e1", '{"ok":1}')
-    want = rules.Outcome(TaskState.SUCCEEDED, Event.SUCCEEDED, "e1", result_json='{"ok":1}')
+    want = rules.Outcome(
+        TaskState.SUCCEEDED,
+        Event.SUCCEEDED,
+        "e1",
+        error_json=rules.NO_ERROR,  # an earlier attempt's error is cleared
+        result_json='{"ok":1}',
+    )
     assert fast == want
     assert len(fast) == len(rules.Outcome._fields)

@@ -6,18 +6,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import math
 import os
 import re
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
 from contend.domain.payload import check_queue, parse_json, text_problem
-from contend.errors import ConfigError, TaskError, clip, shown
-from contend.runtime.app import App
+from contend.errors import ConfigError, ContendError, TaskError, clip, shown, shown_url
+from contend.runtime.app import App, choose_store
 from contend.runtime.config import Bounds
 from contend.store.port import Store
+
+log = logging.getLogger("contend.cli")
 
 # What ``add_subparsers()`` returns: each command module adds its parser to it.
 Subcommands: TypeAlias = "argparse._SubParsersAction[Parser]"
@@ -87,18 +92,43 @@ def int_list(name: str) -> Callable[[str], list[int]]:
     return parse
 
 
-def json_arg(name: str, kind: type) -> Callable[[str], Any]:
+def json_arg(name: str, kind: type | tuple[type, ...]) -> Callable[[str], Any]:
+    """A JSON option (``--args '[1, 2]'``), or ``@FILE`` for the JSON in a file (``@-``: stdin)."""
+
     def parse(text: str) -> Any:
+        what = name
+        if text.startswith("@"):
+            what = f"{name} file {shown(text[1:])}"
+            text = _read_text(text[1:], name)
         try:
-            value = parse_json(text, name)
+            value = parse_json(text, what)
         except TaskError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
         if not isinstance(value, kind):
-            want = "array" if kind is list else "object"
-            raise argparse.ArgumentTypeError(f"{name} must be a JSON {want}, got {shown(text)}")
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            want = " or ".join("array" if k is list else "object" for k in kinds)
+            raise argparse.ArgumentTypeError(
+                f"{what} must be a JSON {want}, got {shown(text.strip())}"
+            )
         return value
 
     return parse
+
+
+def _read_text(path: str, name: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{name}: cannot read {shown(path)}: {exc.strerror}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{name}: {shown(path)} is not UTF-8 (byte {exc.start + 1}); save it as UTF-8"
+        ) from None
 
 
 def text_arg(name: str) -> Callable[[str], str]:
@@ -154,7 +184,30 @@ def import_module(name: str, failure: str) -> Any:
     except ImportError as exc:
         raise UsageError(f"{failure} {shown(name)}: {clip(str(exc))}") from exc
     except TypeError as exc:  # a relative name such as '.tasks'
+        if not name.startswith("."):
+            raise UsageError(f"{failure} {shown(name)}: {_raised(exc)}") from exc
         raise UsageError(f"{failure} {shown(name)}: a module name cannot be relative") from exc
+    except SyntaxError as exc:
+        where = f"{exc.filename}, line {exc.lineno}" if exc.filename else "?"
+        raise UsageError(
+            f"{failure} {shown(name)}: SyntaxError: {exc.msg} ({where}); fix it and run again"
+        ) from exc
+    except ContendError:
+        raise  # a bad @app.task and the like say what is wrong themselves
+    except Exception as exc:  # the module raised while it was imported
+        raise UsageError(f"{failure} {shown(name)}: {_raised(exc)}") from exc
+
+
+def _raised(exc: BaseException) -> str:
+    """An exception a module raised at import, with where: one line."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<", stdlib))  # the user's code, not importlib or os
+    ]
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"importing it raised {type(exc).__name__}: {clip(str(exc))}{where}"
 
 
 def load_app(target: str) -> App:
@@ -184,15 +237,23 @@ def load_callable(target: str, option: str) -> Callable[..., Any]:
 
 
 def resolve_store_url(args: argparse.Namespace, app: App | None = None) -> str:
-    # --store is never empty (text_arg refuses it); an empty CONTEND_STORE counts as unset
-    url: str | None = getattr(args, "store", None) or os.environ.get("CONTEND_STORE")
-    if not url and app is not None:
-        url = app._url
-    if not url:
+    """The store a command uses, by the one rule (``contend.runtime.app.choose_store``):
+    ``--store``, else the app's ``App(url)``, else ``CONTEND_STORE``. A ``CONTEND_STORE`` that
+    names another store is said to be ignored."""
+    try:
+        choice = choose_store(getattr(args, "store", None), app._url if app is not None else None)
+    except ConfigError:
         raise UsageError(
             "no store: pass --store URL, set CONTEND_STORE, or give an app that has one"
+        ) from None
+    if choice.ignored is not None:
+        log.warning(
+            "CONTEND_STORE (%s) is ignored: %s names the store %s",
+            shown_url(choice.ignored),
+            choice.source,
+            shown_url(choice.url),
         )
-    return url
+    return choice.url
 
 
 async def with_store(

@@ -1,9 +1,10 @@
 """``contend``: run experts, submit and manage tasks, show status, run the demo and benchmarks.
 
-Each command lives in a module of its own (``expert``, ``submit``, ``tasks``, ``status``,
-``migrate``, ``demo``, ``bench``); this module assembles their parsers and runs one.
+Each command lives in a module of its own (``expert``, ``supervise``, ``submit``, ``tasks``,
+``status``, ``migrate``, ``demo``, ``bench``); this module assembles their parsers and runs one.
 
-Exit codes: 0 success, 1 failure at run time, 2 bad input (nothing was changed).
+Exit codes: 0 success, 1 failure at run time, 2 bad input or an operation the task's state
+refuses (nothing was changed), 141 when the reader of the output went away (``| head``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from contend.cli import dashboard, expert, migrate, status, submit, tasks
+from contend import __version__
+from contend.cli import dashboard, expert, migrate, status, submit, supervise, tasks
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -33,7 +35,7 @@ from contend.cli.common import (
     resolve_store_url,
     text_arg,
 )
-from contend.errors import ConfigError, ContendError, SchemaError, TaskError
+from contend.errors import ConfigError, ContendError, InvalidTransition, SchemaError, TaskError
 
 __all__ = ["UsageError", "build_parser", "load_app", "load_callable", "main", "resolve_store_url"]
 
@@ -117,9 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
     )
     p.add_argument("--log-json", action="store_true", help="structured JSON log lines")
+    p.add_argument("--version", action="version", version=f"contend {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (
         expert.add_parser,
+        supervise.add_parser,
         submit.add_parser,
         tasks.add_parser,
         status.add_parser,
@@ -163,11 +167,22 @@ def configure_logging(level: str, as_json: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    # The pool says "error connecting" at each of its tries; the store says it once, itself.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def _fail(message: str, code: int) -> NoReturn:
     print(f"contend: error: {clip_long_words(message)}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def _reader_left() -> int:
+    """The reader of our output went away (``contend tasks list | head``): stop quietly, as
+    any Unix tool does, and keep Python from complaining when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a tool the pipe stopped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except (ConfigError, TaskError, SchemaError) as exc:
+    except BrokenPipeError:
+        return _reader_left()
+    except (ConfigError, TaskError, SchemaError, InvalidTransition) as exc:
         _fail(str(exc), 2)
     except ContendError as exc:
         _fail(str(exc), 1)

@@ -7,6 +7,7 @@ import codecs
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +22,24 @@ from contend.cli.common import (
     queue_arg,
     resolve_store_url,
     seconds,
+    text_arg,
 )
 from contend.domain.payload import parse_json
-from contend.errors import TaskError, shown
-from contend.runtime.app import App
+from contend.domain.task import Task, TaskState
+from contend.errors import ContendError, TaskError, TaskFailed, shown
+from contend.runtime.app import App, TaskHandle
 
-BATCH_FIELDS = {"args", "kwargs", "priority", "key", "delay", "queue", "requirements"}
+BATCH_FIELDS = {
+    "args",
+    "kwargs",
+    "priority",
+    "key",
+    "delay",
+    "queue",
+    "requirements",
+    "timeout",
+    "depends_on",
+}
 CHUNK = 1000  # tasks per submit_many call of a batch
 
 
@@ -35,17 +48,48 @@ def add_parser(sub: Subcommands) -> None:
     s.add_argument("app", help="MODULE:APP")
     s.add_argument("task", help="task type name")
     add_store_option(s)
-    s.add_argument("--args", type=json_arg("--args", list))
-    s.add_argument("--kwargs", type=json_arg("--kwargs", dict))
+    s.add_argument(
+        "--args", type=json_arg("--args", list), help="a JSON array, or @FILE holding one"
+    )
+    s.add_argument(
+        "--kwargs", type=json_arg("--kwargs", dict), help="a JSON object, or @FILE holding one"
+    )
     s.add_argument("--priority", type=int_in("--priority", -1_000_000, 1_000_000), default=None)
     s.add_argument("--key", help="idempotency key: a second submit returns the first task")
     s.add_argument("--delay", type=seconds("--delay", 0, 366 * 86400))
     s.add_argument("--queue", type=queue_arg())
     s.add_argument(
+        "--requirements",
+        type=json_arg("--requirements", (list, dict)),
+        metavar="JSON",
+        help='what an expert must have: tags ["gpu"] or {"tags": [...], "resources": '
+        '{"mem_gb": 16}} (default: the task type\'s)',
+    )
+    s.add_argument(
+        "--timeout",
+        type=seconds("--timeout", 0.001, 366 * 86400),
+        metavar="SECONDS",
+        help="how long one attempt may run (default: the task type's)",
+    )
+    s.add_argument(
+        "--depends-on",
+        action="append",
+        type=text_arg("--depends-on"),
+        metavar="ID",
+        dest="depends_on",
+        help="a task that must succeed first; repeat for more",
+    )
+    s.add_argument(
         "--batch",
         metavar="FILE.jsonl",
         help="submit one task per JSON line ('-' = stdin); run it again after an interruption "
         "and the lines already stored are not submitted twice",
+    )
+    s.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show how far a --batch has got, on stderr (default: when stderr is a terminal)",
     )
     s.add_argument(
         "--wait",
@@ -122,7 +166,18 @@ def batch_key(digest: str, line: int) -> str:
 
 
 # The single-task options a batch takes from each line instead (their defaults are None).
-SINGLE_OPTIONS = ("args", "kwargs", "priority", "key", "delay", "queue", "wait")
+SINGLE_OPTIONS = (
+    "args",
+    "kwargs",
+    "priority",
+    "key",
+    "delay",
+    "queue",
+    "requirements",
+    "timeout",
+    "depends_on",
+    "wait",
+)
 
 
 async def _submit_batch(app: App, args: argparse.Namespace) -> int:
@@ -149,13 +204,18 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
                     delay=item.get("delay", 0.0),
                     queue=item.get("queue"),
                     requirements=item.get("requirements"),
+                    timeout=item.get("timeout"),
+                    depends_on=_ids(item.get("depends_on", [])),
                 )
             )
         except TaskError as exc:
             raise TaskError(f"{args.batch}:{line.number}: {exc}") from exc
     handles = []
+    progress = Progress(len(specs), args.progress)
     for start in range(0, len(specs), CHUNK):  # each chunk all or none; a rerun completes
         handles += await app.submit_many(specs[start : start + CHUNK])
+        progress.show(len(handles))
+    progress.done()
     if args.json:
         print_json([{"id": h.id, "created": h.created} for h in handles])
     else:
@@ -169,6 +229,86 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ids(value: Any) -> list[str]:
+    """A batch line's ``depends_on``: a list of task ids."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TaskError(f"depends_on must be a list of task ids, got {shown(value)}")
+    return value
+
+
+class Progress:
+    """How far a batch has got, on stderr: one line rewritten on a terminal, else a line per
+    chunk (only when asked with ``--progress``)."""
+
+    def __init__(self, total: int, wanted: bool | None) -> None:
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.on = (self.tty if wanted is None else wanted) and total > 0
+        self.started = time.monotonic()
+
+    def show(self, done: int) -> None:
+        if not self.on:
+            return
+        rate = done / max(1e-9, time.monotonic() - self.started)
+        line = (
+            f"submitting: {done:,}/{self.total:,} task(s) ({done / self.total:.0%}, {rate:,.0f}/s)"
+        )
+        if self.tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.on and self.tty:
+            print(file=sys.stderr)
+
+
+class WaitTimedOut(ContendError):
+    """``submit --wait``: the task did not end in time."""
+
+
+async def _served(app: App, queue: str) -> bool:
+    """Whether a live expert claims from *queue*."""
+    experts = await (await app.store()).list_experts()
+    return any(e.alive and queue in e.info.queues for e in experts)
+
+
+def _nobody(args: argparse.Namespace, queue: str) -> str:
+    return (
+        f"no live expert serves queue {queue!r}: start one with "
+        f"`contend expert {args.app} --store ...`"
+    )
+
+
+async def _wait(app: App, args: argparse.Namespace, handle: TaskHandle, queue: str) -> Task:
+    """Wait for the task to end: the Task, or WaitTimedOut saying why it may not have."""
+    if not await _served(app, queue):
+        print(f"contend: warning: {_nobody(args, queue)}; waiting {args.wait:g}s", file=sys.stderr)
+    try:
+        await handle.result(timeout=args.wait)
+    except TimeoutError:
+        task = await handle.get()
+        why = "" if await _served(app, queue) else f"; {_nobody(args, queue)}"
+        if args.json:
+            print_json(_document(handle, task))
+        raise WaitTimedOut(
+            f"task {handle.id} did not finish within {args.wait:g}s (it is {task.state}){why}"
+        ) from None
+    except TaskFailed:
+        pass  # said below, with the document
+    return await handle.get()
+
+
+def _document(handle: TaskHandle, task: Task) -> dict[str, Any]:
+    return {
+        "id": handle.id,
+        "created": handle.created,
+        "state": str(task.state),
+        "result": task.result,
+        "error": task.error,
+    }
+
+
 async def _submit_one(app: App, args: argparse.Namespace) -> int:
     spec = app.build_spec(
         args.task,
@@ -178,15 +318,26 @@ async def _submit_one(app: App, args: argparse.Namespace) -> int:
         key=args.key,
         delay=args.delay or 0.0,
         queue=args.queue,
+        requirements=args.requirements,
+        timeout=args.timeout,
+        depends_on=args.depends_on or (),
     )
     (handle,) = await app.submit_many([spec])
-    if args.json:
-        print_json({"id": handle.id, "created": handle.created})
-    else:
+    if not args.wait:
+        if args.json:
+            print_json({"id": handle.id, "created": handle.created})
+        else:
+            print(handle.id)
+        return 0
+    if not args.json:
         print(handle.id)
-    if args.wait:
-        result = await handle.result(timeout=args.wait)
-        print_json(result) if args.json else print(json.dumps(result))
+    task = await _wait(app, args, handle, spec.queue)
+    if args.json:
+        print_json(_document(handle, task))  # one document: the id and how it ended
+    elif task.state == TaskState.SUCCEEDED:
+        print(json.dumps(task.result))
+    if task.state != TaskState.SUCCEEDED:
+        raise TaskFailed(handle.id, task.state, task.error)
     return 0
 
 

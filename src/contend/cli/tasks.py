@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from contend.cli.common import (
@@ -17,9 +18,13 @@ from contend.cli.common import (
     text_arg,
     with_store,
 )
-from contend.domain.task import TaskState
+from contend.domain.task import Task, TaskState
+from contend.errors import TaskNotFound
 from contend.store.diagnosis import diagnose
 from contend.store.port import Store
+
+#: How long a task id is (``contend.domain.task.new_task_id``).
+ID_LENGTH = 28
 
 # The fields of a task in ``list --json`` and in the answer of ``retry``/``cancel --json``.
 SUMMARY_FIELDS = (
@@ -88,25 +93,69 @@ def task_summary(d: dict[str, Any]) -> dict[str, Any]:
     return {k: d[k] for k in SUMMARY_FIELDS}
 
 
+LIST_COLUMNS = ["id", "type", "queue", "state", "prio", "attempts", "fence", "owner"]
+
+
+def _due(t: Task, now: float) -> str:
+    """When a pending or waiting task is due: ``in 5.0s``, or how long it has waited."""
+    if t.state not in (TaskState.PENDING, TaskState.WAITING):
+        return "-"
+    if t.run_at > now:
+        return f"in {age(t.run_at - now)}"
+    return f"{age(now - t.run_at)} ago"
+
+
 async def cmd_tasks_list(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
-        tasks = await store.list_tasks(state=args.state, queue=args.queue, limit=args.limit)
+        got = await store.list_tasks(state=args.state, queue=args.queue, limit=args.limit + 1)
+        tasks, more = got[: args.limit], len(got) > args.limit
         if args.json:
             print_json([task_summary(t.to_json()) for t in tasks])
-            return 0
-        rows = [
-            (t.id, t.type, t.queue, t.state, t.priority, t.attempts, t.fence, t.owner or "-")
-            for t in tasks
-        ]
-        print(table(rows, ["id", "type", "queue", "state", "prio", "attempts", "fence", "owner"]))
+        else:
+            now = await store.now()
+            rows = [
+                (
+                    t.id,
+                    t.type,
+                    t.queue,
+                    t.state,
+                    t.priority,
+                    t.attempts,
+                    t.fence,
+                    t.owner or "-",
+                    f"{age(now - t.created_at)} ago",
+                    _due(t, now),
+                )
+                for t in tasks
+            ]
+            print(table(rows, [*LIST_COLUMNS, "created", "due"]))
+        if more:
+            print(
+                f"contend: the first {len(tasks):,} task(s) by id (oldest first); more exist: "
+                "raise --limit or narrow with --state or --queue",
+                file=sys.stderr,
+            )
         return 0
 
     return await with_store(args, run)
 
 
+async def _get(store: Store, task_id: str, *, history: bool = False) -> Task:
+    """The task, or a TaskNotFound that says when the id given is shorter than an id."""
+    try:
+        return await store.get(task_id, history=history)
+    except TaskNotFound:
+        if len(task_id) < ID_LENGTH:
+            raise TaskNotFound(
+                task_id,
+                f"task ids are {ID_LENGTH} characters: give it whole (`contend tasks list` prints them)",
+            ) from None
+        raise
+
+
 async def cmd_tasks_show(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
-        task = await store.get(args.id, history=True)
+        task = await _get(store, args.id, history=True)
         data = task.to_json()
         why = await diagnose(store, task)
         if args.json:
@@ -144,7 +193,11 @@ async def _manage(args: argparse.Namespace, action: str) -> int:
     """``tasks retry`` and ``tasks cancel``: one store call, the task's new state printed."""
 
     async def run(store: Store) -> int:
-        task = await (store.retry if action == "retry" else store.cancel)(args.id)
+        try:
+            task = await (store.retry if action == "retry" else store.cancel)(args.id)
+        except TaskNotFound:
+            await _get(store, args.id)  # raises, saying when the id is too short
+            raise
         if args.json:
             print_json(task_summary(task.to_json()))
         else:

@@ -19,6 +19,7 @@ failed / timed out     :func:`failed` (the caller's retry          pending, fail
                        decision, made once by ``RetryPolicy``)     or dead         dead
 released               :func:`released`                            pending         released
 lease expired          :func:`expired`                             pending, dead   expired
+session ended          :func:`expired` (``session_ended=True``)    pending, dead   expired
 cancelled              :func:`cancelled`                           cancelled       cancelled
 retried by hand        :func:`retried`                             pending         retried
 dependency ended       :func:`dependency_ended`                    pending, dead   ready, dead
@@ -186,14 +187,18 @@ def started(expert: str) -> Outcome:
 
 #: The history detail of a completion written in the task's own transaction.
 IN_TRANSACTION = "in the task's transaction"
+#: The error a success leaves: JSON null, so that an earlier attempt's error is not shown on a
+#: task that succeeded.
+NO_ERROR = "null"
 
 
 def completed(expert: str, result_json: str, *, in_transaction: bool = False) -> Outcome:
-    """The owner's result. *in_transaction*: written in the task's own transaction (with the
-    task's effects, all or none), which the history line says."""
+    """Succeeded with *result_json*; the error of an earlier attempt is cleared.
+    *in_transaction*: written in the task's own transaction (with the task's effects, all or
+    none), which the history line says."""
     detail = IN_TRANSACTION if in_transaction else None
     # every field given, straight to tuple.__new__: one of these is made per task
-    fields = (SUCCEEDED, Event.SUCCEEDED, expert, detail, False, None, False, None, result_json)
+    fields = (SUCCEEDED, Event.SUCCEEDED, expert, detail, False, None, False, NO_ERROR, result_json)
     return _new(Outcome, (*fields, _KEEP))
 
 
@@ -223,13 +228,24 @@ def released(expert: str) -> Outcome:
     return Outcome(P, Event.RELEASED, expert, attempts=Attempts.GIVE_BACK)
 
 
-def expired(owner: str | None, attempts: int, max_attempts: int) -> Outcome:
+#: The history detail of a task whose owner's session was ended (``Store.end_session``).
+SESSION_ENDED = "its session was ended"
+
+
+def expired(
+    owner: str | None, attempts: int, max_attempts: int, *, session_ended: bool = False
+) -> Outcome:
     """The owner's lease lapsed: the task is pending again while attempts remain (a crash
-    uses an attempt as an exception does), dead after the last one. Its checkpoint stays."""
+    uses an attempt as an exception does), dead after the last one. Its checkpoint stays.
+
+    *session_ended*: the lease did not run out but was ended on purpose (a supervisor saw the
+    owner's process die, ``Store.end_session``): the same rule, said in the history."""
+    detail = SESSION_ENDED if session_ended else None
     if attempts < max_attempts:
-        return Outcome(P, Event.EXPIRED, owner)
-    error = error_json("LeaseExpired", f"expert {owner} lost its lease on the last attempt")
-    return Outcome(DEAD, Event.EXPIRED, owner, error_json=error)
+        return Outcome(P, Event.EXPIRED, owner, detail)
+    why = "its session was ended" if session_ended else "lost its lease"
+    error = error_json("LeaseExpired", f"expert {owner} {why} on the last attempt")
+    return Outcome(DEAD, Event.EXPIRED, owner, detail, error_json=error)
 
 
 # -- dependants ------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,10 +18,12 @@ from typing import Any, TypeVar, overload
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
-from contend.errors import ConfigError, TaskFailed, UnknownTaskType, shown
+from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
 from contend.runtime import tracing
-from contend.runtime.isolation import ISOLATIONS, import_path
+from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
 from contend.store.port import Store
+
+log = logging.getLogger("contend.app")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,6 +45,23 @@ class TaskType:
     pass_context: bool = False
     mode: str = "race"
     isolation: str | None = None  # "process": run in a child process, killed to stop it
+    memory_limit: int | None = None  # bytes of resident memory the child may use
+
+    signature: inspect.Signature | None = field(default=None, compare=False, repr=False)
+
+    def check_arguments(self, args: Sequence[JSON], kwargs: Mapping[str, JSON]) -> None:
+        """Refuse, before anything is written, args and kwargs that do not fit the function's
+        signature (they would fail every attempt at run time)."""
+        sig = self.signature
+        if sig is None:
+            return
+        try:
+            sig.bind(*((None,) if self.pass_context else ()), *args, **kwargs)
+        except TypeError as exc:
+            params = list(sig.parameters.values())[1 if self.pass_context else 0 :]
+            bare = [p.replace(annotation=inspect.Parameter.empty) for p in params]
+            shape = f"{self.name}({', '.join(str(p) for p in bare)})"
+            raise TaskError(f"arguments do not fit task type {shape}: {exc}") from None
 
     @property
     def is_async(self) -> bool:
@@ -55,6 +76,67 @@ class TaskType:
 def _check_url(url: object) -> None:
     if url is not None and (not isinstance(url, str) or not url.strip()):
         raise ConfigError(f"a store URL must be a non-empty string, got {shown(url)}")
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "k": 2**10, "m": 2**20, "g": 2**30})
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*")
+
+
+def _memory_limit(name: str, limit: object, isolation: str | None) -> int | None:
+    """A task type's ``memory_limit`` in bytes: an integer, or text such as ``"512MiB"``."""
+    if limit is None:
+        return None
+    what = f"memory_limit of {shown(name)}"
+    if isolation != "process":
+        raise ConfigError(
+            f"{what} needs isolation='process': only a task in a process of its own can be "
+            "stopped when it uses too much memory"
+        )
+    if isinstance(limit, str):
+        m = _SIZE.fullmatch(limit.lower())
+        if m is None or m.group(2) not in _UNITS:
+            raise ConfigError(
+                f"{what} must be bytes or a size like '512MiB' or '2GB', got {shown(limit)}"
+            )
+        limit = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 16 * 2**20:
+        raise ConfigError(f"{what} must be at least 16 MiB, got {shown(limit)}")
+    if not can_limit_memory():
+        raise ConfigError(f"{what}: this system does not let contend read a process's memory")
+    return limit
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """Which store a program uses, and why: ``source`` is ``--store``, ``the app`` or
+    ``CONTEND_STORE``; ``ignored`` names a ``CONTEND_STORE`` that was set to another store."""
+
+    url: str
+    source: str
+    ignored: str | None = None
+
+
+def choose_store(given: str | None, app_url: str | None) -> StoreChoice:
+    """The one rule, the same from Python and from the CLI: the store given on the command line
+    (``--store``), else the one the app names in code (``App(url)``), else ``CONTEND_STORE``.
+    The environment is a default for an app that names no store; it never overrides one that
+    does. An empty ``CONTEND_STORE`` counts as unset."""
+    env = os.environ.get("CONTEND_STORE") or None
+    for url, source in ((given, "--store"), (app_url, "the app"), (env, "CONTEND_STORE")):
+        if url:
+            ignored = env if env and source != "CONTEND_STORE" and env != url else None
+            return StoreChoice(url, source, ignored)
+    raise ConfigError(
+        "no store URL: pass App('sqlite:///path.db'), --store URL, or set CONTEND_STORE"
+    )
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some callables have none Python can read
+        return None
 
 
 def _wants_context(fn: Callable[..., Any]) -> bool:
@@ -82,16 +164,14 @@ class App:
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         self._sync_thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._told = False  # warned once that CONTEND_STORE is ignored
 
     # -- configuration ---------------------------------------------------------------------
     @property
     def store_url(self) -> str:
-        url = self._url or os.environ.get("CONTEND_STORE")
-        if not url:
-            raise ConfigError(
-                "no store URL: pass App('sqlite:///path.db'), --store URL, or set CONTEND_STORE"
-            )
-        return url
+        """The store this app uses: ``App(url)`` (or ``with_store``, which ``--store`` calls),
+        else ``CONTEND_STORE`` (see :func:`choose_store`)."""
+        return choose_store(None, self._url).url
 
     def with_store(self, url: str) -> App:
         """Point this app at another store (used by the CLI's --store); returns self."""
@@ -119,6 +199,7 @@ class App:
         pass_context: bool | None = None,
         mode: str = "race",
         isolation: str | None = None,
+        memory_limit: int | str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -135,12 +216,16 @@ class App:
         pass_context: bool | None = None,
         mode: str = "race",
         isolation: str | None = None,
+        memory_limit: int | str | None = None,
     ) -> F | Callable[[F], F]:
         """Register a sync or async function as a task type (named after the function).
 
         ``isolation="process"`` runs each call in a child process of its own, killed when the
         run must stop (lease lost, timeout, cancel); the function must be importable (a
-        module-level function, not in ``__main__``) and its args and result JSON."""
+        module-level function, not in ``__main__``) and its args and result JSON. With it,
+        ``memory_limit`` (bytes, or text such as ``"512MiB"``) kills a child whose resident
+        memory goes over it, and the attempt fails with ``MemoryLimitExceeded`` (not retried);
+        the expert carries on (Linux)."""
 
         def register(f: F) -> F:
             type_name = name or f.__name__
@@ -164,6 +249,7 @@ class App:
                     import_path(f)
                 except ValueError as exc:
                     raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
+            limit = _memory_limit(type_name, memory_limit, isolation)
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -177,6 +263,8 @@ class App:
                 pass_context=_wants_context(f) if pass_context is None else pass_context,
                 mode=mode,
                 isolation=isolation,
+                memory_limit=limit,
+                signature=_signature(f),
             )
             return f
 
@@ -210,6 +298,7 @@ class App:
         async with self._opening.setdefault(loop, asyncio.Lock()):
             store = self._stores.get(loop)
             if store is None:
+                self._warn_if_env_ignored()
                 if self._factory is not None:
                     store = self._factory(self.store_url)
                 else:
@@ -219,6 +308,17 @@ class App:
                 await store.open()
                 self._stores[loop] = store
         return store
+
+    def _warn_if_env_ignored(self) -> None:
+        choice = choose_store(None, self._url)
+        if choice.ignored is not None and not self._told:
+            self._told = True
+            log.warning(
+                "CONTEND_STORE (%s) is ignored: %s names the store %s",
+                shown_url(choice.ignored),
+                choice.source,
+                shown_url(choice.url),
+            )
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -272,7 +372,7 @@ class App:
         trace: Mapping[str, str] | None = None,
     ) -> TaskSpec:
         tt = self.task_type(task)
-        return TaskSpec.build(
+        spec = TaskSpec.build(
             tt.name,
             args,
             kwargs,
@@ -286,6 +386,8 @@ class App:
             depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
             trace=trace,
         )
+        tt.check_arguments(args, kwargs or {})  # once build() found them a JSON list and object
+        return spec
 
     async def submit(
         self,

@@ -81,6 +81,9 @@ class ClaimLoop:
         self.config = config
         self.queues = queues
         self.tasks = tasks
+        #: The task types this expert claims: those its app has (a rolling deploy leaves the
+        #: types only newer experts know to those experts).
+        self.types = tuple(tasks)
         self.competition = competition
         self.keeper = keeper
         self.executor = executor
@@ -283,6 +286,7 @@ class ClaimLoop:
                 self.config.capabilities,
                 limit=free,
                 lease_ttl=self.config.lease_ttl,
+                types=self.types,
             )
             got = await session.call("a steal", steal)
             if got:
@@ -316,6 +320,7 @@ class ClaimLoop:
             task_ids=task_ids,
             start=start,
             low_lane=low_lane,
+            types=self.types,
         )
         sent = self.clock.monotonic()
         got = await session.call("a claim", claim)
@@ -348,7 +353,12 @@ class ClaimLoop:
         # look deep enough that equally fit experts do not all reach for the same few tasks
         depth = max(16, (free + extra) * 3)
         peek = functools.partial(
-            self.store.peek, self.queues, self.config.capabilities, depth, low_lane=lane
+            self.store.peek,
+            self.queues,
+            self.config.capabilities,
+            depth,
+            low_lane=lane,
+            types=self.types,
         )
         views = await session.call("a read", peek)
         self._auction_wake = None

@@ -28,7 +28,14 @@ from typing import Any, TypeVar
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import ConfigError, ContendError, FencedOut, LeaseLost, PayloadError
+from contend.errors import (
+    ConfigError,
+    ContendError,
+    FencedOut,
+    LeaseLost,
+    MemoryLimitExceeded,
+    PayloadError,
+)
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, bounded, wait_event
 from contend.runtime.competition import TypeTracker
@@ -351,6 +358,8 @@ class Executor:
             return build_failure(c, "Timeout", message, policy=tt.retry)
         if isinstance(exc, PayloadError):
             return build_failure(c, "PayloadError", str(exc), policy=None)
+        if isinstance(exc, MemoryLimitExceeded):  # the same input would need the same memory
+            return build_failure(c, "MemoryLimitExceeded", str(exc), policy=None)
         if isinstance(exc, ChildFailed):  # what the task raised in its own process
             error = exc.error or exc
             return build_failure(c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb)
@@ -371,6 +380,8 @@ class Executor:
                     ctx if tt.pass_context else None,
                     run.checkpoint,
                     run.progress,
+                    memory_limit=tt.memory_limit,
+                    task_type=tt.name,
                 )
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contend.errors import ContendError
+from contend.errors import ContendError, shown_url
 from contend.runtime import tracing
 from contend.runtime.app import App
 from contend.runtime.claimer import ClaimLoop, SlotState
@@ -196,8 +196,9 @@ class Expert:
         await p.housekeeper.refresh_cluster(session)
         self.started.set()
         log.info(
-            "expert %s started: queues=%s concurrency=%d lease=%.1fs",
+            "expert %s started: store=%s queues=%s concurrency=%d lease=%.1fs",
             self.name,
+            shown_url(store.url),
             ",".join(self.queues),
             self.config.concurrency,
             self.config.lease_ttl,

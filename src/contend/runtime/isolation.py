@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import IO, Any
 
 from contend.domain.task import JSON
-from contend.errors import FencedOut, PayloadError
+from contend.errors import FencedOut, MemoryLimitExceeded, PayloadError
 from contend.runtime.context import TaskContext, _current
 from contend.store.port import TaskTransaction
 
@@ -94,9 +94,14 @@ async def run_in_process(
     ctx: TaskContext | None,
     checkpoint: Callable[[str], Awaitable[None]],
     progress: Callable[[str], Awaitable[None]] | None = None,
+    *,
+    memory_limit: int | None = None,
+    task_type: str = "",
 ) -> JSON:
     """Run ``target`` in a child process; its result, or ChildFailed. Cancelled (the run must
-    stop), the child is killed at once."""
+    stop), the child is killed at once. With *memory_limit* (bytes), the child's resident memory
+    is looked at every :data:`MEMORY_POLL` seconds, and a child over it is killed: the run
+    raises :class:`~contend.errors.MemoryLimitExceeded`."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -106,45 +111,100 @@ async def run_in_process(
         env=_child_env(),
         limit=LINE_LIMIT,
     )
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
+    talk = asyncio.ensure_future(_converse(proc, target, args, kwargs, ctx, checkpoint, progress))
+    watch = None if memory_limit is None else asyncio.ensure_future(_watch(proc, memory_limit))
     try:
-        request = {"target": target, "args": args, "kwargs": kwargs, "ctx": _ctx_fields(ctx)}
-        proc.stdin.write(json.dumps(request).encode() + b"\n")
-        await proc.stdin.drain()
-        while True:
-            line = await proc.stdout.readline()
-            if not line:
-                code = await proc.wait()
-                raise ChildFailed(
-                    "ProcessDied", f"the task's process exited with {code} and no result", "", None
-                )
-            msg = json.loads(line)
-            if "checkpoint" in msg or "progress" in msg:
-                reply: dict[str, str | bool] = {"ok": True}
-                try:
-                    if "checkpoint" in msg:
-                        await checkpoint(msg["checkpoint"])
-                    elif progress is not None:
-                        await progress(msg["progress"])
-                except FencedOut as exc:
-                    reply = {"fenced": str(exc)}
-                proc.stdin.write(json.dumps(reply).encode() + b"\n")
-                await proc.stdin.drain()
-            elif "result" in msg:
-                result: JSON = msg["result"]
-                return result
-            else:
-                e = msg["error"]
-                if e["type"] == "PayloadError":
-                    raise PayloadError(e["message"])
-                error = _rebuild(e["module"], e["qualname"], e["message"])
-                raise ChildFailed(e["type"], e["message"], e["traceback"], error)
+        if watch is None:
+            return await talk
+        await asyncio.wait({talk, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if talk.done():
+            return talk.result()
+        assert memory_limit is not None
+        raise MemoryLimitExceeded(task_type or target, watch.result(), memory_limit)
     finally:
+        for part in (talk, watch):
+            if part is not None and not part.done():
+                part.cancel()
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await asyncio.shield(proc.wait())
+        await asyncio.gather(*(p for p in (talk, watch) if p is not None), return_exceptions=True)
         proc.stdin.close()
+
+
+async def _converse(
+    proc: asyncio.subprocess.Process,
+    target: str,
+    args: list[JSON],
+    kwargs: dict[str, JSON],
+    ctx: TaskContext | None,
+    checkpoint: Callable[[str], Awaitable[None]],
+    progress: Callable[[str], Awaitable[None]] | None,
+) -> JSON:
+    """Send the child its call, save the checkpoints and progress it sends, return its result
+    or raise."""
+    assert proc.stdin is not None and proc.stdout is not None
+    request = {"target": target, "args": args, "kwargs": kwargs, "ctx": _ctx_fields(ctx)}
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    await proc.stdin.drain()
+    while True:
+        line = await proc.stdout.readline()
+        if not line:
+            code = await proc.wait()
+            raise ChildFailed(
+                "ProcessDied", f"the task's process exited with {code} and no result", "", None
+            )
+        msg = json.loads(line)
+        if "checkpoint" in msg or "progress" in msg:
+            reply: dict[str, str | bool] = {"ok": True}
+            try:
+                if "checkpoint" in msg:
+                    await checkpoint(msg["checkpoint"])
+                elif progress is not None:
+                    await progress(msg["progress"])
+            except FencedOut as exc:
+                reply = {"fenced": str(exc)}
+            proc.stdin.write(json.dumps(reply).encode() + b"\n")
+            await proc.stdin.drain()
+        elif "result" in msg:
+            result: JSON = msg["result"]
+            return result
+        else:
+            e = msg["error"]
+            if e["type"] == "PayloadError":
+                raise PayloadError(e["message"])
+            error = _rebuild(e["module"], e["qualname"], e["message"])
+            raise ChildFailed(e["type"], e["message"], e["traceback"], error)
+
+
+#: How often a child with a memory limit has its resident memory looked at, seconds.
+MEMORY_POLL = 0.05
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_memory(pid: int) -> int | None:
+    """The resident memory of process *pid* in bytes (Linux ``/proc``); None when gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def can_limit_memory() -> bool:
+    """Whether this system lets a parent read a child's resident memory (Linux)."""
+    return resident_memory(os.getpid()) is not None
+
+
+async def _watch(proc: asyncio.subprocess.Process, limit: int) -> int:
+    """Return the resident memory of *proc* once it is over *limit* (never, while it is not)."""
+    while True:
+        used = resident_memory(proc.pid)
+        if used is not None and used > limit:
+            return used
+        await asyncio.sleep(MEMORY_POLL)
 
 
 def _ctx_fields(ctx: TaskContext | None) -> dict[str, JSON] | None:

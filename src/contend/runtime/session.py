@@ -321,6 +321,17 @@ class LeaseKeeper:
         session = self.session
         if session is None or self.fatal is not None:
             return  # a store that lost its schema is not written to
+        if not session.lost.is_set() and session.safe():
+            # one last heartbeat: the counters the store keeps are the final ones, not those of
+            # the last renewal (status and the demo show them)
+            beat = self._beat()
+            try:
+                await session.call(
+                    "a last heartbeat",
+                    lambda: self.store.renew(self.name, session.id, self.ttl, beat),
+                )
+            except ContendError as exc:
+                log.debug("expert %s: the last heartbeat failed: %s", self.name, exc)
         try:
             await self._release(session)
         except ContendError as exc:

@@ -18,6 +18,8 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
   ``promises.transactions``): its ``commit`` writes the task's completion under the same fence,
   owner and lease check as ``complete``, inside that transaction, so that the task's own writes
   and its completion land together or not at all; a refused commit rolls back everything.
+* ``end_session`` ends one expert's session at once, as if its lease had lapsed: the same
+  expiry rule for its tasks, in the same step, and every write of that session fenced out.
 * A refused submission (bad dependency, cycle) leaves the store unchanged.
 * ``submit`` is all or none up to ``promises.atomic_submit`` tasks (every size when it is
   None). A larger batch may be written in parts: every check still runs before the first
@@ -27,7 +29,7 @@ Rules every backend keeps (the contract suite, ``contend.testing.contract``, che
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -308,10 +310,16 @@ class Store(Protocol):
 
     # -- the claim protocol ----------------------------------------------------------------
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[TaskView]:
         """Claimable tasks (pending, due) this expert can run, best first. Reads only.
-        ``low_lane`` as in :meth:`claim`."""
+        ``low_lane`` and ``types`` as in :meth:`claim`."""
 
     async def claim(
         self,
@@ -325,10 +333,16 @@ class Store(Protocol):
         task_ids: Sequence[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         """Atomically claim up to *limit* tasks (only those in *task_ids* when given), moving
         them to ``running`` (``claimed`` when ``start`` is false). Raises LeaseLost when the
         session is not live.
+
+        A task is claimable when it is pending and due, in one of *queues*, its requirements
+        met by *capabilities* and, when *types* is given, of one of those task types (the
+        types the expert's app has: an expert never claims a task it has no function for;
+        ``None``: any type).
 
         Order: highest *effective* priority first (it grows as a task waits; ``expire`` raises
         it, see ``contend.domain.task.aged_priority``), then first in, first out. Up to
@@ -345,10 +359,11 @@ class Store(Protocol):
         *,
         limit: int,
         lease_ttl: float,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         """Work stealing (seed 003): take up to *limit* of *victim*'s claimed-but-unstarted
         tasks in one atomic step, as a claim does (fence + 1, new owner, running, new lease),
-        without counting an attempt. The victim's ``start`` of a stolen task is fenced out, so
+        without counting an attempt; *queues*, *capabilities* and *types* as in a claim. The victim's ``start`` of a stolen task is fenced out, so
         it never runs it. Raises LeaseLost when the thief's session is not live."""
 
     async def start(self, expert: str, items: Sequence[tuple[str, int]]) -> list[FencedOut | None]:
@@ -396,6 +411,16 @@ class Store(Protocol):
         """Start a session; raises ExpertConflict when *info.id* is live. Returns the session."""
 
     async def deregister_expert(self, expert: str, session: str) -> None: ...
+
+    async def end_session(self, expert: str, session: str) -> int:
+        """End *expert*'s *session* now, as if its lease had lapsed: what a supervisor does
+        when it sees the expert's process die, so that its tasks need not wait out the lease.
+        The session stops being live and every task claimed or running under the expert's name
+        goes through the expiry rule (pending again, or dead on its last attempt; checkpoint
+        kept), ready for others to claim: in one transaction where the backend has them (on
+        etcd the lease's revocation is the atomic step, and the tasks follow in the same call). Should the expert be alive after all, it is fenced out: its
+        renewals raise LeaseLost and its writes are refused. Returns how many tasks it gave
+        back; 0, changing nothing, when *session* is not *expert*'s current session."""
 
     # -- wake-ups --------------------------------------------------------------------------
     async def wait_for_change(self, timeout: float) -> None:

@@ -10,13 +10,13 @@ from urllib.parse import urlsplit
 from contend.errors import ConfigError, MissingExtraError
 from contend.store.port import Store
 
-# scheme -> (module, class, extra, package the extra brings)
-BACKENDS: dict[str, tuple[str, str, str | None, str | None]] = {
-    "memory": ("contend.store.memory", "MemoryStore", None, None),
-    "sqlite": ("contend.store.sqlite", "SQLiteStore", None, None),
-    "postgresql": ("contend.store.postgres", "PostgresStore", "postgres", "psycopg"),
-    "postgres": ("contend.store.postgres", "PostgresStore", "postgres", "psycopg"),
-    "etcd": ("contend.store.etcd", "EtcdStore", "etcd", "aetcd"),
+# scheme -> (module, class, extra, the packages the extra brings)
+BACKENDS: dict[str, tuple[str, str, str | None, tuple[str, ...]]] = {
+    "memory": ("contend.store.memory", "MemoryStore", None, ()),
+    "sqlite": ("contend.store.sqlite", "SQLiteStore", None, ()),
+    "postgresql": ("contend.store.postgres", "PostgresStore", "postgres", ("psycopg",)),
+    "postgres": ("contend.store.postgres", "PostgresStore", "postgres", ("psycopg",)),
+    "etcd": ("contend.store.etcd", "EtcdStore", "etcd", ("aetcd", "orjson")),
 }
 
 
@@ -31,12 +31,13 @@ def make_store(url: str, *, clock: Callable[[], float] | None = None, **options:
     if scheme not in BACKENDS:
         known = ", ".join(f"{s}://" for s in ("sqlite", "postgresql", "etcd", "memory"))
         raise ConfigError(f"unknown store URL {url!r}: it must start with one of {known}")
-    module_name, class_name, extra, package = BACKENDS[scheme]
+    module_name, class_name, extra, packages = BACKENDS[scheme]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if extra is not None and package is not None and exc.name and exc.name.startswith(package):
-            raise MissingExtraError(f"the {scheme} store", extra, package) from exc
+        missing = (exc.name or "").partition(".")[0]
+        if extra is not None and any(missing.startswith(p) for p in packages):
+            raise MissingExtraError(f"the {scheme} store", extra, missing) from exc
         raise
     cls = getattr(module, class_name)
     if clock is not None:

@@ -151,7 +151,7 @@ async def lapse_overdue_sessions(store: EtcdStore, now: float) -> int:
     the store's clock) is before *now*. Returns how many sessions it ended."""
     ended = 0
     for e in await store.list_experts():
-        if e.alive and e.lease_deadline < now and await store.end_session(e.info.id):
+        if e.alive and e.lease_deadline < now and await store.revoke_lease(e.info.id):
             ended += 1
     return ended
 

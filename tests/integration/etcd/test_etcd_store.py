@@ -441,7 +441,7 @@ async def test_expire_and_renew_read_no_claim_keys_while_every_session_lives(
         assert await store.renew("e", s, 2, Heartbeat()) == {c.id: c.fence for c in kept}
         claim_keys = (store._keys.k("a", ""), store._keys.k("c", ""))
         assert ranges and not [k for k in ranges if k.startswith(claim_keys)], ranges
-        assert await other.end_session("e")  # the session ends: its claims are read, once
+        assert await other.revoke_lease("e")  # the session ends: its claims are read, once
         assert await store.expire() == 2
         assert [k for k in ranges if k.startswith(claim_keys)] == [store._keys.k("a", "e", "")]
         assert {(await store.get(c.id)).state for c in kept} == {TaskState.PENDING}
@@ -990,7 +990,7 @@ async def test_a_dead_expert_s_many_tasks_return_in_one_expire(store: EtcdStore)
     s = await store.register_expert(ExpertInfo("big"), 30)
     got = await store.claim("big", s, Q, ANY, limit=150, lease_ttl=30)
     assert len(got) == 150
-    assert await store.end_session("big")  # the process died and etcd ended its lease
+    assert await store.revoke_lease("big")  # the process died and etcd ended its lease
     started = time.monotonic()
     assert await store.expire() == 150
     took = time.monotonic() - started

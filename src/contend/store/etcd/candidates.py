@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from contend.domain.scoring import TaskView
 from contend.domain.task import Capabilities, Requirements, aged_priority
 from contend.store.etcd.keys import PRIORITY_BASE, enc, micros, unenc
 from contend.store.etcd.levels import LevelRead, Levels
-from contend.store.etcd.record import REQ_NONE, Record, index_json
+from contend.store.etcd.record import COMPACT_JSON, REQ_NONE, Record, index_json
 
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
 SPREAD_DEPTH = 6
@@ -45,6 +45,7 @@ async def choose(
     spread: bool = False,
     views: Views | None = None,
     reads: dict[str, LevelRead] | None = None,
+    types: Collection[str] | None = None,
 ) -> list[str]:
     """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
     priority, plus the ``low_lane`` due the longest; more of the best after them, to try
@@ -52,10 +53,10 @@ async def choose(
     the best are taken from a random place among the equally good candidates read, so that
     experts reading the same head of the index do not all reach for the same tasks.
     *views* receives what the priority index holds of the candidates it read, *reads*
-    the read of each one's level."""
+    the read of each one's level. *types*: only tasks of these types (None: any)."""
     low_lane = max(0, min(low_lane, limit))
     want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
-    best = await candidates(levels, queues, caps, limit, now, want, views, reads)
+    best = await candidates(levels, queues, caps, limit, now, want, views, reads, types)
     # Each level's head is its longest waiting: those due first among all levels read.
     oldest = sorted(best, key=lambda f: f[1][1:])[:low_lane] if low_lane else []
     if spread and best:
@@ -81,8 +82,9 @@ async def candidates(
     want: int = 0,
     views: Views | None = None,
     reads: dict[str, LevelRead] | None = None,
+    types: Collection[str] | None = None,
 ) -> list[tuple[str, Rank]]:
-    """(task id, rank) of due tasks *caps* can run, best first: at least *limit* (or
+    """(task id, rank) of due tasks *caps* can run (of *types*, when given), best first: at least *limit* (or
     *want*) of each priority level of each queue where there are that many. *views*, if
     given, receives what the index holds of each: (queue, priority, index value); *reads*
     the read of its level."""
@@ -90,7 +92,8 @@ async def candidates(
     # A claim reads twice what it wants, to have others to try when rivals win some; a
     # peek (which fills *views*) only what it returns.
     page = max(64, limit if views is not None else 2 * limit, want)
-    search = _Search(levels, _runnable_now(caps, micros(now)), now, page, want, views, reads)
+    keep = _runnable_now(caps, micros(now), types)
+    search = _Search(levels, keep, now, page, want, views, reads)
     found = [
         f
         for r in await asyncio.gather(*(search.queue(q) for q in dict.fromkeys(queues)))
@@ -100,15 +103,27 @@ async def candidates(
     return found
 
 
-def _runnable_now(caps: Capabilities, now_us: int) -> Callable[[Any], bool]:
-    """Whether an index key is of a task due by *now_us* whose requirements *caps* meets."""
+def type_heads(types: Collection[str]) -> tuple[bytes, ...]:
+    """How the JSON part of an index value starts for a task of each of *types*
+    (:func:`~contend.store.etcd.record.index_value` writes the type first)."""
+    return tuple(b'{"type":' + COMPACT_JSON.encode(t).encode() + b"," for t in types)
+
+
+def _runnable_now(
+    caps: Capabilities, now_us: int, types: Collection[str] | None = None
+) -> Callable[[Any], bool]:
+    """Whether an index key is of a task due by *now_us* whose requirements *caps* meets and,
+    when *types* is given, of one of those types (told from the value without parsing it)."""
+    heads = None if types is None else type_heads(types)
 
     def keep(kv: Any) -> bool:
         due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
-        return due <= now_us and (
-            REQ_NONE in kv.value
-            or caps.satisfies(Requirements.from_json(index_json(kv.value)["req"]))
-        )
+        value = kv.value
+        if due > now_us or (
+            heads is not None and not value.startswith(heads, value.index(b" ") + 1)
+        ):
+            return False
+        return REQ_NONE in value or caps.satisfies(Requirements.from_json(index_json(value)["req"]))
 
     return keep
 

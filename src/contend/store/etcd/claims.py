@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
@@ -105,6 +105,7 @@ class Claims:
         task_ids: Sequence[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         check_ttl(lease_ttl)
@@ -120,24 +121,38 @@ class Claims:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
                 choose(
-                    self.levels, queues, capabilities, limit, low_lane, now, spread, reads=reads
+                    self.levels,
+                    queues,
+                    capabilities,
+                    limit,
+                    low_lane,
+                    now,
+                    spread,
+                    reads=reads,
+                    types=types,
                 ),
             )
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
-                self._named(task_ids, queues, capabilities, now),
+                self._named(task_ids, queues, capabilities, now, types),
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
         return await _ClaimRun(self, claimant, now, start, reads).run(cands, limit)
 
     async def _named(
-        self, task_ids: Sequence[str], queues: Sequence[str], caps: Capabilities, now: float
+        self,
+        task_ids: Sequence[str],
+        queues: Sequence[str],
+        caps: Capabilities,
+        now: float,
+        types: Collection[str] | None,
     ) -> list[str]:
         """The named tasks that may be claimed now, the best first."""
         ids = list(dict.fromkeys(task_ids))
         qs = set(queues)
+        kinds = None if types is None else set(types)
         kvs = await self.etcd.read_many([self.keys.task(t) for t in ids])
         named: list[tuple[Rank, str]] = []
         for tid, kv in zip(ids, kvs, strict=True):
@@ -149,6 +164,7 @@ class Claims:
                 and rec.indexed
                 and rec.run_at <= now
                 and rec.queue in qs
+                and (kinds is None or rec.type in kinds)
                 and caps.satisfies(Requirements.from_json(rec.req))
             ):
                 named.append((rank_of(rec, now), tid))
@@ -170,6 +186,7 @@ class Claims:
         *,
         limit: int,
         lease_ttl: float,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         check_ttl(lease_ttl)
@@ -177,7 +194,7 @@ class Claims:
         if not queues or not limit:
             return []
         ttl = json.loads(session_value).get("ttl", lease_ttl)
-        loot = await self._loot(victim, queues, capabilities)
+        loot = await self._loot(victim, queues, capabilities, types)
         claimant = Claimant(thief, session, lease, session_value, ttl)
         now = self._clock()
         got = await asyncio.gather(
@@ -188,10 +205,16 @@ class Claims:
         return [c for c, _ in got if c is not None]
 
     async def _loot(
-        self, victim: str, queues: Sequence[str], capabilities: Capabilities
+        self,
+        victim: str,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        types: Collection[str] | None,
     ) -> list[tuple[Any, Any]]:
         """(task, claim) KeyValues of the victim's claimed, unstarted tasks of these queues
-        that *capabilities* can run, the best first: from the claim keys on its lease."""
+        (and *types*) that *capabilities* can run, the best first: from the claim keys on its
+        lease."""
+        kinds = None if types is None else set(types)
         keys = self.keys
         live = (await self.etcd.read_many([keys.k("l", enc(victim))]))[0]
         if live is None:
@@ -213,6 +236,7 @@ class Claims:
                 rec.owner == victim
                 and rec.state == TaskState.CLAIMED
                 and rec.queue in qs
+                and (kinds is None or rec.type in kinds)
                 and capabilities.satisfies(Requirements.from_json(rec.req))
             ):
                 loot.append(((-rec.priority, rec.run_at, tid), t, c))

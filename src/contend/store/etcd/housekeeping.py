@@ -80,8 +80,36 @@ class Housekeeping:
             self._touch()
         return moved
 
+    async def end_session(self, expert: str, session: str) -> int:
+        """End *expert*'s *session* (the lease revoked: every write of it is fenced out from
+        that moment) and return at once, as expire() would later, every claim the expert's
+        name holds: this session's, and any an earlier session of the name left behind."""
+        if not await self._sessions.end(expert, session):
+            return 0
+        k = self._keys.k
+        abase = k("a", enc(expert), "")
+        held = [
+            (unenc(akv.key[len(abase) :].decode()), akv.key, akv.value.decode().partition(" ")[2])
+            for akv in await self._etcd.scan(abase)
+        ]
+        ended: list[str] = []
+        got = await asyncio.gather(
+            *(self._return(t, a, held_by, ended, session_ended=True) for t, a, held_by in held)
+        )
+        if all(settled for (_, settled), (_, _, s) in zip(got, held, strict=True) if s == session):
+            await self._etcd.txn([], [delete(k("x", enc(expert), session))])
+        await self._dependants.settle_many(ended)
+        self._touch()
+        return sum(moved for moved, _ in got)
+
     async def _return(
-        self, tid: str, akey: bytes, session: str, ended: list[str]
+        self,
+        tid: str,
+        akey: bytes,
+        session: str,
+        ended: list[str],
+        *,
+        session_ended: bool = False,
     ) -> tuple[bool, bool]:
         """Return one task of an ended session to pending (or dead): (moved, settled),
         settled meaning that its a/ key is gone. A task that died with waiters joins
@@ -98,7 +126,7 @@ class Housekeeping:
             return False, bool(done.succeeded)
         now = self._clock()
         prev = rec.owner
-        outcome = rules.expired(prev, rec.attempts, rec.max_attempts)
+        outcome = rules.expired(prev, rec.attempts, rec.max_attempts, session_ended=session_ended)
         # The outcome ends the ownership (the claim key went with the lease, and the owner's
         # a/ key); the a/ key found goes too when it is another one.
         ops = [] if prev is not None and keys.held(prev, tid) == akey else [delete(akey)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from contend.domain.scoring import TaskView
@@ -161,13 +161,16 @@ class Inspection:
         limit: int,
         *,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[TaskView]:
         check_limit(limit)
         if not queues or not limit:
             return []
         views: Views = {}  # no task record to read
         now = self._clock()
-        ids = await choose(self._levels, queues, capabilities, limit, low_lane, now, views=views)
+        ids = await choose(
+            self._levels, queues, capabilities, limit, low_lane, now, views=views, types=types
+        )
         out = []
         for tid in ids[:limit]:
             v = views[tid]

@@ -209,20 +209,39 @@ class Sessions:
 
     async def deregister(self, expert: str, session: str) -> None:
         k = self._keys.k
-        lkey, ekey = k("l", enc(expert)), k("e", enc(expert))
-        lkv, ekv = await self._etcd.read_many([lkey, ekey])
-        if lkv is None or json.loads(lkv.value)["session"] != session or ekv is None:
+        lkv = (await self._etcd.read_many([k("l", enc(expert))]))[0]
+        if lkv is None or json.loads(lkv.value)["session"] != session:
             return
-        d = json.loads(ekv.value)
-        d.update(load=0, ended_at=self._clock() - 1e-6)
-        await self._etcd.txn([value_is(lkey, lkv.value)], [put(ekey, json.dumps(d))])
-        lease = int(json.loads(lkv.value)["lease"])
-        self.drop(session, lease)
-        await self.revoke(lease)
+        await self._end(expert, lkv)
 
-    async def end(self, expert: str) -> bool:
-        """Revoke the etcd lease of *expert*'s live session, as if it had run out; False when
-        it had none."""
+    async def _end(self, expert: str, lkv: Any) -> None:
+        """End the live session whose ``l/`` key is *lkv*: its record says when, and its
+        lease is revoked (its claim keys go with it)."""
+        k = self._keys.k
+        lkey, ekey = k("l", enc(expert)), k("e", enc(expert))
+        ekv = (await self._etcd.read_many([ekey]))[0]
+        if ekv is not None:
+            d = json.loads(ekv.value)
+            d.update(load=0, ended_at=self._clock() - 1e-6)
+            await self._etcd.txn([value_is(lkey, lkv.value)], [put(ekey, json.dumps(d))])
+        value = json.loads(lkv.value)
+        self.drop(value["session"], int(value["lease"]))
+        await self.revoke(int(value["lease"]))
+
+    async def end(self, expert: str, session: str) -> bool:
+        """End *session* if it is *expert*'s current one (its record names it), live or
+        lapsed; whether it was. The caller returns its claims."""
+        k = self._keys.k
+        lkv, ekv = await self._etcd.read_many([k("l", enc(expert)), k("e", enc(expert))])
+        if ekv is None or json.loads(ekv.value)["session"] != session:
+            return False
+        if lkv is not None and json.loads(lkv.value)["session"] == session:
+            await self._end(expert, lkv)
+        return True
+
+    async def revoke_lease(self, expert: str) -> bool:
+        """Fault injection: revoke the etcd lease of *expert*'s live session, as if it had run
+        out (nothing else is written); False when it had none."""
         kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
         if kv is None:
             return False

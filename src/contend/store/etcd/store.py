@@ -90,7 +90,7 @@ class EtcdStore:
         self.register_expert = sessions.register
         self.renew = sessions.renew
         self.deregister_expert = sessions.deregister
-        self.end_session = sessions.end  # fault injection: as if the lease had run out
+        self.revoke_lease = sessions.revoke_lease  # fault injection: the lease ran out
         self.claim = claims.claim  # claims.py
         self.steal = claims.steal
         self.start = owner.start  # owner.py
@@ -100,6 +100,7 @@ class EtcdStore:
         self.fail = owner.fail
         self.release = owner.release
         self.expire = housekeeping.expire  # housekeeping.py
+        self.end_session = housekeeping.end_session
         self.bid = auctions.bid  # auctions.py
         self.cancel = manage.cancel  # manage.py
         self.retry = manage.retry

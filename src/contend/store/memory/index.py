@@ -1,6 +1,6 @@
 """The memory store's indexes: where each task can be found without a scan of them all.
 
-* Pending tasks, per queue and per set of requirements, each group sorted by
+* Pending tasks, per queue and per task type and set of requirements, each group sorted by
   (-effective priority, run_at, id), so choosing what to claim costs about O(log n) per task
   returned.
 * Held (claimed or running) tasks, in claim order, for ``renew`` and ``expire``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from contend.domain.task import (
@@ -32,16 +32,24 @@ P, C, R = TaskState.PENDING, TaskState.CLAIMED, TaskState.RUNNING
 
 #: Requirements made hashable: (tags, resources).
 ReqKey = tuple[frozenset[str], tuple[tuple[str, float], ...]]
+#: What the pending tasks of one group share: their type and their requirements.
+GroupKey = tuple[str, ReqKey]
 
 
 def req_key(req: Requirements) -> ReqKey:
     return req.tags, tuple(sorted(req.resources.items()))
 
 
+def group_key(row: Row) -> GroupKey:
+    return row.spec.type, req_key(row.spec.requirements)
+
+
 @dataclass(slots=True)
 class Group:
-    """The pending tasks of one queue that share one set of requirements, best first."""
+    """The pending tasks of one queue that share a type and a set of requirements, best
+    first."""
 
+    type: str
     requirements: Requirements
     keys: SortedKeys[Key] = field(default_factory=SortedKeys[Key])
 
@@ -74,7 +82,7 @@ class TaskIndex:
     __slots__ = ("_groups", "_promotions", "held")
 
     def __init__(self) -> None:
-        self._groups: dict[str, dict[ReqKey, Group]] = {}  # queue -> requirements -> pending
+        self._groups: dict[str, dict[GroupKey, Group]] = {}  # queue -> (type, reqs) -> pending
         self._promotions: list[tuple[float, str]] = []  # (promote_at, id), a heap for ageing
         #: Ids of claimed or running tasks, in claim order.
         self.held: dict[str, None] = {}
@@ -82,7 +90,7 @@ class TaskIndex:
     def place(self, tid: str, row: Row) -> None:
         """File *row* under its current state: call it after changing its state or run_at."""
         if row.key is not None:
-            group = self._groups[row.spec.queue][req_key(row.spec.requirements)]
+            group = self._groups[row.spec.queue][group_key(row)]
             group.keys.discard(row.key)
             row.key = None
         state = row.state
@@ -90,10 +98,10 @@ class TaskIndex:
             row.key = (-row.aged, row.run_at, tid)
             heapq.heappush(self._promotions, (row.promote_at, tid))
             groups = self._groups.setdefault(row.spec.queue, {})
-            rk = req_key(row.spec.requirements)
-            found = groups.get(rk)
+            gk = group_key(row)
+            found = groups.get(gk)
             if found is None:
-                found = groups[rk] = Group(row.spec.requirements)
+                found = groups[gk] = Group(row.spec.type, row.spec.requirements)
             found.keys.add(row.key)
         if state in (C, R):
             self.held[tid] = None
@@ -112,22 +120,35 @@ class TaskIndex:
             row.promote_at = next_promotion(row.spec.priority, row.aged, row.created_at)
             self.place(tid, row)  # re-files it under its new key, queues the next step
 
-    def _runnable(self, queues: Sequence[str], caps: Capabilities) -> list[Group]:
-        """The non-empty groups of *queues* whose requirements *caps* satisfy."""
+    def _runnable(
+        self, queues: Sequence[str], caps: Capabilities, types: Collection[str] | None
+    ) -> list[Group]:
+        """The non-empty groups of *queues* whose requirements *caps* satisfy, of *types*
+        (None: of any type)."""
+        kinds = None if types is None else set(types)
         return [
             group
             for q in dict.fromkeys(queues)
             for group in self._groups.get(q, {}).values()
-            if group.keys and caps.satisfies(group.requirements)
+            if group.keys
+            and (kinds is None or group.type in kinds)
+            and caps.satisfies(group.requirements)
         ]
 
     def claimable(
-        self, queues: Sequence[str], caps: Capabilities, now: float, limit: int, low_lane: int = 0
+        self,
+        queues: Sequence[str],
+        caps: Capabilities,
+        now: float,
+        limit: int,
+        low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[str]:
-        """Up to *limit* ids of due pending tasks *caps* can run: best first by (−effective
-        priority, run_at, id), except that up to *low_lane* of them are instead the tasks due
-        the longest, whatever their priority (that part scans every due task)."""
-        groups = self._runnable(queues, caps)
+        """Up to *limit* ids of due pending tasks *caps* can run, of *types* (None: any): best
+        first by (−effective priority, run_at, id), except that up to *low_lane* of them are
+        instead the tasks due the longest, whatever their priority (that part scans every due
+        task)."""
+        groups = self._runnable(queues, caps, types)
         if limit <= 0 or not groups:
             return []
         low_lane = min(low_lane, limit)

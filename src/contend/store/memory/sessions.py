@@ -61,6 +61,15 @@ class Sessions:
             e.lease_deadline = min(e.lease_deadline, now - 1e-6)
             e.beat = replace(e.beat, load=0)
 
+    def end(self, expert: str, session: str, now: float) -> bool:
+        """End *session* now if it is *expert*'s current one; whether it was."""
+        e = self._experts.get(expert)
+        if e is None or e.session != session:
+            return False
+        e.lease_deadline = min(e.lease_deadline, now - 1e-6)
+        e.beat = replace(e.beat, load=0)
+        return True
+
     def live(self, expert: str, session: str, now: float) -> ExpertEntry:
         """The entry of *expert* if *session* is its live session, else refuse."""
         e = self._experts.get(expert)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
@@ -218,11 +218,17 @@ class MemoryStore:
 
     # -- the claim protocol ----------------------------------------------------------------
     async def peek(
-        self, queues: Sequence[str], capabilities: Capabilities, limit: int, *, low_lane: int = 0
+        self,
+        queues: Sequence[str],
+        capabilities: Capabilities,
+        limit: int,
+        *,
+        low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
-        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane, types)
         return [view_of(tid, self._tasks[tid]) for tid in chosen]
 
     async def claim(
@@ -237,16 +243,18 @@ class MemoryStore:
         task_ids: Sequence[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         now = self._clock()
         self._sessions.live(expert, session, now)
+        index = self._index
         if task_ids is None:
-            chosen = self._index.claimable(queues, capabilities, now, limit, low_lane)
+            chosen = index.claimable(queues, capabilities, now, limit, low_lane, types)
         else:
             wanted = set(task_ids)
-            claimable = self._index.claimable(queues, capabilities, now, len(self._tasks))
+            claimable = index.claimable(queues, capabilities, now, len(self._tasks), types=types)
             chosen = [tid for tid in claimable if tid in wanted][:limit]
         outcome = rules.claimed(expert, start=start)
         return [
@@ -273,12 +281,14 @@ class MemoryStore:
         *,
         limit: int,
         lease_ttl: float,
+        types: Collection[str] | None = None,
     ) -> list[Claimed]:
         check_limit(limit)
         ttl = check_ttl(lease_ttl)
         now = self._clock()
         self._sessions.live(thief, session, now)
         qs = set(queues)
+        kinds = None if types is None else set(types)
         loot = sorted(
             (
                 (-row.aged, row.run_at, tid)
@@ -288,6 +298,7 @@ class MemoryStore:
                 and row.lease_deadline is not None
                 and row.lease_deadline >= now
                 and row.spec.queue in qs
+                and (kinds is None or row.spec.type in kinds)
                 and capabilities.satisfies(row.spec.requirements)
             )
         )[:limit]
@@ -488,6 +499,22 @@ class MemoryStore:
         self._sessions.forget_lapsed(now - 3600)
         if moved:
             self._touch()
+        return moved
+
+    async def end_session(self, expert: str, session: str) -> int:
+        now = self._clock()
+        if not self._sessions.end(expert, session, now):
+            return 0
+        moved = 0
+        for tid in list(self._index.held):
+            row = self._tasks[tid]
+            if row.owner == expert and row.state in (C, R):
+                outcome = rules.expired(
+                    expert, row.attempts, row.spec.max_attempts, session_ended=True
+                )
+                self._apply(tid, row, outcome, now)
+                moved += 1
+        self._touch()
         return moved
 
     async def cancel(self, task_id: str) -> Task:

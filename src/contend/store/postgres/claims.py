@@ -7,7 +7,7 @@ event. Requirements are filtered in SQL (:data:`~contend.store.postgres.rows.FIT
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
@@ -20,7 +20,7 @@ from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
 from contend.store.postgres.sessions import check_session
 
 
-def _candidates(*, lock: bool, queues: int, only_ids: bool = False) -> str:
+def _candidates(*, lock: bool, queues: int, only_ids: bool = False, typed: bool = False) -> str:
     """CTEs ``best`` and ``oldest``: the claimable tasks by effective priority (``%(best)s``
     of them), and those due the longest (``%(lane)s``, the low-priority lane). With *lock*
     each takes its rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where
@@ -28,7 +28,8 @@ def _candidates(*, lock: bool, queues: int, only_ids: bool = False) -> str:
     while the ``live`` CTE has the session.
 
     One arm per queue (parameters ``q0``, ``q1``, …): with ``queue = ANY(array)`` the
-    planner cannot walk the index in claim order and sorts every pending task instead."""
+    planner cannot walk the index in claim order and sorts every pending task instead.
+    With *typed*, only tasks whose type is in ``%(types)s``."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
     ctes = []
     for kind, order, limit in (
@@ -41,6 +42,7 @@ def _candidates(*, lock: bool, queues: int, only_ids: bool = False) -> str:
                 ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
                 + f"state = 'pending' AND queue = %(q{n})s AND run_at <= {{now}} "
                 + ("AND id = ANY(%(ids)s) " if only_ids else "")
+                + ("AND type = ANY(%(types)s) " if typed else "")
                 + f"AND {FITS}"
             )
             ctes.append(
@@ -56,6 +58,10 @@ def _candidates(*, lock: bool, queues: int, only_ids: bool = False) -> str:
     return ", ".join(ctes)
 
 
+def _types(types: Collection[str] | None) -> list[str] | None:
+    return None if types is None else list(dict.fromkeys(types))
+
+
 def _queues(queues: Sequence[str]) -> dict[str, str]:
     return {f"q{n}": q for n, q in enumerate(dict.fromkeys(queues))}
 
@@ -67,13 +73,16 @@ async def peek(
     limit: int,
     *,
     low_lane: int = 0,
+    types: Collection[str] | None = None,
 ) -> list[TaskView]:
     check_limit(limit)
-    if not queues or not limit:
+    kinds = _types(types)
+    if not queues or not limit or kinds == []:
         return []
     lane = min(check_limit(low_lane), limit)
+    candidates = _candidates(lock=False, queues=len(set(queues)), typed=kinds is not None)
     sql = db.sql(
-        f"WITH {_candidates(lock=False, queues=len(set(queues)))}"
+        f"WITH {candidates}"
         " SELECT t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
         " FROM {s}.tasks t JOIN picked USING (id)"
         " ORDER BY t.eff_priority DESC, t.run_at, t.id"
@@ -82,7 +91,13 @@ async def peek(
     async def run(cur: Cursor) -> list[TaskView]:
         await cur.execute(
             sql,
-            db.params(**_queues(queues), best=limit - lane, lane=lane, **caps(capabilities)),
+            db.params(
+                **_queues(queues),
+                best=limit - lane,
+                lane=lane,
+                types=kinds,
+                **caps(capabilities),
+            ),
         )
         return [
             TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(r[4]), r[5])
@@ -104,14 +119,21 @@ async def claim(
     task_ids: Sequence[str] | None = None,
     start: bool = True,
     low_lane: int = 0,
+    types: Collection[str] | None = None,
 ) -> list[Claimed]:
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
+    kinds = _types(types)
     # named tasks: the best of them, no low lane
     lane = min(check_limit(low_lane), limit) if ids is None else 0
     order = "eff_priority DESC, run_at, id"
-    candidates = _candidates(lock=True, queues=max(1, len(set(queues))), only_ids=ids is not None)
+    candidates = _candidates(
+        lock=True,
+        queues=max(1, len(set(queues))),
+        only_ids=ids is not None,
+        typed=kinds is not None,
+    )
     assign, line, decided = handover(rules.claimed(expert, start=start))
     sql = db.sql(
         "WITH live AS ("
@@ -130,7 +152,7 @@ async def claim(
     )
 
     async def run(cur: Cursor) -> list[Claimed]:
-        if not queues or not limit or (ids is not None and not ids):
+        if not queues or not limit or (ids is not None and not ids) or kinds == []:
             await check_session(db, cur, expert, session)
             return []
         await cur.execute(
@@ -138,6 +160,7 @@ async def claim(
             db.params(
                 **_queues(queues),
                 ids=ids,
+                types=kinds,
                 best=limit - lane,
                 lane=lane,
                 expert=expert,
@@ -165,9 +188,12 @@ async def steal(
     *,
     limit: int,
     lease_ttl: float,
+    types: Collection[str] | None = None,
 ) -> list[Claimed]:
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
+    kinds = _types(types)
+    typed = "" if kinds is None else " AND type = ANY(%(types)s)"
     assign, line, decided = handover(rules.stolen(thief, victim))
     sql = db.sql(
         "WITH live AS ("
@@ -177,7 +203,7 @@ async def steal(
         "  SELECT id FROM {s}.tasks"
         "  WHERE EXISTS (SELECT 1 FROM live)"
         "   AND owner = %(victim)s AND state = 'claimed' AND lease_deadline >= {now}"
-        f"   AND queue = ANY(%(queues)s) AND {FITS}"
+        f"   AND queue = ANY(%(queues)s){typed} AND {FITS}"
         "  ORDER BY eff_priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         "), stolen AS ("
         # a fenced transfer: the victim's start() of these is refused
@@ -192,13 +218,14 @@ async def steal(
     )
 
     async def run(cur: Cursor) -> list[Claimed]:
-        if not queues or not limit:
+        if not queues or not limit or kinds == []:
             await check_session(db, cur, thief, session)
             return []
         await cur.execute(
             sql,
             db.params(
                 thief=thief,
+                types=kinds,
                 session=session,
                 victim=victim,
                 queues=list(queues),

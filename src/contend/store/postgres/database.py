@@ -22,7 +22,7 @@ from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from contend.errors import SchemaError, StoreError
+from contend.errors import ConfigError, SchemaError, StoreError
 from contend.store._cancel import cancels, check_wanted
 from contend.store.postgres.url import safe
 
@@ -91,6 +91,7 @@ class Database:
         return kwargs
 
     async def open(self) -> None:
+        unreachable = await self._probe()
         pool: Pool = AsyncConnectionPool(
             self.dsn,
             kwargs=self.connect_kwargs(self.dsn),
@@ -107,9 +108,32 @@ class Database:
             await pool.close()
             raise StoreError(
                 f"cannot connect to PostgreSQL at {safe(self.dsn)} within "
-                f"{self.retry_deadline:.0f}s: {exc}"
+                f"{self.retry_deadline:.0f}s: {unreachable or exc}"
             ) from exc
         self._pool = pool
+
+    async def _probe(self) -> str | None:
+        """One connection before the pool: a refusal no retry can mend (no such database,
+        role or host, a wrong password) is said at once with libpq's reason, instead of after
+        the pool's retry deadline. A server that may come up (refused, starting) is left to the
+        pool, which retries, said once here; returns why it could not connect then."""
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **self.connect_kwargs(self.dsn))
+        except psycopg.OperationalError as exc:
+            reason = one_line(str(exc))
+            if cannot_heal(reason):
+                raise ConfigError(
+                    f"cannot connect to PostgreSQL at {safe(self.dsn)}: {reason}"
+                ) from exc
+            log.warning(
+                "PostgreSQL at %s is not reachable (%s); trying for up to %.0fs",
+                safe(self.dsn),
+                reason,
+                self.retry_deadline,
+            )
+            return reason
+        await conn.close()
+        return None
 
     async def close(self) -> None:
         if self._tx_pool is not None:
@@ -204,6 +228,28 @@ class Database:
                 raise StoreError(f"PostgreSQL error: {exc}") from exc
             await asyncio.sleep(random.uniform(pause / 2, pause))
             pause = min(pause * 2, 1.0)
+
+
+#: libpq's words for a connection refused for good: retrying would give the same answer.
+PERMANENT = (
+    "does not exist",  # the database or the role
+    "failed to resolve host",
+    "could not translate host name",
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "no password supplied",
+    "invalid connection option",
+    "invalid sslmode",
+)
+
+
+def cannot_heal(reason: str) -> bool:
+    return any(words in reason for words in PERMANENT)
+
+
+def one_line(text: str) -> str:
+    """libpq's multi-line message as one line (``FATAL:  x`` becomes ``FATAL: x``)."""
+    return " ".join(" ".join(part.split()) for part in text.splitlines() if part.strip())
 
 
 def one(row: T | None) -> T:

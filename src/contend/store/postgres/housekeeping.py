@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contend.domain import transitions as rules
 from contend.domain.task import aged_priority, next_promotion
-from contend.store.postgres.apply import LOCKED, apply
+from contend.store.postgres.apply import LOCKED, Decided, apply
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.dependants import settle_dependents
 
@@ -48,6 +48,12 @@ async def _return_lapsed(db: Database, cur: Cursor) -> int:
         (tid, fence, rules.expired(owner, attempts, max_attempts))
         for tid, fence, owner, attempts, max_attempts in await cur.fetchall()
     ]
+    return await _apply_expiry(db, cur, decided)
+
+
+async def _apply_expiry(db: Database, cur: Cursor, decided: list[Decided]) -> int:
+    """Apply expiry outcomes to rows the caller locked, and settle the dependants of those
+    that died."""
     if not decided:
         return 0
     sql, outcomes = apply(db, LOCKED, decided)
@@ -58,6 +64,43 @@ async def _return_lapsed(db: Database, cur: Cursor) -> int:
     if dead:
         await settle_dependents(db, cur, dead)
     return len(rows)
+
+
+async def end_session(db: Database, expert: str, session: str) -> int:
+    """End *session* of *expert* and send its tasks through expiry, in one transaction.
+
+    The expert's row is updated first and stays locked to the end: a claim of that session
+    (which holds the row ``FOR SHARE``) or a renewal waits and then finds it lapsed; an owner
+    write waiting on a task row finds, once this commits, a task it no longer holds."""
+
+    async def run(cur: Cursor) -> int:
+        await cur.execute(
+            db.sql(
+                "UPDATE {s}.experts SET lease_deadline = least(lease_deadline, {now} - 1e-6),"
+                " load = 0 WHERE id = %(expert)s AND session = %(session)s RETURNING 1"
+            ),
+            db.params(expert=expert, session=session),
+        )
+        if await cur.fetchone() is None:
+            return 0
+        # Every claim of the expert's name: this session's, and any a lapsed one left behind.
+        await cur.execute(
+            db.sql(
+                "SELECT id, fence, attempts, max_attempts FROM {s}.tasks"
+                " WHERE owner = %(expert)s AND state IN ('claimed', 'running') FOR UPDATE"
+            ),
+            db.params(expert=expert),
+        )
+        decided = [
+            (tid, fence, rules.expired(expert, attempts, most, session_ended=True))
+            for tid, fence, attempts, most in await cur.fetchall()
+        ]
+        moved = await _apply_expiry(db, cur, decided)
+        if moved:
+            await db.notify(cur)
+        return moved
+
+    return await db.run(run)
 
 
 async def age(db: Database, cur: Cursor) -> None:

@@ -91,6 +91,7 @@ class PostgresStore:
         self.deregister_expert = bind(sessions.deregister_expert, db)
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
         self.begin = bind(transactions.begin, db)  # transactions.py
+        self.end_session = bind(housekeeping.end_session, db)
 
     # -- opening and closing ---------------------------------------------------------------
 

@@ -4,7 +4,7 @@ claimed-but-unstarted tasks from an overloaded expert."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from contend.domain import transitions as rules
@@ -18,13 +18,20 @@ from contend.store.sqlite.rows import claimed_from_row, insert_events, load
 from contend.store.sqlite.sessions import check_session
 
 
-def _claimable_sql(queues: Sequence[str], with_ids: int | None, low_lane: bool = False) -> str:
+def _claimable_sql(
+    queues: Sequence[str],
+    with_ids: int | None,
+    low_lane: bool = False,
+    types: Collection[str] | None = None,
+) -> str:
     """A predicate on claimable tasks: the best by effective priority (parameters: queues,
-    now, [ids], limit); with *low_lane*, or the oldest ones (more: queues, now, lane limit)."""
+    now, [ids], [types], limit); with *low_lane*, or the oldest ones (more: queues, now,
+    [types], lane limit). See :func:`_claimable_params`."""
     qmarks = ",".join("?" * len(queues))
     ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
+    of_type = f" AND type IN ({','.join('?' * len(types))})" if types is not None else ""
     where = (
-        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids} "
+        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type} "
         "AND (requirements IS NULL OR contend_fits(requirements))"
     )
     # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
@@ -43,6 +50,26 @@ def _claimable_sql(queues: Sequence[str], with_ids: int | None, low_lane: bool =
     return f"id IN (SELECT id FROM ({best}) UNION SELECT id FROM ({oldest}))"
 
 
+def _claimable_params(
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    types: Collection[str] | None,
+    best: int,
+    lane: int,
+) -> tuple[Any, ...]:
+    """The parameters of :func:`_claimable_sql`, in its order."""
+    kinds = tuple(types or ())
+    params: tuple[Any, ...] = (*queues, now, *(ids or ()), *kinds, best)
+    if lane:
+        params += (*queues, now, *kinds, lane)
+    return params
+
+
+def _types(types: Collection[str] | None) -> list[str] | None:
+    return None if types is None else list(dict.fromkeys(types))
+
+
 async def peek(
     db: Database,
     queues: Sequence[str],
@@ -50,18 +77,18 @@ async def peek(
     limit: int,
     *,
     low_lane: int = 0,
+    types: Collection[str] | None = None,
 ) -> list[TaskView]:
     check_limit(limit)
-    if not queues or not limit:
+    kinds = _types(types)
+    if not queues or not limit or kinds == []:
         return []
     lane = min(low_lane, limit)
-    params: tuple[Any, ...] = (*queues, db.clock(), limit - lane)
-    if lane:
-        params += (*queues, db.clock(), lane)
+    params = _claimable_params(queues, db.clock(), None, kinds, limit - lane, lane)
 
     def run() -> list[TaskView]:
         db.caps = capabilities
-        inner = _claimable_sql(queues, None, bool(lane))
+        inner = _claimable_sql(queues, None, bool(lane), kinds)
         rows = db.conn.execute(
             f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
             f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
@@ -86,23 +113,23 @@ async def claim(
     task_ids: Sequence[str] | None = None,
     start: bool = True,
     low_lane: int = 0,
+    types: Collection[str] | None = None,
 ) -> list[Claimed]:
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
+    kinds = _types(types)
     outcome = rules.claimed(expert, start=start)
 
     def run(conn: sqlite3.Connection) -> list[Claimed]:
         now = db.clock()
         check_session(conn, expert, session, now)
-        if not queues or not limit or (ids is not None and not ids):
+        if not queues or not limit or (ids is not None and not ids) or kinds == []:
             return []
         db.caps = capabilities
         lane = min(low_lane, limit) if ids is None else 0
-        inner = _claimable_sql(queues, None if ids is None else len(ids), bool(lane))
-        params: tuple[Any, ...] = (*queues, now, *(ids or ()), limit - lane)
-        if lane:
-            params += (*queues, now, lane)
+        inner = _claimable_sql(queues, None if ids is None else len(ids), bool(lane), kinds)
+        params = _claimable_params(queues, now, ids, kinds, limit - lane, lane)
         rows = conn.execute(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "
@@ -128,12 +155,15 @@ async def steal(
     *,
     limit: int,
     lease_ttl: float,
+    types: Collection[str] | None = None,
 ) -> list[Claimed]:
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
-    if not queues or not limit:
+    kinds = _types(types)
+    if not queues or not limit or kinds == []:
         return []
     qmarks = ",".join("?" * len(queues))
+    of_type = "" if kinds is None else f" AND type IN ({','.join('?' * len(kinds))})"
     outcome = rules.stolen(thief, victim)
 
     def run(conn: sqlite3.Connection) -> list[Claimed]:
@@ -144,12 +174,22 @@ async def steal(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE id IN ("
             f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
-            f"AND lease_deadline >= ? AND queue IN ({qmarks}) "
+            f"AND lease_deadline >= ? AND queue IN ({qmarks}){of_type} "
             "AND (requirements IS NULL OR contend_fits(requirements)) "
             "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
             "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
             "checkpoint, timeout, priority, trace",
-            (str(outcome.state), thief, now + ttl, now, victim, now, *queues, limit),
+            (
+                str(outcome.state),
+                thief,
+                now + ttl,
+                now,
+                victim,
+                now,
+                *queues,
+                *(kinds or ()),
+                limit,
+            ),
         ).fetchall()
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])

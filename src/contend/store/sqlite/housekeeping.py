@@ -46,6 +46,36 @@ async def expire(db: Database) -> int:
     return moved
 
 
+async def end_session(db: Database, expert: str, session: str) -> int:
+    """End *session* of *expert* and send its tasks through expiry, in one transaction."""
+
+    def run(conn: sqlite3.Connection) -> int:
+        now = db.clock()
+        ended = conn.execute(
+            "UPDATE experts SET lease_deadline = min(lease_deadline, ?), load = 0 "
+            "WHERE id = ? AND session = ? RETURNING 1",
+            (now - 1e-6, expert, session),
+        ).fetchone()
+        if ended is None:
+            return 0
+        # Every claim of the expert's name: this session's, and any a lapsed one left behind.
+        held = conn.execute(
+            "SELECT id, fence, attempts, max_attempts, run_at FROM tasks "
+            "WHERE owner = ? AND state IN ('claimed', 'running')",
+            (expert,),
+        ).fetchall()
+        changes = [
+            (tid, fence, rules.expired(expert, attempts, most, session_ended=True), attempts, at)
+            for tid, fence, attempts, most, at in held
+        ]
+        apply_outcomes(conn, now, changes)
+        return len(held)
+
+    moved = await db.tx(run)
+    db.wakeups.touch()
+    return moved
+
+
 async def _age(db: Database) -> None:
     """Ageing: raise the effective priority of pending tasks whose next step is due."""
     now = db.clock()

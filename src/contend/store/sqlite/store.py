@@ -76,6 +76,7 @@ class SQLiteStore:
         self.renew = bind(sessions.renew, db)
         self.deregister_expert = bind(sessions.deregister_expert, db)
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
+        self.end_session = bind(housekeeping.end_session, db)
         self.cancel = bind(management.cancel, db)  # management.py
         self.retry = bind(management.retry, db)
         self._transactions = Transactions(db, self._sync)  # transactions.py

@@ -16,6 +16,12 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
         raise ConfigError(f"not an SQLite URL: {url!r}")
+    if not url[len("sqlite:") :].startswith("//"):
+        # sqlite:/x.db and sqlite:x.db would be read as a relative x.db: say so, do not guess
+        raise ConfigError(
+            f"SQLite URL {url!r} needs three slashes before a relative path and four before an "
+            "absolute one: sqlite:///relative.db or sqlite:////absolute/path.db"
+        )
     if parts.netloc:
         raise ConfigError(
             f"SQLite URL {url!r} has a host part {parts.netloc!r}; write sqlite:///relative.db "

@@ -23,6 +23,7 @@ A backend outside this repository runs it as this repository runs it on its own 
     from contend.testing.contract.history import *  # noqa: F403
     from contend.testing.contract.leases import *  # noqa: F403
     from contend.testing.contract.management import *  # noqa: F403
+    from contend.testing.contract.sessions import *  # noqa: F403
     from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401
     from contend.testing.contract.submission import *  # noqa: F403
     from contend.testing.contract.transactions import *  # noqa: F403
@@ -44,6 +45,7 @@ pytest.register_assert_rewrite(
     "contend.testing.contract.history",
     "contend.testing.contract.leases",
     "contend.testing.contract.management",
+    "contend.testing.contract.sessions",
     "contend.testing.contract.stateful",
     "contend.testing.contract.submission",
     "contend.testing.contract.transactions",

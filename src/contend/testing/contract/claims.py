@@ -175,6 +175,28 @@ async def test_claim_only_takes_tasks_of_the_expert_queues(harness: Harness) -> 
     assert [c.id for c in await e.claim(5, queues=["qa", "qb"])] == [a.id]
 
 
+async def test_claim_only_takes_the_task_types_the_expert_has(harness: Harness) -> None:
+    """A rolling deploy: an expert whose app lacks a task type must leave its tasks to the
+    experts that have it, not claim them and fail them for good."""
+    s = harness.store
+    new = spec("resize_v2", priority=5)  # the best task, of a type old experts do not know
+    old, other = spec("resize"), spec("encode")
+    await s.submit([new, old, other])
+    peeked = await s.peek(["default"], caps(), 10, types=["resize", "encode"])
+    assert [v.id for v in peeked] == [old.id, other.id]
+    assert await s.peek(["default"], caps(), 10, types=[]) == []
+    e = await join(harness, "old")
+    assert await e.claim(10, types=["thumbnail"]) == []
+    assert await e.claim(10, types=[]) == []
+    assert await e.claim(10, task_ids=[new.id], types=["resize", "encode"]) == []
+    got = await e.claim(10, types=["resize"])
+    assert [c.id for c in got] == [old.id]
+    assert await state_of(s, new.id) == P
+    n = await join(harness, "new")
+    assert [c.id for c in await n.claim(1, types=["resize_v2", "resize", "encode"])] == [new.id]
+    assert [c.id for c in await n.claim(5)] == [other.id]  # None: any type
+
+
 async def test_delayed_task_is_not_claimable_before_it_is_due(harness: Harness) -> None:
     s = harness.store
     later = harness.ttl * 3

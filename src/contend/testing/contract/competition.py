@@ -117,6 +117,20 @@ async def test_steal_respects_requirements_and_a_live_session(harness: Harness) 
         )
 
 
+async def test_steal_takes_only_the_task_types_the_thief_has(harness: Harness) -> None:
+    h = harness
+    known, unknown = spec("t", priority=1), spec("t_v2", priority=2)
+    await h.store.submit([known, unknown])
+    victim, thief = await join(h, "victim"), await join(h, "thief")
+    await victim.claim(2, start=False)
+    steal = h.store.steal
+    args = ("thief", thief.session, "victim", ["default"], caps())
+    assert await steal(*args, limit=5, lease_ttl=h.ttl, types=[]) == []
+    stolen = await steal(*args, limit=5, lease_ttl=h.ttl, types=["t"])
+    assert [c.id for c in stolen] == [known.id]
+    assert (await h.store.get(unknown.id)).owner == "victim"
+
+
 async def test_backlog_counts_due_pending_tasks_and_the_oldest_wait(harness: Harness) -> None:
     h = harness
     empty = await h.store.backlog(["default"])

@@ -190,6 +190,21 @@ async def test_fail_with_a_retry_delay_makes_the_task_pending_later(harness: Har
     assert (await e.claim_one()).attempt == 2
 
 
+async def test_a_success_after_a_failed_attempt_shows_no_error(harness: Harness) -> None:
+    s = harness.store
+    t = spec(max_attempts=3)
+    await s.submit([t])
+    e = await join(harness)
+    first = await e.claim_one()
+    assert await e.write("fail", t.id, first.fence, retry_delay=0.0) is None
+    assert (await s.get(t.id)).error["type"] == "Boom"  # pending again: why it failed
+    second = await e.claim_one()
+    assert await e.write("complete", t.id, second.fence, result=42) is None
+    task = await s.get(t.id, history=True)
+    assert (task.state, task.result, task.error) == (OK, 42, None)
+    assert [h.event for h in task.history].count("retry") == 1  # the history keeps it
+
+
 @pytest.mark.parametrize("final", [FAILED, DEAD])
 async def test_fail_without_retry_goes_to_the_final_state(
     harness: Harness, final: TaskState

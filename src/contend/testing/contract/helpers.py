@@ -61,6 +61,7 @@ class Expert:
         queues: Sequence[str] = ("default",),
         task_ids: Sequence[str] | None = None,
         start: bool = True,
+        types: Sequence[str] | None = None,
     ) -> list[Claimed]:
         return await self.store.claim(
             self.name,
@@ -71,6 +72,7 @@ class Expert:
             lease_ttl=self.ttl,
             task_ids=task_ids,
             start=start,
+            types=types,
         )
 
     async def claim_one(self, **kw: Any) -> Claimed:

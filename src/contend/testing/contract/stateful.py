@@ -45,7 +45,7 @@ from contend.domain.task import (
 from contend.errors import ExpertConflict, FencedOut, InvalidTransition, LeaseLost
 from contend.store.port import ExpertInfo, Heartbeat
 from contend.testing.contract.harness import BACKENDS
-from contend.testing.contract.helpers import OWNER_WRITES, owner_write
+from contend.testing.contract.helpers import OWNER_WRITES, owner_write, snapshot
 
 T = TypeVar("T")
 
@@ -323,6 +323,23 @@ class StoreMachine(RuleBasedStateMachine):
         if then_expire:
             self.expire()
 
+    @rule(name=st.sampled_from(EXPERTS), current=st.booleans(), other=st.booleans())
+    def end_session(self, name: str, current: bool, other: bool) -> None:
+        """A supervisor ends a session: every claim of the name expires now (or, for a
+        session that is not the name's current one, nothing happens)."""
+        e = self.experts.get(name)
+        if e is None or not current:
+            before = self.run(snapshot(self.s))
+            assert self.run(self.via(other).end_session(name, "not-a-session")) == 0
+            assert self.run(snapshot(self.s)) == before
+            return
+        moved = self.run(self.via(other).end_session(name, e.session))
+        e.deadline = min(e.deadline, self.now - 1e-6)
+        held = [t for t in self.tasks.values() if t.owner == name and t.state in (C, R)]
+        event(f"end_session moved {min(moved, 2)}+")
+        assert moved == len(held)
+        self.lapse(held)
+
     def expire(self) -> None:
         moved = self.run(self.s.expire())
         event(f"expire moved {min(moved, 2)}+")
@@ -332,16 +349,20 @@ class StoreMachine(RuleBasedStateMachine):
             if t.state in (C, R) and t.lease is not None and t.lease < self.now
         ]
         assert moved == len(lapsed)
-        for t in lapsed:
+        self.lapse(lapsed)
+        for t in self.tasks.values():  # then ageing, on every task pending at that moment
+            if t.state == P and t.promote_at <= self.now:
+                t.aged = aged_priority(t.priority, self.now - t.created)
+                t.promote_at = next_promotion(t.priority, t.aged, t.created)
+
+    def lapse(self, tasks: list[ModelTask]) -> None:
+        """The expiry rule on the model's tasks."""
+        for t in tasks:
             self.touched.add(t.id)
             t.state = P if t.attempts < t.max_attempts else DEAD
             t.owner, t.lease = None, None
             if t.state == DEAD:
                 self.settle(t.id)
-        for t in self.tasks.values():  # then ageing, on every task pending at that moment
-            if t.state == P and t.promote_at <= self.now:
-                t.aged = aged_priority(t.priority, self.now - t.created)
-                t.promote_at = next_promotion(t.priority, t.aged, t.created)
 
     @precondition(lambda self: self.tokens)
     @rule(
