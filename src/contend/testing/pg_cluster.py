@@ -1,7 +1,10 @@
-"""A throwaway PostgreSQL cluster the tests start, restart and stop themselves.
+"""A throwaway PostgreSQL cluster that tests (and the chaos suite) start, restart and stop
+themselves, never the machine's own server.
 
 initdb refuses to run as root, so as root the commands run as the ``postgres`` user. The data
-directory and the socket live in a temporary directory removed on close.
+directory and the socket live in a temporary directory removed on close. *listen* adds
+addresses to listen on besides 127.0.0.1 (a network namespace's end of a veth pair), each
+trusted as 127.0.0.1 is.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -28,8 +32,14 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
+def _peer_net(address: str) -> str:
+    """The /24 around *address*: the clients on the other end of its link."""
+    return ".".join(address.split(".")[:3]) + ".0/24"
+
+
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, listen: Sequence[str] = ()) -> None:
+        self.listen = ["127.0.0.1", *listen]
         self.root = Path(tempfile.mkdtemp(prefix="contend-pg-"))
         self.data = self.root / "data"
         with socket.socket() as s:
@@ -63,7 +73,8 @@ class Cluster:
             "-l",
             str(self.root / "server.log"),
             "-o",
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            f"-p {self.port} -k {self.root} -c listen_addresses={','.join(self.listen)} "
+            "-c fsync=off",
         )
 
     def start(self) -> None:
@@ -72,6 +83,11 @@ class Cluster:
         self._run(
             _bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
         )
+        if self.listen[1:]:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                for address in self.listen[1:]:
+                    hba.write(f"host all all {address}/32 trust\n")
+                    hba.write(f"host all all {_peer_net(address)} trust\n")
         self._ctl("start")
 
     def restart(self) -> None:
