@@ -23,7 +23,7 @@ from typing import Any
 
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import TaskState, encode_json
-from contend.errors import FencedOut, LeaseLost, PayloadError
+from contend.errors import FencedOut, LeaseLost, PayloadError, TaskStopped
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, wait_event
 from contend.runtime.competition import TypeTracker
@@ -84,6 +84,11 @@ class Run:
             detail = f"this expert's lease lapsed: {exc}"
             raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
 
+    def must_stop(self) -> str | None:
+        if self.session.safe():
+            return None
+        return f"the lease was lost ({self.session.reason or 'no renewal within the lease'})"
+
 
 class Ended:
     """The host of a context whose run is over: a checkpoint it is asked for is refused."""
@@ -93,6 +98,9 @@ class Ended:
 
     async def checkpoint(self, text: str) -> None:
         raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
+
+    def must_stop(self) -> str | None:
+        return None
 
 
 class Executor:
@@ -159,6 +167,10 @@ class Executor:
                 self._finish(run, build_failure(c, "UnknownTaskType", message, policy=None), None)
                 return
             outcome, error = await self._outcome(tt, run)
+            if isinstance(error, TaskStopped) and run.must_stop() is not None:
+                # it saw its lease gone before the watchdog did: stopped, not failed
+                self.abandon(run, run.ctx._why)
+                return
             seconds = self.clock.monotonic() - started
             self.tracker.record(c.type, isinstance(outcome, Completion), seconds)
             self._finish(run, outcome, error, seconds)
@@ -241,7 +253,7 @@ class Executor:
         """Stop *run* at once; nothing of it will be committed."""
         run.ctx._stop(reason)
         was_finished, run.finished = run.finished, True
-        if run.task is not None:
+        if run.task is not None and run.task is not asyncio.current_task():
             run.task.cancel()
         self.runs.pop(run.claimed.id, None)
         if not was_finished:

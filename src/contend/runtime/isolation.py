@@ -197,6 +197,9 @@ class _PipeHost:
         if "fenced" in reply:
             raise FencedOut(self._ctx.task_id, self._ctx.fence, reply["fenced"])
 
+    def must_stop(self) -> str | None:
+        return None  # the parent kills this process when its run must stop
+
 
 def _resolve(target: str) -> Callable[..., Any]:
     module, _, qualname = target.partition(":")
