@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/venv.sh dev,postgres,etcd
 scripts/install-etcd.sh   # the etcd tests start their own server from this binary
+scripts/install-chaos.sh  # nftables, libfaketime: the chaos suite's short mode (tests/chaos)
 echo "== ruff"; .venv/bin/ruff check src tests benchmarks
 echo "== ruff format"; .venv/bin/ruff format --check src tests benchmarks
 echo "== mypy (strict, src/)"; .venv/bin/mypy

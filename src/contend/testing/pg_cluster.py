@@ -23,7 +23,7 @@ class ClusterUnavailable(RuntimeError):
     pass
 
 
-def _bin(name: str) -> str:
+def binary(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or (
         [p] if (p := shutil.which(name)) else []
     )
@@ -61,7 +61,7 @@ class Cluster:
 
     def _ctl(self, action: str) -> None:
         self._run(
-            _bin("pg_ctl"),
+            binary("pg_ctl"),
             action,
             "-D",
             str(self.data),
@@ -81,7 +81,7 @@ class Cluster:
         if self._as_postgres:
             shutil.chown(self.root, "postgres")
         self._run(
-            _bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+            binary("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
         )
         if self.listen[1:]:
             with (self.data / "pg_hba.conf").open("a") as hba:
@@ -95,7 +95,7 @@ class Cluster:
 
     def stop_now(self) -> None:
         """``pg_ctl -m immediate stop``: every backend dies at once, as in a crash."""
-        self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+        self._run(binary("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
 
     def start_again(self) -> None:
         """Start the stopped server on the same port and data (it recovers from its WAL)."""
@@ -104,6 +104,6 @@ class Cluster:
     def close(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():
-                self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+                self._run(binary("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

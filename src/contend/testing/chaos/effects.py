@@ -1,0 +1,153 @@
+"""Reading the side-effect logs the chaos workload writes, and what they show.
+
+Every line is one event of one run of one task (see :mod:`contend.testing.chaos.workload`); a
+run is named by its task and fence, since every claim gives a task a new fence. From them:
+
+* the **runs** of each task, with their first and last side effect on the host's monotonic clock;
+* **overlaps**: two runs of one task whose side effects interleave in time — the older owner
+  acted after the newer one had started, i.e. past the older one's lease deadline (a newer
+  owner exists only once the older lease lapsed);
+* the **zombie writes**: what the store said to a stopped run's writes with its old fence;
+* **recovery**: for a task a fault interrupted, the time from the fault to the next progress the
+  store acknowledged (a newer owner's start, or a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Run:
+    """One run of one task: one owner, one fence."""
+
+    task: str
+    fence: int
+    expert: str
+    started: float  # monotonic
+    last_effect: float  # the last tick or checkpoint (the start, if none)
+    ended: str | None = None  # "done", "stop", or None: killed (or still running)
+    ended_at: float | None = None
+    why: str | None = None  # for a stop: what ended the run (CancelledError, TaskStopped, …)
+    ticks: int = 0
+    checkpoints: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    task: str
+    old: Run
+    new: Run
+
+    @property
+    def seconds(self) -> float:
+        return self.old.last_effect - self.new.started
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task}: {self.old.expert} (fence {self.old.fence}) acted until "
+            f"{self.old.last_effect:.3f}, {self.new.expert} (fence {self.new.fence}) from "
+            f"{self.new.started:.3f}: {self.seconds:.3f}s of overlap"
+        )
+
+
+@dataclass
+class Effects:
+    """Everything the logs of one scenario hold."""
+
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # task -> runs, by fence
+    zombies: list[dict[str, Any]] = field(default_factory=list)
+    lines: int = 0
+
+    @classmethod
+    def read(cls, folder: Path) -> Effects:
+        found = cls()
+        by_key: dict[tuple[str, int], Run] = {}
+        for path in sorted(folder.glob("*.jsonl")):
+            for raw in path.read_text(errors="replace").splitlines():
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue  # a line cut short by kill -9
+                found.lines += 1
+                found._add(line, by_key)
+        for runs in found.runs.values():
+            runs.sort(key=lambda r: r.fence)
+        return found
+
+    def _add(self, line: dict[str, Any], by_key: dict[tuple[str, int], Run]) -> None:
+        kind, key, at = line["k"], (line["t"], int(line["f"])), float(line["m"])
+        if kind == "zombie":
+            self.zombies.append(line)
+            return
+        run = by_key.get(key)
+        if run is None:
+            run = Run(key[0], key[1], line["e"], started=at, last_effect=at)
+            by_key[key] = run
+            self.runs.setdefault(key[0], []).append(run)
+        if kind == "start":
+            run.started = min(run.started, at)
+        elif kind in ("tick", "ckpt"):
+            run.last_effect = max(run.last_effect, at)
+            if kind == "tick":
+                run.ticks += 1
+            else:
+                run.checkpoints.append(at)
+        elif kind in ("done", "stop"):
+            run.ended, run.ended_at = kind, at
+            run.why = line.get("why")
+
+    # -- what they show --------------------------------------------------------------------
+    def overlaps(self) -> list[Overlap]:
+        """Pairs of runs of one task where the older one acted after the newer one began."""
+        found = []
+        for task, runs in self.runs.items():
+            for n, old in enumerate(runs):
+                for new in runs[n + 1 :]:
+                    if old.last_effect > new.started:
+                        found.append(Overlap(task, old, new))
+        return found
+
+    def running_at(self, at: float, experts: Iterable[str] | None = None) -> list[Run]:
+        """The runs (of *experts*, or anyone's) that had begun and not ended at *at*."""
+        names = None if experts is None else set(experts)
+        return [
+            run
+            for runs in self.runs.values()
+            for run in runs
+            if run.started <= at
+            and (run.ended_at is None or run.ended_at > at)
+            and (names is None or run.expert in names)
+        ]
+
+    def recovery(self, run: Run, fault_at: float) -> float | None:
+        """Seconds from *fault_at* to the next progress of *run*'s task the store
+        acknowledged: a newer run's start, or a checkpoint after the fault (this run's or a
+        newer one's); None if none came."""
+        times = [
+            t
+            for other in self.runs.get(run.task, [])
+            for t in ([other.started] if other.fence > run.fence else []) + other.checkpoints
+            if t > fault_at and other.fence >= run.fence
+        ]
+        return min(times) - fault_at if times else None
+
+    def interrupted(self, fault_at: float, experts: Iterable[str] | None = None) -> list[Run]:
+        """Runs in flight at *fault_at* that never produced their result (stopped or killed)."""
+        return [r for r in self.running_at(fault_at, experts) if r.ended != "done"]
+
+    def zombie_counts(self) -> tuple[int, int, int]:
+        """(refused, landed, inconclusive) zombie writes."""
+        refused = sum(1 for z in self.zombies if z.get("refused") is True)
+        landed = sum(1 for z in self.zombies if z.get("refused") is False)
+        return refused, landed, len(self.zombies) - refused - landed
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

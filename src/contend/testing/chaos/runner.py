@@ -1,0 +1,174 @@
+"""The chaos runner: every scenario on every backend it applies to, with progress lines and a
+summary; ``--write-doc`` puts the figures into docs/reliability.md.
+
+    python -m contend.testing.chaos              # the full set (make chaos)
+    python -m contend.testing.chaos --short      # the short mode (what the test suite runs)
+    python -m contend.testing.chaos --scenario kill-9 --backend sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from contend.testing.chaos import kills
+from contend.testing.chaos.netns import Link
+from contend.testing.chaos.netns import available as netns_available
+from contend.testing.chaos.scenario import Run, Size
+from contend.testing.chaos.servers import BACKENDS, make_backend
+from contend.testing.chaos.verdict import Figures, judge
+from contend.testing.etcd_server import EtcdUnavailable, find_etcd
+from contend.testing.pg_cluster import ClusterUnavailable
+from contend.testing.pg_cluster import binary as pg_binary
+
+ROOT = Path(__file__).resolve().parents[4]
+DOC = ROOT / "docs" / "reliability.md"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fault: str  # the table's words for what is injected
+    body: Callable[[Run], Awaitable[None]]
+    backends: tuple[str, ...]
+    short: Size | None  # None: not in the short mode
+    full: Size
+    link: bool = False  # its experts need a network namespace
+    lease: float = 2.0
+
+    def size(self, short: bool) -> Size | None:
+        return self.short if short else self.full
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario(
+        "kill-9",
+        "kill -9 of random experts, replacements started",
+        kills.kill_9,
+        BACKENDS,
+        short=Size(True, tasks=300, experts=3, rounds=3),
+        full=Size(False, tasks=1200, experts=4, rounds=10),
+    ),
+    Scenario(
+        "sigstop",
+        "SIGSTOP past the lease, then SIGCONT",
+        kills.sigstop,
+        BACKENDS,
+        short=Size(True, tasks=90, experts=3, rounds=1),
+        full=Size(False, tasks=400, experts=4, rounds=4),
+    ),
+]
+
+
+def missing(scenario: Scenario, backend: str) -> str | None:
+    """What this machine lacks to run *scenario* on *backend*, or None."""
+    if backend == "postgres":
+        try:
+            pg_binary("initdb")
+        except ClusterUnavailable as exc:
+            return str(exc)
+    if backend == "etcd":
+        try:
+            find_etcd()
+        except EtcdUnavailable as exc:
+            return str(exc)
+    if scenario.link:
+        return netns_available()
+    return None
+
+
+def selected(
+    names: Sequence[str], backends: Sequence[str], short: bool
+) -> list[tuple[Scenario, str]]:
+    known = {s.name for s in SCENARIOS}
+    unknown = set(names) - known
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {sorted(unknown)}; known: {sorted(known)}")
+    return [
+        (s, b)
+        for s in SCENARIOS
+        if (not names or s.name in names) and s.size(short) is not None
+        for b in s.backends
+        if not backends or b in backends
+    ]
+
+
+async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool) -> Figures:
+    size = scenario.size(short)
+    assert size is not None
+    workdir = Path(tempfile.mkdtemp(prefix=f"contend-chaos-{scenario.name}-{backend_name}-"))
+    link = Link(len(scenario.name) % 7).create() if scenario.link else None
+    listen = (link.server_host,) if link else ()
+    backend = make_backend(backend_name, workdir, listen)
+    began = time.monotonic()
+    run = Run(backend, workdir, size, lease=scenario.lease, link=link)
+    figures: Figures | None = None
+    try:
+        backend.start()
+        try:
+            await scenario.body(run)
+        except AssertionError as exc:
+            run.problems.append(str(exc))
+        run.experts.stop_all()
+        figures = await judge(run, scenario.name, scenario.fault, time.monotonic() - began)
+        return figures
+    finally:
+        run.experts.stop_all()
+        await run.close()
+        backend.close()
+        if link is not None:
+            link.close()
+        if figures is not None and figures.ok and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif figures is not None:
+            figures.notes.append(f"logs kept in {workdir}")
+
+
+async def run_all(pairs: list[tuple[Scenario, str]], short: bool, keep: bool) -> list[Figures]:
+    results = []
+    for n, (scenario, backend) in enumerate(pairs, 1):
+        print(f"[{n}/{len(pairs)}] {scenario.name} on {backend} …", flush=True)
+        figures = await run_one(scenario, backend, short, keep)
+        print(f"    {figures.line()}", flush=True)
+        for problem in figures.problems:
+            print(f"    problem: {problem[:2000]}", flush=True)
+        for note in figures.notes:
+            print(f"    note: {note}", flush=True)
+        results.append(figures)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m contend.testing.chaos")
+    parser.add_argument("--short", action="store_true", help="the short mode (CI)")
+    parser.add_argument("--scenario", action="append", default=[], help="only these")
+    parser.add_argument("--backend", action="append", default=[], choices=BACKENDS)
+    parser.add_argument("--write-doc", action="store_true", help=f"rewrite the table in {DOC}")
+    parser.add_argument("--keep", action="store_true", help="keep every scenario's logs")
+    args = parser.parse_args(argv)
+    pairs = selected(args.scenario, args.backend, args.short)
+    began = time.monotonic()
+    results = asyncio.run(run_all(pairs, args.short, args.keep))
+    wall = time.monotonic() - began
+    failed = [f for f in results if not f.ok]
+    print(f"\n{len(results) - len(failed)} of {len(results)} passed in {wall:.0f}s")
+    for f in results:
+        print(f"  {f.line()}")
+    if args.write_doc:
+        from contend.testing.chaos.report import commit_of, rewrite, table
+
+        mode = "short" if args.short else "full"
+        rewrite(DOC, table(results, mode=mode, commit=commit_of(ROOT), wall=wall))
+        print(f"wrote the figures to {DOC}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

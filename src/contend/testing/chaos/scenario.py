@@ -1,0 +1,186 @@
+"""One chaos scenario's run: a store, expert processes, the tasks submitted, the faults
+injected, and at the end the verdict (:mod:`contend.testing.chaos.verdict`).
+
+A fault family (one module each: ``kills``, ``store``, ``network``, ``sqlite``, ``clock``,
+``load``) writes a scenario as ``async def run(run: Run) -> None``: it starts experts, submits
+work, injects faults with :meth:`Run.fault` (which records when, and whom they hit) and waits
+with :meth:`Run.until`; the runner then checks everything the scenario left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contend.domain.task import TaskSpec, TaskState
+from contend.errors import ContendError
+from contend.store.port import Store
+from contend.store.registry import open_store
+from contend.testing.chaos.netns import Link
+from contend.testing.chaos.procs import Experts
+from contend.testing.chaos.servers import Backend
+from contend.testing.chaos.workload import app as workload
+
+
+@dataclass
+class Fault:
+    """One fault injected: what, when (this host's monotonic and wall clocks) and whom it hit
+    (None: every expert, as a store fault does). ``interrupts``: its runs are expected to stop
+    (a kill, a pause or a cut past the lease); otherwise every run in flight is measured."""
+
+    kind: str
+    at: float
+    wall: float
+    experts: tuple[str, ...] | None
+    interrupts: bool = True
+    healed: float | None = None
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big a scenario is: the short mode in CI, the full one for ``make chaos``."""
+
+    short: bool
+    tasks: int
+    experts: int
+    rounds: int  # faults of the scenario's kind, one after another
+
+    def pick(self, short: float, full: float) -> float:
+        return short if self.short else full
+
+
+@dataclass
+class Run:
+    backend: Backend
+    workdir: Path
+    size: Size
+    lease: float = 2.0
+    concurrency: int = 8
+    expected: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (seed, steps)
+    faults: list[Fault] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # a scenario's own failed checks
+    notes: list[str] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(12))
+    store: Store | None = None
+    link: Link | None = None  # the network namespace of the experts cut off, if any
+    experts: Experts = field(init=False)
+    effects: Path = field(init=False)
+    deadline_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.effects = self.workdir / "effects"
+        self.effects.mkdir(parents=True, exist_ok=True)
+        self.experts = Experts(
+            self.backend.url, self.workdir, self.effects, self.lease, self.concurrency
+        )
+
+    @property
+    def heartbeat(self) -> float:
+        return self.lease / 3
+
+    async def open(self) -> Store:
+        if self.store is None:
+            self.store = await open_store(self.backend.url)
+        return self.store
+
+    async def close(self) -> None:
+        if self.store is not None:
+            store, self.store = self.store, None
+            try:
+                await asyncio.wait_for(store.close(), 20)
+            except (ContendError, TimeoutError, OSError):
+                pass
+
+    # -- work ------------------------------------------------------------------------------
+    def specs(
+        self, n: int, *, steps: int = 5, step_time: float = 0.02, every: int = 1
+    ) -> list[TaskSpec]:
+        """*n* ``step`` tasks with fresh seeds, remembered for the verdict."""
+        specs = []
+        for _ in range(n):
+            seed = self.rng.randrange(1, 2**40)
+            spec = workload.build_spec("step", [seed, steps, step_time, every])
+            self.expected[spec.id] = (seed, steps)
+            specs.append(spec)
+        return specs
+
+    async def submit(
+        self, n: int, *, steps: int = 5, step_time: float = 0.02, every: int = 1
+    ) -> list[str]:
+        store = await self.open()
+        specs = self.specs(n, steps=steps, step_time=step_time, every=every)
+        for start in range(0, len(specs), 500):
+            await store.submit(specs[start : start + 500])
+        return [s.id for s in specs]
+
+    # -- faults ----------------------------------------------------------------------------
+    def fault(
+        self, kind: str, experts: tuple[str, ...] | None, *, interrupts: bool = True
+    ) -> Fault:
+        f = Fault(kind, time.monotonic(), time.time(), experts, interrupts)
+        self.faults.append(f)
+        return f
+
+    def heal(self, fault: Fault) -> None:
+        fault.healed = time.monotonic()
+
+    # -- waiting ---------------------------------------------------------------------------
+    async def until(
+        self,
+        check: Callable[[], Awaitable[bool]],
+        timeout: float,
+        what: str,
+        *,
+        every: float = 0.1,
+    ) -> float:
+        """Poll *check* until it holds (store errors count as "not yet"); returns the seconds
+        it took. Raises AssertionError after *timeout* or when an expert died on its own."""
+        began = time.monotonic()
+        deadline = began + timeout * self.deadline_scale
+        while True:
+            died = self.experts.died()
+            if died:
+                raise AssertionError("an expert died on its own: " + "; ".join(died))
+            try:
+                if await asyncio.wait_for(check(), 30):
+                    return time.monotonic() - began
+            except (ContendError, TimeoutError, OSError):
+                pass  # the store is down or out of reach: that may be the fault
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            await asyncio.sleep(every)
+
+    async def counts(self) -> dict[str, int]:
+        stats = await (await self.open()).stats()
+        total: dict[str, int] = {}
+        for by_state in stats.counts.values():
+            for state, n in by_state.items():
+                total[state] = total.get(state, 0) + n
+        return total
+
+    async def succeeded(self) -> int:
+        return (await self.counts()).get(str(TaskState.SUCCEEDED), 0)
+
+    async def until_succeeded(self, n: int, timeout: float, what: str = "") -> float:
+        async def enough() -> bool:
+            return await self.succeeded() >= n
+
+        return await self.until(enough, timeout, what or f"{n} tasks to succeed", every=0.2)
+
+    async def until_all_done(self, timeout: float) -> float:
+        """Until every task is terminal; the verdict then says whether it is right."""
+        total = len(self.expected)
+
+        async def finished() -> bool:
+            counts = await self.counts()
+            return sum(n for s, n in counts.items() if TaskState(s).terminal) >= total
+
+        return await self.until(finished, timeout, f"all {total} tasks to end", every=0.25)
+
+    async def sleep(self, seconds: float) -> None:
+        """Let the run go on for *seconds* (between faults; never to wait for a condition)."""
+        await asyncio.sleep(seconds)
