@@ -33,6 +33,7 @@ class Run:
     ended: str | None = None  # "done", "stop", or None: killed (or still running)
     ended_at: float | None = None
     why: str | None = None  # for a stop: what ended the run (CancelledError, TaskStopped, …)
+    by: str | None = None  # for a refused checkpoint: who refused it (store, expert)
     ticks: int = 0
     checkpoints: list[float] = field(default_factory=list)
 
@@ -99,7 +100,7 @@ class Effects:
                 run.checkpoints.append(at)
         elif kind in ("done", "stop"):
             run.ended, run.ended_at = kind, at
-            run.why = line.get("why")
+            run.why, run.by = line.get("why"), line.get("by")
 
     # -- what they show --------------------------------------------------------------------
     def overlaps(self) -> list[Overlap]:
@@ -124,15 +125,16 @@ class Effects:
             and (names is None or run.expert in names)
         ]
 
-    def recovery(self, run: Run, fault_at: float) -> float | None:
+    def recovery(self, run: Run, fault_at: float, *, takeover: bool) -> float | None:
         """Seconds from *fault_at* to the next progress of *run*'s task the store
-        acknowledged: a newer run's start, or a checkpoint after the fault (this run's or a
-        newer one's); None if none came."""
+        acknowledged: a newer run's start or checkpoint, and when not *takeover* (the run was
+        not meant to stop) also this run's own next checkpoint; None if none came."""
         times = [
             t
             for other in self.runs.get(run.task, [])
-            for t in ([other.started] if other.fence > run.fence else []) + other.checkpoints
-            if t > fault_at and other.fence >= run.fence
+            if other.fence > run.fence or (other is run and not takeover)
+            for t in ([other.started] if other is not run else []) + other.checkpoints
+            if t > fault_at
         ]
         return min(times) - fault_at if times else None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import shutil
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contend.testing.chaos import kills
+from contend.testing.chaos import kills, network, restarts
 from contend.testing.chaos.netns import Link
 from contend.testing.chaos.netns import available as netns_available
 from contend.testing.chaos.scenario import Run, Size
@@ -63,6 +64,23 @@ SCENARIOS: list[Scenario] = [
         BACKENDS,
         short=Size(True, tasks=90, experts=3, rounds=1),
         full=Size(False, tasks=400, experts=4, rounds=4),
+    ),
+    Scenario(
+        "restart",
+        "store crash and restart mid-run (PostgreSQL -m immediate, etcd kill -9)",
+        restarts.restart,
+        ("postgres", "etcd"),
+        short=Size(True, tasks=200, experts=3, rounds=1),
+        full=Size(False, tasks=1000, experts=4, rounds=4),
+    ),
+    Scenario(
+        "network",
+        "network hang and cut (netns) between some experts and the store",
+        network.partition,
+        ("postgres", "etcd"),
+        short=Size(True, tasks=150, experts=4, rounds=1),
+        full=Size(False, tasks=800, experts=4, rounds=4),
+        link=True,
     ),
 ]
 
@@ -153,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-doc", action="store_true", help=f"rewrite the table in {DOC}")
     parser.add_argument("--keep", action="store_true", help="keep every scenario's logs")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the suite's own store client: errors only
     pairs = selected(args.scenario, args.backend, args.short)
     began = time.monotonic()
     results = asyncio.run(run_all(pairs, args.short, args.keep))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from contend.domain.task import TaskSpec, TaskState
 from contend.errors import ContendError
@@ -24,6 +25,8 @@ from contend.testing.chaos.netns import Link
 from contend.testing.chaos.procs import Experts
 from contend.testing.chaos.servers import Backend
 from contend.testing.chaos.workload import app as workload
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -111,8 +114,10 @@ class Run:
     async def submit(
         self, n: int, *, steps: int = 5, step_time: float = 0.02, every: int = 1
     ) -> list[str]:
+        return await self.submit_specs(self.specs(n, steps=steps, step_time=step_time, every=every))
+
+    async def submit_specs(self, specs: list[TaskSpec]) -> list[str]:
         store = await self.open()
-        specs = self.specs(n, steps=steps, step_time=step_time, every=every)
         for start in range(0, len(specs), 500):
             await store.submit(specs[start : start + 500])
         return [s.id for s in specs]
@@ -153,6 +158,17 @@ class Run:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
             await asyncio.sleep(every)
+
+    async def retrying(self, read: Callable[[], Awaitable[T]], timeout: float, what: str) -> T:
+        """*read* once it stops failing (the store restarting, out of reach)."""
+        got: list[T] = []
+
+        async def once() -> bool:
+            got.append(await read())
+            return True
+
+        await self.until(once, timeout, what)
+        return got[-1]
 
     async def counts(self) -> dict[str, int]:
         stats = await (await self.open()).stats()

@@ -121,13 +121,13 @@ def check_effects(run: Run, figures: Figures) -> Effects:
         figures.problems.append(f"{len(overlaps)} overlapping run(s); the worst: {worst}")
     refused, landed, unsure = effects.zombie_counts()
     reported = len(REFUSED_COMMIT.findall(run.experts.logs()))
-    checkpoint_refusals = sum(
-        1
-        for runs in effects.runs.values()
-        for r in runs
-        if r.ended == "stop" and r.why == "FencedOut"
-    )
-    figures.refused = refused + reported + checkpoint_refusals
+    stopped = [r for runs in effects.runs.values() for r in runs if r.why == "FencedOut"]
+    by_store = sum(1 for r in stopped if r.by == "store")
+    figures.refused = refused + reported + by_store
+    if len(stopped) > by_store:
+        figures.notes.append(
+            f"{len(stopped) - by_store} checkpoint(s) held back by their expert (lease unsafe)"
+        )
     figures.landed = landed
     if landed:
         bad = [z for z in effects.zombies if z.get("refused") is False][:3]
@@ -146,7 +146,7 @@ def check_recovery(run: Run, effects: Effects, figures: Figures) -> None:
         else:
             runs = effects.running_at(fault.at, fault.experts)
         for r in runs:
-            seconds = effects.recovery(r, fault.at)
+            seconds = effects.recovery(r, fault.at, takeover=fault.interrupts)
             if seconds is not None:
                 figures.recovery.append(seconds)
             elif fault.interrupts:

@@ -11,7 +11,8 @@ the host, whatever its wall clock does) and its wall clock (``w``):
   as a careful task does before an effect outside the store;
 * ``ckpt`` — a checkpoint the store acknowledged;
 * ``done`` — the run produced its result (committing it is the runtime's business);
-* ``stop`` — the run ended without a result (``why``: the exception);
+* ``stop`` — the run ended without a result (``why``: the exception; for a refused checkpoint,
+  ``by``: ``store``, or ``expert`` when the runtime held it back, its lease no longer safe);
 * ``zombie`` — after its run was stopped, the process wrote to the store directly with the old
   fence once a newer owner held the task (``write``: checkpoint or complete; ``refused``: true
   when the store said FencedOut). A stale owner's write that lands is a bug.
@@ -103,6 +104,11 @@ async def step(
             if i % every == 0 and i < steps:
                 await ctx.checkpoint({"i": i, "acc": acc})
                 effects.write("ckpt", ctx, i=i)
+    except FencedOut as exc:  # a checkpoint refused: by the store, or held back by the runtime
+        own = exc.detail.startswith(("this expert's lease", "this run was stopped"))
+        effects.write("stop", ctx, why="FencedOut", by="expert" if own else "store")
+        _haunt(ctx, {"i": i, "acc": acc})
+        raise
     except BaseException as exc:
         effects.write("stop", ctx, why=type(exc).__name__)
         _haunt(ctx, {"i": i, "acc": acc})
