@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from contend.testing.chaos.effects import Effects
-from contend.testing.chaos.scenario import Fault, Run
+from contend.testing.chaos.scenario import Run
 
 
 async def partition(run: Run) -> None:
@@ -53,7 +53,7 @@ async def partition(run: Run) -> None:
         if during <= 0:
             run.problems.append(f"nothing was committed during the {kind}: the near experts too?")
         if kind == "hang":
-            _stopped_in_time(run, fault)
+            run.check_stopped_in_time(fault)
         run.notes.append(f"{during} task(s) committed by the near experts during {kind} {n + 1}")
     if not size.short:
         fault = run.fault("lossy link (30 % dropped)", None, interrupts=False)
@@ -72,20 +72,3 @@ async def _far_busy(run: Run) -> None:
         return bool(Effects.read(run.effects).running_at(time.monotonic(), names))
 
     await run.until(busy, 60, "a far expert to be running a task", every=0.2)
-
-
-def _stopped_in_time(run: Run, fault: Fault) -> None:
-    """Every far run in flight at the hang took its last step within lease + one heartbeat."""
-    bound = run.lease + run.heartbeat
-    effects = Effects.read(run.effects)
-    lates = [(r.last_effect - fault.at, r) for r in effects.running_at(fault.at, fault.experts)]
-    for late, r in lates:
-        if late > bound:
-            run.problems.append(
-                f"{r.expert} ran task {r.task} {late:.2f}s into the hang (bound {bound:.2f}s)"
-            )
-    if lates:
-        run.notes.append(
-            f"far runs took their last step at most {max(x for x, _ in lates):.2f}s into the "
-            f"hang (bound: lease + heartbeat = {bound:.2f}s)"
-        )

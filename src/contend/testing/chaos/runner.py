@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contend.testing.chaos import kills, network, restarts
+from contend.testing.chaos import kills, network, restarts, sqlite_faults
 from contend.testing.chaos.netns import Link
 from contend.testing.chaos.netns import available as netns_available
 from contend.testing.chaos.scenario import Run, Size
-from contend.testing.chaos.servers import BACKENDS, make_backend
+from contend.testing.chaos.servers import BACKENDS, Backend, SQLiteBackend, make_backend
 from contend.testing.chaos.verdict import Figures, judge
 from contend.testing.etcd_server import EtcdUnavailable, find_etcd
 from contend.testing.pg_cluster import ClusterUnavailable
@@ -42,6 +42,7 @@ class Scenario:
     short: Size | None  # None: not in the short mode
     full: Size
     link: bool = False  # its experts need a network namespace
+    tmpfs: int = 0  # megabytes of a tmpfs of its own for the SQLite file (0: none)
     lease: float = 2.0
 
     def size(self, short: bool) -> Size | None:
@@ -82,6 +83,31 @@ SCENARIOS: list[Scenario] = [
         full=Size(False, tasks=800, experts=4, rounds=4),
         link=True,
     ),
+    Scenario(
+        "bursts",
+        "kill -9 in the middle of write bursts, then PRAGMA integrity_check",
+        sqlite_faults.bursts,
+        ("sqlite",),
+        short=Size(True, tasks=2400, experts=3, rounds=6),
+        full=Size(False, tasks=8000, experts=4, rounds=30),
+    ),
+    Scenario(
+        "lock",
+        "write lock held by another process past the lease",
+        sqlite_faults.lock_held,
+        ("sqlite",),
+        short=Size(True, tasks=100, experts=3, rounds=1),
+        full=Size(False, tasks=600, experts=4, rounds=3),
+    ),
+    Scenario(
+        "disk-full",
+        "disk full (a 24 MB tmpfs), then room again",
+        sqlite_faults.disk_full,
+        ("sqlite",),
+        short=Size(True, tasks=300, experts=2, rounds=1),
+        full=Size(False, tasks=1500, experts=3, rounds=1),
+        tmpfs=24,
+    ),
 ]
 
 
@@ -99,6 +125,8 @@ def missing(scenario: Scenario, backend: str) -> str | None:
             return str(exc)
     if scenario.link:
         return netns_available()
+    if scenario.tmpfs:
+        return sqlite_faults.can_mount()
     return None
 
 
@@ -124,7 +152,12 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
     workdir = Path(tempfile.mkdtemp(prefix=f"contend-chaos-{scenario.name}-{backend_name}-"))
     link = Link(len(scenario.name) % 7).create() if scenario.link else None
     listen = (link.server_host,) if link else ()
-    backend = make_backend(backend_name, workdir, listen)
+    disk = workdir / "disk"
+    if scenario.tmpfs:
+        sqlite_faults.mount_tmpfs(disk, scenario.tmpfs)
+        backend: Backend = SQLiteBackend(workdir, path=disk / "chaos.db")
+    else:
+        backend = make_backend(backend_name, workdir, listen)
     began = time.monotonic()
     run = Run(backend, workdir, size, lease=scenario.lease, link=link)
     figures: Figures | None = None
@@ -143,6 +176,8 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
         backend.close()
         if link is not None:
             link.close()
+        if scenario.tmpfs:
+            sqlite_faults.unmount(disk)
         if figures is not None and figures.ok and not keep:
             shutil.rmtree(workdir, ignore_errors=True)
         elif figures is not None:

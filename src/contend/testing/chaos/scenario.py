@@ -10,6 +10,7 @@ with :meth:`Run.until`; the runner then checks everything the scenario left behi
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from contend.domain.task import TaskSpec, TaskState
 from contend.errors import ContendError
 from contend.store.port import Store
 from contend.store.registry import open_store
+from contend.testing.chaos.effects import Effects
 from contend.testing.chaos.netns import Link
 from contend.testing.chaos.procs import Experts
 from contend.testing.chaos.servers import Backend
@@ -64,6 +66,9 @@ class Run:
     lease: float = 2.0
     concurrency: int = 8
     expected: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (seed, steps)
+    #: tasks submitted by ``contend submit --batch`` processes, by seed (their ids are made
+    #: there): :meth:`adopt` finds them in the store
+    batched: dict[int, int] = field(default_factory=dict)  # seed -> steps
     faults: list[Fault] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # a scenario's own failed checks
     notes: list[str] = field(default_factory=list)
@@ -116,6 +121,36 @@ class Run:
     ) -> list[str]:
         return await self.submit_specs(self.specs(n, steps=steps, step_time=step_time, every=every))
 
+    def batch_file(
+        self, name: str, n: int, *, steps: int = 5, step_time: float = 0.0, every: int = 1
+    ) -> Path:
+        """A batch file of *n* ``step`` tasks with fresh seeds, for ``contend submit --batch``."""
+        path = self.workdir / f"{name}.jsonl"
+        with path.open("w") as out:
+            for _ in range(n):
+                seed = self.rng.randrange(1, 2**40)
+                self.batched[seed] = steps
+                out.write(json.dumps({"args": [seed, steps, step_time, every]}) + "\n")
+        return path
+
+    async def adopt(self) -> None:
+        """Expect the batched tasks under the ids the store gave them: each seed must be
+        there exactly once (a resumed batch adds no duplicate, a killed one loses no line)."""
+        store = await self.open()
+        limit = len(self.expected) + len(self.batched) + 1000
+        seen: dict[int, int] = {}
+        for task in await store.list_tasks(limit=limit):
+            seed = task.args[0] if task.args else None
+            if isinstance(seed, int) and seed in self.batched:
+                seen[seed] = seen.get(seed, 0) + 1
+                self.expected[task.id] = (seed, self.batched[seed])
+        twice = [s for s, n in seen.items() if n > 1]
+        absent = [s for s in self.batched if s not in seen]
+        if twice:
+            self.problems.append(f"{len(twice)} batch line(s) stored more than once")
+        if absent:
+            self.problems.append(f"{len(absent)} batch line(s) never stored, e.g. {absent[:3]}")
+
     async def submit_specs(self, specs: list[TaskSpec]) -> list[str]:
         store = await self.open()
         for start in range(0, len(specs), 500):
@@ -132,6 +167,24 @@ class Run:
 
     def heal(self, fault: Fault) -> None:
         fault.healed = time.monotonic()
+
+    def check_stopped_in_time(self, fault: Fault) -> None:
+        """Every run the (hang) *fault* caught took its last step within lease + one
+        heartbeat of it (DESIGN I4, also when the store hangs)."""
+        bound = self.lease + self.heartbeat
+        effects = Effects.read(self.effects)
+        lates = [(r.last_effect - fault.at, r) for r in effects.running_at(fault.at, fault.experts)]
+        for late, r in lates:
+            if late > bound:
+                self.problems.append(
+                    f"{r.expert} ran task {r.task} {late:.2f}s into the {fault.kind} "
+                    f"(bound {bound:.2f}s)"
+                )
+        if lates:
+            self.notes.append(
+                f"runs caught by the {fault.kind} took their last step at most "
+                f"{max(x for x, _ in lates):.2f}s into it (bound: lease + heartbeat = {bound:.2f}s)"
+            )
 
     # -- waiting ---------------------------------------------------------------------------
     async def until(
