@@ -25,4 +25,4 @@ async def test_chaos_short(scenario: Scenario, backend: str) -> None:
         pytest.skip(f"{why} (not under CI: there this is a failure)")
     figures = await run_one(scenario, backend, short=True, keep=False)
     print(figures.line())
-    assert figures.ok, "\n".join([figures.line(), *figures.problems, *figures.notes])
+    assert figures.as_expected, "\n".join([figures.line(), *figures.problems, *figures.notes])

@@ -63,6 +63,7 @@ class Experts:
     lease: float = 2.0
     concurrency: int = 8
     procs: dict[str, Proc] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # for every expert started from now on
     rng: random.Random = field(default_factory=lambda: random.Random(1))
 
     def start(
@@ -102,7 +103,7 @@ class Experts:
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=child_env({EFFECTS_ENV: str(self.effects), **(env or {})}),
+                env=child_env({EFFECTS_ENV: str(self.effects), **self.env, **(env or {})}),
             )
         proc = Proc(name, popen, log, group)
         self.procs[name] = proc

@@ -52,11 +52,15 @@ def table(figures: Sequence[Figures], *, mode: str, commit: str, wall: float) ->
             continue
         parts.append(f"\n**{TITLES[backend]}**\n\n{HEADER}")
         for f in rows:
-            mark = "" if f.ok else " **(failed)**"
+            mark = "" if f.ok else " **(fails: known bug)**" if f.known else " **(failed)**"
             parts.append(
                 f"| {f.fault}{mark} | {f.faults} | {f.tasks:,} | {f.lost} | {f.double_commits} "
                 f"| {f.overlaps} | {f.refused} | {f.recovery_text()} |"
             )
+    known = sorted({f"{TITLES[f.backend]}: {f.known}" for f in figures if f.known and not f.ok})
+    if known:
+        parts.append("\nKnown bugs (found by the suite, reported, not fixed yet):\n")
+        parts += [f"- {k}" for k in known]
     return "\n".join(parts)
 
 

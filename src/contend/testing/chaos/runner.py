@@ -16,10 +16,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from contend.testing.chaos import kills, network, restarts, sqlite_faults
+from contend.testing.chaos import clock, kills, load, network, restarts, sqlite_faults
 from contend.testing.chaos.netns import Link
 from contend.testing.chaos.netns import available as netns_available
 from contend.testing.chaos.scenario import Run, Size
@@ -43,6 +43,11 @@ class Scenario:
     full: Size
     link: bool = False  # its experts need a network namespace
     tmpfs: int = 0  # megabytes of a tmpfs of its own for the SQLite file (0: none)
+    needs: Callable[[], str | None] | None = None  # what else it needs: None when it is here
+    short_backends: tuple[str, ...] | None = None  # the short mode's (None: all of them)
+    #: backends where it fails for a bug found and reported, not fixed: a run there that
+    #: fails is reported as known; one that passes fails the suite (drop the entry)
+    known: dict[str, str] = field(default_factory=dict)
     lease: float = 2.0
 
     def size(self, short: bool) -> Size | None:
@@ -108,6 +113,32 @@ SCENARIOS: list[Scenario] = [
         full=Size(False, tasks=1500, experts=3, rounds=1),
         tmpfs=24,
     ),
+    Scenario(
+        "load",
+        "20,000 tasks from 3 concurrent submitters, kill -9 of experts and a submitter",
+        load.load,
+        BACKENDS,
+        short=Size(True, tasks=4500, experts=3, rounds=2),
+        full=Size(False, tasks=20000, experts=4, rounds=6),
+    ),
+    Scenario(
+        "clock",
+        "the experts' wall clock jumps +1 h, then -1 h (libfaketime), kill -9 after each",
+        clock.jump,
+        BACKENDS,
+        short=Size(True, tasks=120, experts=3, rounds=1),
+        full=Size(False, tasks=400, experts=4, rounds=1),
+        needs=clock.missing,
+        # the two known failures have cheap reproducers (tests/integration/test_wall_clock.py,
+        # tests/integration/etcd/test_wall_clock.py): the short mode runs the one that passes
+        short_backends=("postgres",),
+        known={
+            "sqlite": "SQLite's store clock is the host's wall clock: a step forward ends every "
+            "lease, a step back keeps a dead expert's tasks held for as long",
+            "etcd": "etcd due times are the client's wall clock: a dead expert's tasks, given "
+            "back, are not due for experts whose clock was stepped back",
+        },
+    ),
 ]
 
 
@@ -127,7 +158,7 @@ def missing(scenario: Scenario, backend: str) -> str | None:
         return netns_available()
     if scenario.tmpfs:
         return sqlite_faults.can_mount()
-    return None
+    return scenario.needs() if scenario.needs else None
 
 
 def selected(
@@ -142,7 +173,8 @@ def selected(
         for s in SCENARIOS
         if (not names or s.name in names) and s.size(short) is not None
         for b in s.backends
-        if not backends or b in backends
+        if (not backends or b in backends)
+        and (not short or s.short_backends is None or b in s.short_backends)
     ]
 
 
@@ -169,6 +201,9 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
             run.problems.append(str(exc))
         run.experts.stop_all()
         figures = await judge(run, scenario.name, scenario.fault, time.monotonic() - began)
+        figures.known = scenario.known.get(backend_name)
+        if figures.known and figures.ok:
+            figures.notes.append(f"known to fail ({figures.known}) but passed: drop the mark")
         return figures
     finally:
         run.experts.stop_all()
@@ -178,7 +213,7 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
             link.close()
         if scenario.tmpfs:
             sqlite_faults.unmount(disk)
-        if figures is not None and figures.ok and not keep:
+        if figures is not None and figures.ok and not figures.known and not keep:
             shutil.rmtree(workdir, ignore_errors=True)
         elif figures is not None:
             figures.notes.append(f"logs kept in {workdir}")
@@ -211,8 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.monotonic()
     results = asyncio.run(run_all(pairs, args.short, args.keep))
     wall = time.monotonic() - began
-    failed = [f for f in results if not f.ok]
-    print(f"\n{len(results) - len(failed)} of {len(results)} passed in {wall:.0f}s")
+    failed = [f for f in results if not f.as_expected]
+    known = [f for f in results if f.known and not f.ok]
+    print(
+        f"\n{sum(f.ok for f in results)} of {len(results)} passed, {len(known)} failed for a "
+        f"known bug, {len(failed)} unexpected, in {wall:.0f}s"
+    )
     for f in results:
         print(f"  {f.line()}")
     if args.write_doc:

@@ -42,10 +42,23 @@ class Figures:
     seconds: float = 0.0  # wall time of the scenario
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    known: str | None = None  # the bug it is known to fail for (reported, not fixed)
 
     @property
     def ok(self) -> bool:
+        """Every check held."""
         return not self.problems
+
+    @property
+    def as_expected(self) -> bool:
+        """Passed, or failed for its known bug only (a known bug that did not show is not)."""
+        return self.ok != bool(self.known)
+
+    @property
+    def verdict(self) -> str:
+        if self.known:
+            return "KNOWN" if not self.ok else "XPASS"
+        return "ok" if self.ok else "FAIL"
 
     def recovery_text(self) -> str:
         if not self.recovery:
@@ -54,9 +67,8 @@ class Figures:
         return f"{min(r):.2f} / {median(r):.2f} / {max(r):.2f} s ({len(r)} tasks)"
 
     def line(self) -> str:
-        verdict = "ok  " if self.ok else "FAIL"
         return (
-            f"{verdict} {self.backend:8} {self.scenario:14} faults={self.faults} "
+            f"{self.verdict:5} {self.backend:8} {self.scenario:14} faults={self.faults} "
             f"tasks={self.tasks} lost={self.lost} double={self.double_commits} "
             f"overlaps={self.overlaps} refused={self.refused} "
             f"recovery={self.recovery_text()} ({self.seconds:.0f}s)"
