@@ -208,7 +208,11 @@ async def test_retain_stops_runs_the_store_no_longer_gives_us(bench: Bench) -> N
 
     a = await bench.launch("forever")
     b = await bench.launch("forever")
-    bench.executor.retain({a.id: a.fence, b.id: b.fence + 1})
+    sent = bench.clock.monotonic()
+    bench.executor.retain({}, sent)  # a renewal sent as they were launched: it may not know them
+    assert set(bench.executor.runs) == {a.id, b.id}
+    bench.clock.advance(1.0)
+    bench.executor.retain({a.id: a.fence, b.id: b.fence + 1}, bench.clock.monotonic())
     assert set(bench.executor.runs) == {a.id}
     bench.executor.abandon_session(bench.session, "done")  # type: ignore[arg-type]
     await bench.clock.settle()

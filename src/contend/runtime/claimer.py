@@ -89,6 +89,7 @@ class ClaimLoop:
         self.stopping = stopping
         self.state = SlotState.IDLE
         self.prefetched: deque[Claimed] = deque()
+        self._prefetched_at: dict[str, float] = {}  # task id -> when its claim answered
         self._wake = asyncio.Event()
         self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
@@ -99,17 +100,21 @@ class ClaimLoop:
         self._wake.set()
 
     # -- prefetched tasks as the other parts see them ---------------------------------------
-    def retain_prefetched(self, held: Mapping[str, int]) -> None:
-        """Forget prefetched tasks the store no longer gives this expert (stolen)."""
-        kept = [c for c in self.prefetched if held.get(c.id) == c.fence]
+    def retain_prefetched(self, held: Mapping[str, int], sent: float) -> None:
+        """Forget prefetched tasks the store no longer gives this expert (stolen), by a
+        renewal sent at *sent* (one claimed after that may not be in its answer yet)."""
+        at = self._prefetched_at
+        kept = [c for c in self.prefetched if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent]
         if len(kept) != len(self.prefetched):
-            gone = [c.id for c in self.prefetched if held.get(c.id) != c.fence]
-            self.hooks.on_taken_over(self.name, gone)
+            ids = {c.id for c in kept}
+            self.hooks.on_taken_over(self.name, [c.id for c in self.prefetched if c.id not in ids])
         self.prefetched = deque(kept)
+        self._prefetched_at = {c.id: at[c.id] for c in kept if c.id in at}
 
     def take_prefetched(self) -> list[Claimed]:
         out = list(self.prefetched)
         self.prefetched.clear()
+        self._prefetched_at.clear()
         return out
 
     # -- the loop --------------------------------------------------------------------------
@@ -184,11 +189,16 @@ class ClaimLoop:
         if session.lost.is_set():
             return []  # lost meanwhile: start nothing of it
         self.prefetched.extend(ahead)
+        now = self.clock.monotonic()
+        for c in ahead:
+            self._prefetched_at[c.id] = now
         return claimed
 
     # -- prefetch and work stealing (seed 003) ---------------------------------------------
     async def _start_prefetched(self, session: Session, free: int) -> list[Claimed]:
         batch = [self.prefetched.popleft() for _ in range(min(free, len(self.prefetched)))]
+        for c in batch:
+            self._prefetched_at.pop(c.id, None)
         items = [(c.id, c.fence) for c in batch]
         results = await session.call("a start", lambda: self.store.start(self.name, items))
         started, gone = [], []

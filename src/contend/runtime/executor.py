@@ -71,6 +71,7 @@ class Run:
     ctx: TaskContext = field(init=False)
     task: asyncio.Task[None] | None = None
     finished: bool = False  # an outcome was sent, or the run was stopped
+    launched: float = 0.0  # the expert's monotonic clock when the run was launched
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
@@ -138,7 +139,7 @@ class Executor:
         return len(self.runs)
 
     def launch(self, claimed: Claimed, session: Session) -> Run:
-        run = Run(claimed, session, self.store, self.name)
+        run = Run(claimed, session, self.store, self.name, launched=self.clock.monotonic())
         run.ctx = TaskContext(
             task_id=claimed.id,
             type=claimed.type,
@@ -268,10 +269,13 @@ class Executor:
             self.abandon(run, reason)
         return len(runs)
 
-    def retain(self, held: Mapping[str, int]) -> None:
+    def retain(self, held: Mapping[str, int], sent: float) -> None:
         """Stop the runs whose task the store no longer gives this expert under their fence
-        (cancelled, expired, taken over)."""
+        (cancelled, expired, taken over), by a renewal sent at *sent*: a run launched after
+        that (its claim answered after it) may not be in the answer yet, and is kept."""
         for task_id, run in list(self.runs.items()):
+            if run.launched >= sent:
+                continue
             if held.get(task_id) != run.claimed.fence and not run.finished:
                 log.warning(
                     "expert %s: task %s (fence %d) is no longer ours; stopping it",

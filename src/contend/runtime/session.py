@@ -117,7 +117,7 @@ class LeaseKeeper:
         clock: Clock,
         hooks: Hook,
         beat: Callable[[], Heartbeat],
-        on_renewed: Callable[[Session, Mapping[str, int]], None],
+        on_renewed: Callable[[Session, Mapping[str, int], float], None],
         on_lost: Callable[[Session], None],
         on_fatal: Callable[[ContendError], None] = lambda exc: None,
         rand: Callable[[], float] = random.random,
@@ -243,7 +243,7 @@ class LeaseKeeper:
         session.renewed_at = sent
         log.debug("expert %s renewed its lease; the store says it holds %d", self.name, len(held))
         self.hooks.on_heartbeat(self.name, beat, len(held))
-        self._on_renewed(session, held)
+        self._on_renewed(session, held, sent)
 
     async def _open_again(self, lost: Session) -> None:
         """After a loss: release the lost session, then register a new one, retrying with
