@@ -139,8 +139,23 @@ class Effects:
         return min(times) - fault_at if times else None
 
     def interrupted(self, fault_at: float, experts: Iterable[str] | None = None) -> list[Run]:
-        """Runs in flight at *fault_at* that never produced their result (stopped or killed)."""
-        return [r for r in self.running_at(fault_at, experts) if r.ended != "done"]
+        """Runs the fault at *fault_at* cost: in flight then and never finished (stopped or
+        killed), or finished in the second before it but run again by a newer owner after it
+        (their result was not committed yet)."""
+        names = None if experts is None else set(experts)
+        hit = [r for r in self.running_at(fault_at, experts) if r.ended != "done"]
+        seen = {id(r) for r in hit}
+        for runs in self.runs.values():
+            for n, r in enumerate(runs):
+                if (
+                    id(r) not in seen
+                    and r.ended_at is not None
+                    and fault_at - 1.0 <= r.ended_at <= fault_at
+                    and (names is None or r.expert in names)
+                    and any(later.started > fault_at for later in runs[n + 1 :])
+                ):
+                    hit.append(r)
+        return hit
 
     def zombie_counts(self) -> tuple[int, int, int]:
         """(refused, landed, inconclusive) zombie writes."""

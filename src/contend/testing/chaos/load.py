@@ -19,28 +19,29 @@ async def load(run: Run) -> None:
     size = run.size
     for i in range(size.experts):
         run.experts.start(f"e{i}", concurrency=16)
-    share = size.tasks // SUBMITTERS
+    # The first submitter's batch is the largest (two chunks at least): it is killed after its
+    # first chunk, then run again alongside the other two.
+    first = max(2000, size.tasks * 2 // 5)
+    rest = (size.tasks - first) // (SUBMITTERS - 1)
+    shares = [first] + [rest] * (SUBMITTERS - 2) + [size.tasks - first - rest * (SUBMITTERS - 2)]
     batches = [
-        run.batch_file(
-            f"load{i}", share if i else size.tasks - share * (SUBMITTERS - 1), steps=3, every=2
-        )
-        for i in range(SUBMITTERS)
+        run.batch_file(f"load{i}", n, steps=3, step_time=0.02, every=2)
+        for i, n in enumerate(shares)
     ]
     logs = [run.workdir / f"submitter{i}.log" for i in range(SUBMITTERS)]
-    subs = [submitter(run.backend.url, b, log) for b, log in zip(batches, logs, strict=True)]
+    victim = submitter(run.backend.url, batches[0], logs[0])
 
-    async def first_chunks() -> bool:
+    async def first_chunk() -> bool:
         return sum((await run.counts()).values()) >= 1000
 
-    await run.until(first_chunks, 120, "the first chunk of a submitter", every=0.05)
-    victim = subs[0]
+    await run.until(first_chunk, 120, "the first submitter's first chunk", every=0.02)
     if victim.poll() is None:
         victim.send_signal(signal.SIGKILL)
         await asyncio.to_thread(victim.wait, 10)
-        run.notes.append("submitter 0 was killed with SIGKILL mid-batch and run again")
-        subs[0] = submitter(run.backend.url, batches[0], logs[0])
+        run.notes.append("submitter 0 was killed with SIGKILL after its first chunk, run again")
     else:
-        run.notes.append("submitter 0 had finished before the kill: nothing cut short")
+        run.problems.append("submitter 0 had finished before the kill: nothing was cut short")
+    subs = [submitter(run.backend.url, b, log) for b, log in zip(batches, logs, strict=True)]
     for _ in range(size.rounds):
         await run.sleep(run.rng.uniform(1.0, 2.5))
         expert = run.experts.pick()

@@ -118,7 +118,7 @@ SCENARIOS: list[Scenario] = [
         "20,000 tasks from 3 concurrent submitters, kill -9 of experts and a submitter",
         load.load,
         BACKENDS,
-        short=Size(True, tasks=4500, experts=3, rounds=2),
+        short=Size(True, tasks=3000, experts=3, rounds=2),
         full=Size(False, tasks=20000, experts=4, rounds=6),
     ),
     Scenario(
