@@ -94,9 +94,10 @@ async def lock_held(run: Run) -> None:
             run.problems.append("the lock holder could not take the lock")
         fault = run.fault("write lock held elsewhere", None)
         await run.sleep(run.lease * 2.5)
-        assert holder.stdin is not None
+        assert holder.stdin is not None and holder.stdout is not None
         holder.stdin.close()
         holder.wait(10)
+        holder.stdout.close()
         run.heal(fault)
         run.check_stopped_in_time(fault)
     await run.until_all_done(size.pick(120, 600))
