@@ -5,8 +5,9 @@ run is named by its task and fence, since every claim gives a task a new fence. 
 
 * the **runs** of each task, with their first and last side effect on the host's monotonic clock;
 * **overlaps**: two runs of one task whose side effects interleave in time — the older owner
-  acted after the newer one had started, i.e. past the older one's lease deadline (a newer
-  owner exists only once the older lease lapsed);
+  was let act (by ``ctx.check()``) after the newer one had started, i.e. past the older one's
+  lease deadline (a newer owner exists only once the older lease lapsed); an effect written
+  late because the process was paused between its check and the write is told apart;
 * the **zombie writes**: what the store said to a stopped run's writes with its old fence;
 * **recovery**: for a task a fault interrupted, the time from the fault to the next progress the
   store acknowledged (a newer owner's start, or a checkpoint).
@@ -29,7 +30,8 @@ class Run:
     fence: int
     expert: str
     started: float  # monotonic
-    last_effect: float  # the last tick or checkpoint (the start, if none)
+    last_effect: float  # the last tick: a side effect (the start, if none)
+    last_check: float  # when ctx.check() last let it go on to a tick (the start, if none)
     ended: str | None = None  # "done", "stop", or None: killed (or still running)
     ended_at: float | None = None
     why: str | None = None  # for a stop: what ended the run (CancelledError, TaskStopped, …)
@@ -87,31 +89,39 @@ class Effects:
             return
         run = by_key.get(key)
         if run is None:
-            run = Run(key[0], key[1], line["e"], started=at, last_effect=at)
+            run = Run(key[0], key[1], line["e"], started=at, last_effect=at, last_check=at)
             by_key[key] = run
             self.runs.setdefault(key[0], []).append(run)
         if kind == "start":
             run.started = min(run.started, at)
-        elif kind in ("tick", "ckpt"):
+        elif kind == "tick":
             run.last_effect = max(run.last_effect, at)
-            if kind == "tick":
-                run.ticks += 1
-            else:
-                run.checkpoints.append(at)
+            run.last_check = max(run.last_check, float(line.get("c", at)))
+            run.ticks += 1
+        elif kind == "ckpt":
+            # when the answer was seen, not an act: the store took the write when it came, and
+            # a pause between the two makes the answer late, never the write
+            run.checkpoints.append(at)
         elif kind in ("done", "stop"):
             run.ended, run.ended_at = kind, at
             run.why, run.by = line.get("why"), line.get("by")
 
     # -- what they show --------------------------------------------------------------------
-    def overlaps(self) -> list[Overlap]:
-        """Pairs of runs of one task where the older one acted after the newer one began."""
-        found = []
+    def overlaps(self) -> tuple[list[Overlap], list[Overlap]]:
+        """Pairs of runs of one task where the older one acted after the newer one began:
+        (those where ``ctx.check()`` let it act after that — the runtime's failure — and those
+        where the check came before and the process was paused between the check and the
+        effect, which no check can prevent: what the fence handed to external systems is for).
+        """
+        failures, paused = [], []
         for task, runs in self.runs.items():
             for n, old in enumerate(runs):
                 for new in runs[n + 1 :]:
-                    if old.last_effect > new.started:
-                        found.append(Overlap(task, old, new))
-        return found
+                    if old.last_check > new.started:
+                        failures.append(Overlap(task, old, new))
+                    elif old.last_effect > new.started:
+                        paused.append(Overlap(task, old, new))
+        return failures, paused
 
     def running_at(self, at: float, experts: Iterable[str] | None = None) -> list[Run]:
         """The runs (of *experts*, or anyone's) that had begun and not ended at *at*."""

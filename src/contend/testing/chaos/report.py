@@ -57,6 +57,13 @@ def table(figures: Sequence[Figures], *, mode: str, commit: str, wall: float) ->
                 f"| {f.fault}{mark} | {f.faults} | {f.tasks:,} | {f.lost} | {f.double_commits} "
                 f"| {f.overlaps} | {f.refused} | {f.recovery_text()} |"
             )
+    late = sum(f.paused_effects for f in figures)
+    if late:
+        parts.append(
+            f"\n{late} side effect(s) were written late because the process was paused between "
+            "`ctx.check()` and the write (SIGSTOP landing in that window): no check can prevent "
+            "that, the fence handed to an external system can; they are not counted as overlaps."
+        )
     known = sorted({f"{TITLES[f.backend]}: {f.known}" for f in figures if f.known and not f.ok})
     if known:
         parts.append("\nKnown bugs (found by the suite, reported, not fixed yet):\n")

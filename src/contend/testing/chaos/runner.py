@@ -192,7 +192,7 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
     size = scenario.size(short)
     assert size is not None
     workdir = Path(tempfile.mkdtemp(prefix=f"contend-chaos-{scenario.name}-{backend_name}-"))
-    link = Link(len(scenario.name) % 7).create() if scenario.link else None
+    link = Link().create() if scenario.link else None
     listen = (link.server_host,) if link else ()
     disk = workdir / "disk"
     if scenario.tmpfs:
@@ -204,11 +204,13 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
     run = Run(backend, workdir, size, lease=scenario.lease, link=link)
     figures: Figures | None = None
     try:
-        backend.start()
         try:
+            backend.start()
             await scenario.body(run)
         except AssertionError as exc:
             run.problems.append(str(exc))
+        except Exception as exc:  # a scenario that breaks is a failed scenario, not a crash
+            run.problems.append(f"the scenario raised {type(exc).__name__}: {exc}")
         run.experts.stop_all()
         figures = await judge(run, scenario.name, scenario.fault, time.monotonic() - began)
         figures.known = scenario.known.get(backend_name)
@@ -252,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep every scenario's logs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the suite's own store client: errors only
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     pairs = selected(args.scenario, args.backend, args.short)
     began = time.monotonic()
     results = asyncio.run(run_all(pairs, args.short, args.keep))

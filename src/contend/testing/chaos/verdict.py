@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from contend.domain.task import Task, TaskState
 from contend.store.port import Store
 from contend.testing.chaos.effects import Effects, median
-from contend.testing.chaos.scenario import Run
+from contend.testing.chaos.scenario import Fault, Run
 from contend.testing.chaos.workload import expected
 
 
@@ -38,6 +38,7 @@ class Figures:
     overlaps: int = 0
     refused: int = 0  # zombie writes and commits the store refused
     landed: int = 0  # zombie writes the store accepted (a bug)
+    paused_effects: int = 0  # effects a pause between check and write made late
     recovery: list[float] = field(default_factory=list)
     seconds: float = 0.0  # wall time of the scenario
     problems: list[str] = field(default_factory=list)
@@ -96,7 +97,7 @@ def _wrong(task: Task | None, seed: int, steps: int) -> str | None:
     return None
 
 
-async def check_store(run: Run, figures: Figures) -> None:
+async def check_store(run: Run, figures: Figures) -> dict[str, Task]:
     store = await run.open()
     listed = await store.list_tasks(limit=len(run.expected) + 1000)
     found = {t.id for t in listed}
@@ -119,6 +120,7 @@ async def check_store(run: Run, figures: Figures) -> None:
     figures.lost = len(wrong)
     if wrong:
         figures.problems.append(f"{len(wrong)} task(s) lost or wrong: {'; '.join(wrong[:5])}")
+    return tasks
 
 
 REFUSED_COMMIT = re.compile(r"commit refused")
@@ -126,11 +128,17 @@ REFUSED_COMMIT = re.compile(r"commit refused")
 
 def check_effects(run: Run, figures: Figures) -> Effects:
     effects = Effects.read(run.effects)
-    overlaps = effects.overlaps()
+    overlaps, paused = effects.overlaps()
     figures.overlaps = len(overlaps)
+    figures.paused_effects = len(paused)
     if overlaps:
         worst = max(overlaps, key=lambda o: o.seconds)
         figures.problems.append(f"{len(overlaps)} overlapping run(s); the worst: {worst}")
+    for p in paused:
+        figures.notes.append(
+            f"an effect written {p.old.last_effect - p.old.last_check:.2f}s after its check, "
+            f"the process paused in between (no check can prevent it; the fence can): {p}"
+        )
     refused, landed, unsure = effects.zombie_counts()
     reported = len(REFUSED_COMMIT.findall(run.experts.logs()))
     stopped = [r for runs in effects.runs.values() for r in runs if r.why == "FencedOut"]
@@ -149,8 +157,9 @@ def check_effects(run: Run, figures: Figures) -> Effects:
     return effects
 
 
-def check_recovery(run: Run, effects: Effects, figures: Figures) -> None:
+def check_recovery(run: Run, effects: Effects, figures: Figures, tasks: dict[str, Task]) -> None:
     interrupted_any = 0
+    slowest: tuple[float, str, Fault] | None = None
     for fault in run.faults:
         if fault.interrupts:
             runs = effects.interrupted(fault.at, fault.experts)
@@ -161,12 +170,24 @@ def check_recovery(run: Run, effects: Effects, figures: Figures) -> None:
             seconds = effects.recovery(r, fault.at, takeover=fault.interrupts)
             if seconds is not None:
                 figures.recovery.append(seconds)
+                if slowest is None or seconds > slowest[0]:
+                    slowest = (seconds, r.task, fault)
             elif fault.interrupts:
                 figures.problems.append(
                     f"task {r.task}, interrupted by {fault.kind} on {r.expert}, never progressed"
                 )
     if run.faults and any(f.interrupts for f in run.faults) and not interrupted_any:
         figures.problems.append("the faults interrupted no run: the scenario tested nothing")
+    if slowest is not None and slowest[1] in tasks:
+        seconds, task_id, fault = slowest
+        lines = ", ".join(
+            f"{e.at - fault.wall:+.2f}s {e.event} f{e.fence} {e.expert or ''}".rstrip()
+            for e in tasks[task_id].history
+        )
+        figures.notes.append(
+            f"slowest recovery {seconds:.2f}s, task {task_id} after {fault.kind}; its history "
+            f"from the fault: {lines}"
+        )
 
 
 async def judge(run: Run, scenario: str, fault: str, seconds: float) -> Figures:
@@ -176,7 +197,7 @@ async def judge(run: Run, scenario: str, fault: str, seconds: float) -> Figures:
     figures.problems += [f"expert died on its own: {d}" for d in run.experts.died()]
     if not run.faults:
         figures.problems.append("no fault was injected")
-    await check_store(run, figures)
+    tasks = await check_store(run, figures)
     effects = check_effects(run, figures)
-    check_recovery(run, effects, figures)
+    check_recovery(run, effects, figures, tasks)
     return figures

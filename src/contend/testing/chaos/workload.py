@@ -8,7 +8,8 @@ the host, whatever its wall clock does) and its wall clock (``w``):
 * ``start`` — a run begins (task ``t``, fence ``f``, expert ``e``, attempt ``a``, the step ``i``
   it resumes from);
 * ``tick`` — one step's side effect, written only after ``ctx.check()`` said the run may go on,
-  as a careful task does before an effect outside the store;
+  as a careful task does before an effect outside the store (``c``: the monotonic time just
+  after that check; a pause between the check and the write makes ``m`` much later);
 * ``ckpt`` — a checkpoint the store acknowledged;
 * ``done`` — the run produced its result (committing it is the runtime's business);
 * ``stop`` — the run ended without a result (``why``: the exception; for a refused checkpoint,
@@ -99,8 +100,9 @@ async def step(
             if step_time:
                 await asyncio.sleep(step_time)
             ctx.check()  # may this run still act? (a lease lost, a pause past it)
+            checked = time.monotonic()
             acc, i = mix(acc, seed, i), i + 1
-            effects.write("tick", ctx, i=i)
+            effects.write("tick", ctx, i=i, c=checked)
             if i % every == 0 and i < steps:
                 await ctx.checkpoint({"i": i, "acc": acc})
                 effects.write("ckpt", ctx, i=i)
