@@ -212,7 +212,13 @@ async def run_one(scenario: Scenario, backend_name: str, short: bool, keep: bool
         except Exception as exc:  # a scenario that breaks is a failed scenario, not a crash
             run.problems.append(f"the scenario raised {type(exc).__name__}: {exc}")
         run.experts.stop_all()
-        figures = await judge(run, scenario.name, scenario.fault, time.monotonic() - began)
+        try:
+            figures = await judge(run, scenario.name, scenario.fault, time.monotonic() - began)
+        except Exception as exc:
+            figures = Figures(backend_name, scenario.name, scenario.fault, faults=len(run.faults))
+            figures.problems += [*run.problems, f"the checks raised {type(exc).__name__}: {exc}"]
+        if not figures.ok:
+            figures.notes.append(f"the server: {backend.log_tail()}")
         figures.known = scenario.known.get(backend_name)
         if figures.known and figures.ok:
             figures.notes.append(f"known to fail ({figures.known}) but passed: drop the mark")

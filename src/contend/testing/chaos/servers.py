@@ -51,6 +51,10 @@ class Backend:
 
     def close(self) -> None: ...
 
+    def log_tail(self) -> str:
+        """The end of the server's own log (for a failed scenario's report)."""
+        return ""
+
     def __enter__(self) -> Backend:
         self.start()
         return self
@@ -97,6 +101,12 @@ class PostgresBackend(Backend):
     def close(self) -> None:
         self.cluster.close()
 
+    def log_tail(self) -> str:
+        try:
+            return (self.cluster.root / "server.log").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
 
 class EtcdBackend(Backend):
     name = "etcd"
@@ -128,6 +138,11 @@ class EtcdBackend(Backend):
 
     def close(self) -> None:
         self.server.close()
+
+    def log_tail(self) -> str:
+        alive = self.server.proc is not None and self.server.proc.poll() is None
+        state = "running" if alive else "not running"
+        return f"etcd {state}; its log ends: {self.server.log_tail(1500)}"
 
 
 def make_backend(name: str, workdir: Path, listen: tuple[str, ...] = ()) -> Backend:
