@@ -76,6 +76,7 @@ async def jump(run: Run) -> None:
     await run.submit_specs(specs)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     await run.until_succeeded(1, 60, "the first task to succeed")
 
     # A step forward: no lease may look lapsed because of it.

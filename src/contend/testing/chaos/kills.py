@@ -15,6 +15,7 @@ async def kill_9(run: Run) -> None:
     await run.submit(size.tasks, steps=5, step_time=0.05, every=1)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     await run.until_succeeded(1, 60, "the first task to succeed")
     for _ in range(size.rounds):
         await run.sleep(run.rng.uniform(0.5, 2.0))
@@ -33,6 +34,7 @@ async def sigstop(run: Run) -> None:
     await run.submit(size.tasks, steps=20, step_time=0.05, every=4)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     await run.until_succeeded(1, 60, "the first task to succeed")
     for _ in range(size.rounds):
         victim = run.experts.pick()

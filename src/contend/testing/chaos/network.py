@@ -35,6 +35,7 @@ async def partition(run: Run) -> None:
         run.experts.start(f"far{i}", url=far_url, prefix=link.prefix, group="far")
     for i in range(size.experts - far):
         run.experts.start(f"near{i}", group="near")
+    await run.experts_up()
     kinds = ["hang", "cut"] * size.rounds
     for n, kind in enumerate(kinds[: max(1, size.rounds)]):
         await _far_busy(run)

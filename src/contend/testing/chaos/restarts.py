@@ -16,6 +16,7 @@ async def restart(run: Run) -> None:
     await run.submit(size.tasks, steps=10, step_time=0.05, every=2)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     await run.until_succeeded(1, 60, "the first task to succeed")
     for n in range(size.rounds):
         await run.sleep(run.rng.uniform(1.0, 2.0))

@@ -223,6 +223,16 @@ class Run:
         await self.until(once, timeout, what)
         return got[-1]
 
+    async def experts_up(self, timeout: float = 60) -> None:
+        """Until every live expert has started (registered, and said so in its log): the
+        faults are meant for running experts. (An expert that cannot reach its store when it
+        starts exits; see the runner's notes.)"""
+
+        async def up() -> bool:
+            return all("started:" in p.text() for p in self.experts.live())
+
+        await self.until(up, timeout, "every expert to start", every=0.1)
+
     async def counts(self) -> dict[str, int]:
         stats = await (await self.open()).stats()
         total: dict[str, int] = {}

@@ -87,6 +87,7 @@ async def lock_held(run: Run) -> None:
     await run.submit_specs(specs)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     for _ in range(size.rounds):
         await run.until_succeeded(await run.succeeded() + 1, 60, "progress")
         holder, locked = _take_lock(_path(run))
@@ -151,6 +152,7 @@ async def disk_full(run: Run) -> None:
     await run.submit(size.tasks, steps=6, step_time=0.02, every=2)
     for i in range(size.experts):
         run.experts.start(f"e{i}")
+    await run.experts_up()
     await run.until_succeeded(size.tasks // 5, 60, "a fifth of the work")
     fault = run.fault("disk full (tmpfs)", None, interrupts=False)
     filler = _fill(folder)
