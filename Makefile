@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-peers bench-sustained lint bad-input-table exactly-once recovery-bench
+.PHONY: demo test bench bench-peers bench-sustained chaos lint bad-input-table exactly-once recovery-bench
 demo:            ## install into .venv and run the demo on the embedded SQLite store
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
@@ -11,6 +11,8 @@ bench-peers:     ## contend against PgQueuer, Procrastinate and Huey, same run (
 bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuum (QUICK=1: 60 s)
 	scripts/bench-venv.sh >/dev/null
 	PYTHONPATH=src .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
+chaos:           ## run the full chaos suite on every backend and rewrite its table in docs/reliability.md
+	scripts/chaos.sh
 bad-input-table: ## run every bad-input case and rewrite its table in docs/reliability.md
 	PYTHONPATH=src .venv/bin/python scripts/bad-input-table.py
 exactly-once:    ## count 10,000 tasks exactly once on every backend under kill -9 and SIGSTOP

@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 scripts/venv.sh dev,postgres,etcd,dashboard,metrics,otel
 scripts/install-chromium.sh   # the dashboard tests drive Debian's chromium
 scripts/install-etcd.sh   # the etcd tests start their own server from this binary
+scripts/install-chaos.sh  # nftables, libfaketime: the chaos suite's short mode (tests/chaos)
 echo "== ruff"; .venv/bin/ruff check src tests benchmarks
 echo "== ruff format"; .venv/bin/ruff format --check src tests benchmarks
 echo "== mypy (strict, src/)"; .venv/bin/mypy

@@ -208,7 +208,11 @@ async def test_retain_stops_runs_the_store_no_longer_gives_us(bench: Bench) -> N
 
     a = await bench.launch("forever")
     b = await bench.launch("forever")
-    bench.executor.retain({a.id: a.fence, b.id: b.fence + 1})
+    sent = bench.clock.monotonic()
+    bench.executor.retain({}, sent)  # a renewal sent as they were launched: it may not know them
+    assert set(bench.executor.runs) == {a.id, b.id}
+    bench.clock.advance(1.0)
+    bench.executor.retain({a.id: a.fence, b.id: b.fence + 1}, bench.clock.monotonic())
     assert set(bench.executor.runs) == {a.id}
     bench.executor.abandon_session(bench.session, "done")  # type: ignore[arg-type]
     await bench.clock.settle()
@@ -282,3 +286,37 @@ async def test_a_finished_run_leaves_no_reference_cycle(bench: Bench) -> None:
     assert "Run" not in cyclic and "TaskContext" not in cyclic
     with pytest.raises(FencedOut, match="the run has ended"):
         await kept[0].checkpoint({"late": True})
+
+
+async def test_a_run_past_its_deadline_stops_before_the_watchdog_says_so(bench: Bench) -> None:
+    """A process paused past its lease (SIGSTOP, a frozen VM) resumes with every timer
+    overdue, and a task may get the loop before the watchdog does. ``ctx.check()`` and
+    ``ctx.cancelled`` look at the lease deadline themselves, so that the task takes no step
+    (no side effect) once its lease is gone; its run is abandoned, nothing is sent. Found by
+    the chaos suite (sigstop): one more step after SIGCONT, while a rival ran the task."""
+    effects: list[int] = []
+    resume = asyncio.Event()
+    seen: list[TaskContext] = []
+
+    @bench.app.task
+    async def careful(ctx: TaskContext) -> None:
+        seen.append(ctx)
+        for step in range(3):
+            await resume.wait()
+            ctx.check()  # before each side effect
+            effects.append(step)
+            resume.clear()
+
+    c = await bench.launch("careful")
+    resume.set()
+    await bench.clock.settle()
+    assert effects == [0] and not seen[0].cancelled
+    bench.clock.advance(TTL)  # paused past the lease; no watchdog has run yet
+    assert seen[0].cancelled
+    resume.set()
+    await bench.clock.settle()
+    assert effects == [0]  # no step past the deadline
+    assert bench.sent == [] and bench.executor.load == 0
+    ((_, task, why),) = bench.hook.of("on_abandoned")
+    assert task == c and "lease" in why
+    assert bench.hook.of("after_execute") == []

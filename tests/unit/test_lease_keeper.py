@@ -34,7 +34,7 @@ class Keeper:
             clock=clock,
             hooks=Hooks([self.hook]),
             beat=lambda: Heartbeat(load=0),
-            on_renewed=lambda s, held: self.renewed.append((s, held)),
+            on_renewed=lambda s, held, sent: self.renewed.append((s, held)),
             on_lost=lambda s: self.lost.append((clock(), s)),
         )
 

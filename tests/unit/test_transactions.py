@@ -370,7 +370,8 @@ async def test_a_renewal_that_no_longer_lists_a_committing_task_does_not_stop_it
         await s.app.submit(lands)
         await s.until(landing.is_set)
         assert expert.parts is not None
-        expert.parts.executor.retain({})  # the store says: nothing is yours any more
+        # a renewal sent after the launch says: nothing is yours any more
+        expert.parts.executor.retain({}, s.clock.monotonic() + 1.0)
         assert expert.load == 1
         land.set()
         await s.until(lambda: expert.stats.tasks_done == 1)

@@ -142,7 +142,7 @@ class Keeper:
             clock=self.clock,
             hooks=Hooks([Recorder(self.clock)]),
             beat=lambda: Heartbeat(),
-            on_renewed=lambda s, held: None,
+            on_renewed=lambda s, held, sent: None,
             on_lost=lambda s: self.lost.append((self.clock(), s)),
             rand=lambda: 0.5,
         )

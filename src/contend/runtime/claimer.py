@@ -96,6 +96,8 @@ class ClaimLoop:
         # runs end sooner than a claim takes (see ``ahead``), so a slot that frees is refilled
         # at once instead of after a round trip.
         self.ready: deque[tuple[Claimed, Session]] = deque()
+        self._prefetched_at: dict[str, float] = {}  # task id -> when its claim answered
+        self._ready_at: dict[str, float] = {}  # the same for the tasks held ready
         self.claim_seconds: float | None = None  # how long a claim takes, a moving average
         self._wake = asyncio.Event()
         self._lane_credit = 0.0
@@ -113,6 +115,7 @@ class ClaimLoop:
             executor, limit = self.executor, self.config.concurrency
             while ready and executor.load < limit:
                 claimed, session = ready.popleft()
+                self._ready_at.pop(claimed.id, None)
                 if session.lost.is_set():
                     continue  # its lease went: the store hands it back
                 executor.launch(claimed, session)
@@ -133,24 +136,34 @@ class ClaimLoop:
     def take_ready(self) -> list[Claimed]:
         out = [c for c, _ in self.ready]
         self.ready.clear()
+        self._ready_at.clear()
         return out
 
-    def retain_ready(self, held: Mapping[str, int]) -> None:
-        """Forget tasks claimed ahead that the store no longer gives this expert."""
-        self.ready = deque((c, s) for c, s in self.ready if held.get(c.id) == c.fence)
+    def retain_ready(self, held: Mapping[str, int], sent: float) -> None:
+        """Forget tasks claimed ahead that the store no longer gives this expert, by a renewal
+        sent at *sent* (one claimed after that may not be in its answer yet)."""
+        at = self._ready_at
+        self.ready = deque(
+            (c, s) for c, s in self.ready if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent
+        )
+        self._ready_at = {c.id: at[c.id] for c, _ in self.ready if c.id in at}
 
     # -- prefetched tasks as the other parts see them ---------------------------------------
-    def retain_prefetched(self, held: Mapping[str, int]) -> None:
-        """Forget prefetched tasks the store no longer gives this expert (stolen)."""
-        kept = [c for c in self.prefetched if held.get(c.id) == c.fence]
+    def retain_prefetched(self, held: Mapping[str, int], sent: float) -> None:
+        """Forget prefetched tasks the store no longer gives this expert (stolen), by a
+        renewal sent at *sent* (one claimed after that may not be in its answer yet)."""
+        at = self._prefetched_at
+        kept = [c for c in self.prefetched if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent]
         if len(kept) != len(self.prefetched):
-            gone = [c.id for c in self.prefetched if held.get(c.id) != c.fence]
-            self.hooks.on_taken_over(self.name, gone)
+            ids = {c.id for c in kept}
+            self.hooks.on_taken_over(self.name, [c.id for c in self.prefetched if c.id not in ids])
         self.prefetched = deque(kept)
+        self._prefetched_at = {c.id: at[c.id] for c in kept if c.id in at}
 
     def take_prefetched(self) -> list[Claimed]:
         out = list(self.prefetched)
         self.prefetched.clear()
+        self._prefetched_at.clear()
         return out
 
     # -- the loop --------------------------------------------------------------------------
@@ -197,7 +210,11 @@ class ClaimLoop:
                 slots = cfg.concurrency - self.executor.load
                 for c in claimed[:slots]:
                     self.executor.launch(c, session)
-                self.ready.extend((c, session) for c in claimed[max(0, slots) :])
+                held = claimed[max(0, slots) :]
+                self.ready.extend((c, session) for c in held)
+                if held:
+                    now = self.clock.monotonic()
+                    self._ready_at.update((c.id, now) for c in held)
                 await asyncio.sleep(0)
                 continue
             if free <= 0:  # full, prefetch topped up: wait for a slot
@@ -232,11 +249,16 @@ class ClaimLoop:
         if session.lost.is_set():
             return []  # lost meanwhile: start nothing of it
         self.prefetched.extend(ahead)
+        now = self.clock.monotonic()
+        for c in ahead:
+            self._prefetched_at[c.id] = now
         return claimed
 
     # -- prefetch and work stealing (seed 003) ---------------------------------------------
     async def _start_prefetched(self, session: Session, free: int) -> list[Claimed]:
         batch = [self.prefetched.popleft() for _ in range(min(free, len(self.prefetched)))]
+        for c in batch:
+            self._prefetched_at.pop(c.id, None)
         items = [(c.id, c.fence) for c in batch]
         results = await session.call("a start", lambda: self.store.start(self.name, items))
         started, gone = [], []

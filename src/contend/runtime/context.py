@@ -56,6 +56,10 @@ class TaskHost(Protocol):
     async def progress(self, text: str) -> None:
         """Save the encoded progress under the run's fence; raises FencedOut as checkpoint."""
 
+    def must_stop(self) -> str | None:
+        """Why the run must stop now though nobody has told it yet (its lease ran out by this
+        host's clock: the process was paused past it), or None."""
+
 
 class TransactionBlock(Generic[X]):
     """``async with ctx.transaction() as tx``: opens the task's transaction, commits it with
@@ -136,13 +140,21 @@ class TaskContext:
         """True once this run must stop: the task was cancelled, timed out, taken over or its
         expert lost the lease. Async tasks are cancelled as well; sync tasks, which cannot be
         interrupted in their thread, should check it (or call :meth:`check`) between steps.
-        Nothing a stopped run returns is committed."""
+        Nothing a stopped run returns is committed.
+
+        It reads the lease deadline itself: a process paused past its lease (SIGSTOP, a frozen
+        VM) sees True at once when it resumes, before the runtime's watchdog gets the loop."""
+        if not self._cancelled and self._host is not None:
+            why = self._host.must_stop()
+            if why is not None:
+                self._stop(why)
         return self._cancelled
 
     def check(self) -> None:
         """Raise :class:`~contend.errors.TaskStopped` if this run must stop; else do nothing.
-        Cheap: call it between the steps of a long sync task."""
-        if self._cancelled:
+        Cheap: call it between the steps of a long sync task, and before every side effect
+        outside the store."""
+        if self.cancelled:
             raise TaskStopped(f"task {self.task_id} (fence {self.fence}) must stop: {self._why}")
 
     def _stop(self, why: str) -> None:

@@ -35,6 +35,7 @@ from contend.errors import (
     LeaseLost,
     MemoryLimitExceeded,
     PayloadError,
+    TaskStopped,
 )
 from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, bounded, wait_event
@@ -91,6 +92,7 @@ class Run:
     task: asyncio.Task[None] | None = None
     finished: bool = False  # an outcome was sent, or the run was stopped
     started: float = 0.0  # the clock's monotonic time when it started
+    launched: float = 0.0  # the expert's monotonic clock when the run was launched
     tx: TaskTransaction | None = None  # the task's own transaction, while it is open
     committed: Completion | None = None  # the completion its transaction committed
     committing: bool = False  # its transaction's commit is in flight
@@ -111,6 +113,11 @@ class Run:
         await self._save(
             "a progress report", lambda: self.store.progress(self.expert, c.id, c.fence, text)
         )
+
+    def must_stop(self) -> str | None:
+        if self.session.safe():
+            return None
+        return f"the lease was lost ({self.session.reason or 'no renewal within the lease'})"
 
     async def _save(self, what: str, write: Callable[[], Awaitable[None]]) -> None:
         """A fenced write of the running task, under its session."""
@@ -231,6 +238,9 @@ class Ended:
     async def progress(self, text: str) -> None:
         raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
 
+    def must_stop(self) -> str | None:
+        return None
+
 
 class Executor:
     """Runs claimed tasks of *tasks* and hands each outcome to *deliver*."""
@@ -267,7 +277,7 @@ class Executor:
         return len(self.runs)
 
     def launch(self, claimed: Claimed, session: Session) -> Run:
-        run = Run(claimed, session, self.store, self.name)
+        run = Run(claimed, session, self.store, self.name, launched=self.clock.monotonic())
         run.ctx = TaskContext(
             task_id=claimed.id,
             type=claimed.type,
@@ -308,6 +318,10 @@ class Executor:
                     error = exc.error or exc
             if run.committed is not None:  # its own transaction completed it
                 outcome, error = self._committed(run, outcome, error)
+            elif isinstance(error, TaskStopped) and run.must_stop() is not None:
+                # it saw its lease gone before the watchdog did: stopped, not failed
+                self.abandon(run, run.ctx._why)
+                return
             seconds = self.clock.monotonic() - started
             mean = self.mean_run
             self.mean_run = seconds if mean is None else mean + 0.05 * (seconds - mean)
@@ -421,7 +435,7 @@ class Executor:
         """Stop *run* at once; nothing of it will be committed."""
         run.ctx._stop(reason)
         was_finished, run.finished = run.finished, True
-        if run.task is not None:
+        if run.task is not None and run.task is not asyncio.current_task():
             run.task.cancel()
         self.runs.pop(run.claimed.id, None)
         if was_finished:
@@ -442,10 +456,13 @@ class Executor:
             self.abandon(run, reason)
         return sum(1 for r in runs if r.committed is None)
 
-    def retain(self, held: Mapping[str, int]) -> None:
+    def retain(self, held: Mapping[str, int], sent: float) -> None:
         """Stop the runs whose task the store no longer gives this expert under their fence
-        (cancelled, expired, taken over)."""
+        (cancelled, expired, taken over), by a renewal sent at *sent*: a run launched after
+        that (its claim answered after it) may not be in the answer yet, and is kept."""
         for task_id, run in list(self.runs.items()):
+            if run.launched >= sent:
+                continue  # claimed after the renewal was sent: the next one judges it
             if run.committed is not None or run.committing:
                 continue  # completed in its transaction (or completing): no longer held
             if held.get(task_id) != run.claimed.fence and not run.finished:

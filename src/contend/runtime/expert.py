@@ -245,14 +245,17 @@ class Expert:
         metrics["stolen"] = s.stolen
         return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
 
-    def _renewed(self, session: Session, held: Mapping[str, int]) -> None:
-        """The store said what this expert holds: stop what is no longer ours, forget stolen
-        prefetches, and let housekeeping run (it releases claims nobody here knows of)."""
+    def _renewed(self, session: Session, held: Mapping[str, int], sent: float) -> None:
+        """The store said what this expert holds, as of a renewal sent at *sent*: stop what is
+        no longer ours, forget stolen prefetches, and let housekeeping run (it releases claims
+        nobody here knows of). A claim answered after *sent* may not be in that answer (on a
+        store with concurrent connections the renewal can read before the claim commits): it
+        is judged by the next renewal."""
         assert self.parts is not None
         p = self.parts
-        p.executor.retain(held)
-        p.claimer.retain_prefetched(held)
-        p.claimer.retain_ready(held)
+        p.executor.retain(held, sent)
+        p.claimer.retain_prefetched(held, sent)
+        p.claimer.retain_ready(held, sent)
         known = set(p.executor.runs) | {c.id for c in p.claimer.prefetched}
         known |= {c.id for c, _ in p.claimer.ready}
         p.housekeeper.after_renewal(session, held, known | p.committer.pending_ids())

@@ -259,6 +259,9 @@ class _PipeHost:
     async def checkpoint(self, text: str) -> None:
         await self._ask({"checkpoint": text})
 
+    def must_stop(self) -> str | None:
+        return None  # the parent kills this process when its run must stop
+
     async def progress(self, text: str) -> None:
         await self._ask({"progress": text})
 

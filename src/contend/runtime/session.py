@@ -117,7 +117,7 @@ class LeaseKeeper:
         clock: Clock,
         hooks: Hook,
         beat: Callable[[], Heartbeat],
-        on_renewed: Callable[[Session, Mapping[str, int]], None],
+        on_renewed: Callable[[Session, Mapping[str, int], float], None],
         on_lost: Callable[[Session], None],
         on_fatal: Callable[[ContendError], None] = lambda exc: None,
         rand: Callable[[], float] = random.random,
@@ -246,7 +246,7 @@ class LeaseKeeper:
         log.debug("expert %s renewed its lease; the store says it holds %d", self.name, len(held))
         self.hooks.on_heartbeat(self.name, beat, len(held))
         self.hooks.on_renewal(self.name, answered - sent, margin)
-        self._on_renewed(session, held)
+        self._on_renewed(session, held, sent)
 
     async def _open_again(self, lost: Session) -> None:
         """After a loss: release the lost session, then register a new one, retrying with

@@ -59,8 +59,11 @@ class EtcdServer:
         binary: str | None = None,
         data_dir: str | None = None,
         extra_args: Sequence[str] = (),
+        listen: Sequence[str] = (),
     ) -> None:
         self.binary = binary or find_etcd()
+        #: addresses to serve clients on besides 127.0.0.1 (a network namespace's veth end)
+        self.listen = ["127.0.0.1", *listen]
         self.extra_args = list(extra_args)  # more etcd flags, e.g. --max-txn-ops=1024
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="contend-etcd-")
@@ -75,6 +78,7 @@ class EtcdServer:
 
     def start(self, ready_within: float = 20.0) -> None:
         client = f"http://127.0.0.1:{self.client_port}"
+        clients = ",".join(f"http://{host}:{self.client_port}" for host in self.listen)
         peer = f"http://127.0.0.1:{self.peer_port}"
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
@@ -82,7 +86,7 @@ class EtcdServer:
                 self.binary,
                 "--name=contend-test",
                 f"--data-dir={self.data_dir}/data",
-                f"--listen-client-urls={client}",
+                f"--listen-client-urls={clients}",
                 f"--advertise-client-urls={client}",
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",

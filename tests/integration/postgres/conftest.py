@@ -14,8 +14,8 @@ import pytest
 
 from contend.store.postgres import PostgresStore
 from contend.testing import FakeClock
+from contend.testing.pg_cluster import Cluster, ClusterUnavailable
 from contend.testing.postgres import NoServer, fresh_database
-from tests.integration.postgres.cluster import Cluster, ClusterUnavailable
 
 StoreFactory = Callable[..., Awaitable[PostgresStore]]
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from contend.domain.task import TaskState
+from contend.testing.pg_cluster import Cluster
 from tests.integration.lease_faults import (
     STOP_WITHIN,
     SideEffects,
@@ -21,7 +22,6 @@ from tests.integration.lease_faults import (
     stop_time,
     until,
 )
-from tests.integration.postgres.cluster import Cluster
 
 pytestmark = pytest.mark.postgres
 

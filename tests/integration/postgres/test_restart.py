@@ -9,8 +9,8 @@ import pytest
 
 from contend.domain.task import TaskSpec, TaskState
 from contend.store.registry import open_store
+from contend.testing.pg_cluster import Cluster
 from tests.acceptance.conftest import Experts, wait_until
-from tests.integration.postgres.cluster import Cluster
 
 
 @pytest.mark.postgres

@@ -1,7 +1,10 @@
-"""A throwaway PostgreSQL cluster the tests start, restart and stop themselves.
+"""A throwaway PostgreSQL cluster that tests (and the chaos suite) start, restart and stop
+themselves, never the machine's own server.
 
 initdb refuses to run as root, so as root the commands run as the ``postgres`` user. The data
-directory and the socket live in a temporary directory removed on close.
+directory and the socket live in a temporary directory removed on close. *listen* adds
+addresses to listen on besides 127.0.0.1 (a network namespace's end of a veth pair), each
+trusted as 127.0.0.1 is.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -19,7 +23,7 @@ class ClusterUnavailable(RuntimeError):
     pass
 
 
-def _bin(name: str) -> str:
+def binary(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or (
         [p] if (p := shutil.which(name)) else []
     )
@@ -28,8 +32,14 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
+def _peer_net(address: str) -> str:
+    """The /24 around *address*: the clients on the other end of its link."""
+    return ".".join(address.split(".")[:3]) + ".0/24"
+
+
 class Cluster:
-    def __init__(self) -> None:
+    def __init__(self, listen: Sequence[str] = ()) -> None:
+        self.listen = ["127.0.0.1", *listen]
         self.root = Path(tempfile.mkdtemp(prefix="contend-pg-"))
         self.data = self.root / "data"
         with socket.socket() as s:
@@ -51,7 +61,7 @@ class Cluster:
 
     def _ctl(self, action: str) -> None:
         self._run(
-            _bin("pg_ctl"),
+            binary("pg_ctl"),
             action,
             "-D",
             str(self.data),
@@ -63,15 +73,21 @@ class Cluster:
             "-l",
             str(self.root / "server.log"),
             "-o",
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            f"-p {self.port} -k {self.root} -c listen_addresses={','.join(self.listen)} "
+            "-c fsync=off",
         )
 
     def start(self) -> None:
         if self._as_postgres:
             shutil.chown(self.root, "postgres")
         self._run(
-            _bin("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+            binary("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
         )
+        if self.listen[1:]:
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                for address in self.listen[1:]:
+                    hba.write(f"host all all {address}/32 trust\n")
+                    hba.write(f"host all all {_peer_net(address)} trust\n")
         self._ctl("start")
 
     def restart(self) -> None:
@@ -79,7 +95,7 @@ class Cluster:
 
     def stop_now(self) -> None:
         """``pg_ctl -m immediate stop``: every backend dies at once, as in a crash."""
-        self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+        self._run(binary("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
 
     def start_again(self) -> None:
         """Start the stopped server on the same port and data (it recovers from its WAL)."""
@@ -88,6 +104,6 @@ class Cluster:
     def close(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():
-                self._run(_bin("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
+                self._run(binary("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,3 @@
+from contend.testing.chaos.runner import main
+
+raise SystemExit(main())
