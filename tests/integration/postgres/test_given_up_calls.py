@@ -25,7 +25,7 @@ from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.runtime.clock import SystemClock, bounded, settle_strays
 from contend.store.port import Completion, ExpertInfo
 from contend.store.postgres import PostgresStore
-from tests.integration.postgres.cluster import Cluster
+from contend.testing.pg_cluster import Cluster
 
 pytestmark = pytest.mark.postgres
 
