@@ -111,7 +111,12 @@ async def measure(
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     with an_expert(expert_url, args.lease, logdir) as pid:
-        await registered(store_url)
+        try:
+            await registered(store_url)
+        except RuntimeError as exc:
+            logs = sorted(logdir.glob("expert-*.log"))
+            tail = logs[-1].read_text(errors="replace")[-2000:] if logs else ""
+            raise RuntimeError(f"{exc}; the expert's log ends:\n{tail}") from None
         await asyncio.sleep(2.0)  # past start-up
         out["idle"] = await usage(pid, args.seconds)
         for fault in faults:

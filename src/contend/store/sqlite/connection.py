@@ -47,9 +47,9 @@ class Database:
         self.clock = clock
         self.busy_deadline = busy_deadline
         self.caps = Capabilities()
-        self.wakeups = Wakeups(idle_poll)
-        self._db: sqlite3.Connection | None = None
         self._where = os.path.abspath(path)  # the same file if the process changes directory
+        self.wakeups = Wakeups(idle_poll, f"{self._where}-wal")
+        self._db: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
 
     async def open(
@@ -83,6 +83,7 @@ class Database:
             raise
 
     async def close(self) -> None:
+        self.wakeups.close()
         if self._db is not None:
             self._db.close()
             self._db = None
