@@ -364,14 +364,19 @@ class ClaimLoop:
         return slots
 
     async def _compete(self, session: Session, free: int, extra: int = 0) -> list[Claimed]:
-        """Claim for *free* slots and *extra* to hold ready; auctioned types only for the
-        free slots (an auction's winner runs what it won)."""
+        """Claim for *free* slots and *extra* to hold ready; when the race or an auction
+        decides, for the free slots alone."""
         comp = self.competition
         load = self.executor.load + len(self.ready)
         auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
         lane = self._lane_slots(free + extra)
         if not auctioned and not comp.race_matters(load):
             return await self._claim(session, free + extra, low_lane=lane)
+        # A race places each task on the fittest expert: claim only for the free slots, so
+        # that holding ahead never takes a task a fitter rival would win.
+        extra = 0
+        if free <= 0:
+            return []
         # look deep enough that equally fit experts do not all reach for the same few tasks
         depth = max(16, (free + extra) * 3)
         peek = functools.partial(
