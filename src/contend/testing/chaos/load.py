@@ -44,7 +44,7 @@ async def load(run: Run) -> None:
     subs = [submitter(run.backend.url, b, log) for b, log in zip(batches, logs, strict=True)]
     for _ in range(size.rounds):
         await run.sleep(run.rng.uniform(1.0, 2.5))
-        expert = run.experts.pick()
+        expert = await run.busy_expert()
         run.fault("kill -9 under load", (expert.name,))
         run.experts.kill(expert, signal.SIGKILL)
         run.experts.start(run.experts.replacement_name(expert.name), concurrency=16)

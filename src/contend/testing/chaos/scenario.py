@@ -24,7 +24,7 @@ from contend.store.port import Store
 from contend.store.registry import open_store
 from contend.testing.chaos.effects import Effects
 from contend.testing.chaos.netns import Link
-from contend.testing.chaos.procs import Experts
+from contend.testing.chaos.procs import Experts, Proc
 from contend.testing.chaos.servers import Backend
 from contend.testing.chaos.workload import app as workload
 
@@ -232,6 +232,18 @@ class Run:
             return all("started:" in p.text() for p in self.experts.live())
 
         await self.until(up, timeout, "every expert to start", every=0.1)
+
+    async def busy_expert(self, timeout: float = 60) -> Proc:
+        """A live expert in the middle of a task (so that killing it interrupts work)."""
+        found: list[Proc] = []
+
+        async def busy() -> bool:
+            running = {r.expert for r in Effects.read(self.effects).running_at(time.monotonic())}
+            found[:] = [p for p in self.experts.live() if p.name in running]
+            return bool(found)
+
+        await self.until(busy, timeout, "an expert to be running a task", every=0.05)
+        return self.rng.choice(found)
 
     async def counts(self) -> dict[str, int]:
         stats = await (await self.open()).stats()
