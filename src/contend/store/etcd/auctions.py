@@ -37,8 +37,8 @@ class Auctions:
         mine = k("b", enc(task_id), enc(expert))
         for _ in range(WRITE_RETRIES):
             _, session_value = await self._sessions.check(expert, session)
-            resp = await self._etcd.txn([], [get(tkey), get(ukey), get(bids_prefix, prefix=True)])
-            t, u, bids = (r.response_range.kvs for r in resp.responses)
+            reads = await self._etcd.reads([get(tkey), get(ukey), get(bids_prefix, prefix=True)])
+            t, u, bids = (r.kvs for r in reads)
             now = self._clock()
             if not t:
                 raise TaskNotFound(task_id)

@@ -145,10 +145,8 @@ class Housekeeping:
         every expert with the deleted ones etcd keeps until compaction."""
         etcd, k = self._etcd, self._keys.k
         xbase, lbase = k("x", ""), k("l", "")
-        resp = await etcd.txn(
-            [], [get(xbase, prefix=True, keys_only=True), get(lbase, prefix=True)]
-        )
-        markers, lives = (r.response_range.kvs for r in resp.responses)
+        reads = await etcd.reads([get(xbase, prefix=True, keys_only=True), get(lbase, prefix=True)])
+        markers, lives = (r.kvs for r in reads)
         live = {kv.key[len(lbase) :]: json.loads(kv.value)["session"] for kv in lives}
         out = []
         for kv in markers:

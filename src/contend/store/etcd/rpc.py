@@ -9,6 +9,9 @@ compare, nothing is written, and :class:`~contend.errors.SchemaError` says why."
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +31,20 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.keepalive_time_ms", 10_000),
 )
+
+
+log = logging.getLogger("contend.store.etcd")
+
+
+def read_txn_crashes(version: str) -> bool:
+    """Whether etcd *version* panics on a read-only transaction cancelled mid-read: 3.5.0
+    passed the request's context down to the key walk and 3.5.5 fixed it (etcd-io/etcd#14110).
+    An unreadable version counts as sound."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if m is None:
+        return False
+    major, minor, patch = (int(x) for x in m.groups())
+    return (major, minor) == (3, 5) and patch < 5
 
 
 class Etcd:
@@ -53,6 +70,9 @@ class Etcd:
         self.lease: Any = None
         self.watch: Any = None
         self.rev = 0  # the highest etcd revision this instance has seen
+        #: Whether a read-only transaction is safe on this server (see :meth:`reads`).
+        self.read_txns = True
+        self.version = ""  # the server's version, as its status says
 
     def connect(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
@@ -168,13 +188,61 @@ class Etcd:
                 return out
             start = resp.kvs[-1].key + b"\0"
 
+    async def check_server(self) -> None:
+        """Read the server's version; on one whose read-only transactions can crash it, read
+        with plain ranges instead and say so once (:meth:`reads`)."""
+        maintenance = rpc.MaintenanceStub(self.channel)
+        status = await self.call(
+            "a status", lambda: maintenance.Status(rpc.StatusRequest(), timeout=self.timeout)
+        )
+        self.version = str(status.version)
+        self.read_txns = not read_txn_crashes(self.version)
+        if not self.read_txns:
+            log.warning(
+                "etcd %s at %s:%s can crash when a client goes away during a read-only "
+                "transaction (etcd-io/etcd#14110, fixed in 3.5.5); contend reads key by key "
+                "there, which costs more round trips: upgrade etcd",
+                self.version,
+                self.host,
+                self.port,
+            )
+
+    async def reads(self, ops: Sequence[Op]) -> list[Any]:
+        """Several reads (GET operations) of one snapshot; returns a RangeResponse each.
+
+        One read-only transaction where the server is sound. On etcd 3.5.0 to 3.5.4 a
+        read-only transaction cancelled while the server walks its keys (the client timed
+        out, or its process died) panics the whole server (etcd-io/etcd#14110), so there the
+        first read is a plain range and the others read at its revision, all at once."""
+        if not ops:
+            return []
+        if self.read_txns or len(ops) == 1:
+            if len(ops) == 1:
+                return [await self._range_op(ops[0], 0)]
+            resp = await self.txn([], ops)
+            return [r.response_range for r in resp.responses]
+        first = await self._range_op(ops[0], 0)
+        at = int(first.header.revision)
+        rest = await asyncio.gather(*(self._range_op(op, at) for op in ops[1:]))
+        return [first, *rest]
+
+    async def _range_op(self, op: Op, revision: int) -> Any:
+        _, key, end, keys_only, count_only, limit = op
+        req = rpc.RangeRequest(
+            key=key, keys_only=keys_only, count_only=count_only, limit=limit, revision=revision
+        )
+        if end:
+            req.range_end = end
+        resp = await self.call("a read", lambda: self.kv.Range(req, timeout=self.timeout))
+        self.rev = max(self.rev, resp.header.revision)
+        return resp
+
     async def read_many(self, keys: Sequence[bytes]) -> list[Any]:
-        """Read several keys in one round trip; returns the KeyValue or None for each."""
+        """Read several keys of one snapshot; returns the KeyValue or None for each."""
         out: list[Any] = []
         for i in range(0, len(keys), self.max_ops):
             chunk = keys[i : i + self.max_ops]
-            resp = await self.txn([], [get(k) for k in chunk])
             out.extend(
-                r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses
+                r.kvs[0] if r.kvs else None for r in await self.reads([get(k) for k in chunk])
             )
         return out

@@ -251,10 +251,8 @@ class Sessions:
     async def experts(self) -> list[ExpertRecord]:
         """Every expert's record, live or not, by id."""
         k = self._keys.k
-        resp = await self._etcd.txn(
-            [], [get(k("e", ""), prefix=True), get(k("l", ""), prefix=True)]
-        )
-        experts, sessions = (r.response_range.kvs for r in resp.responses)
+        reads = await self._etcd.reads([get(k("e", ""), prefix=True), get(k("l", ""), prefix=True)])
+        experts, sessions = (r.kvs for r in reads)
         live = {json.loads(kv.value)["session"] for kv in sessions}
         out = []
         for kv in experts:

@@ -115,6 +115,7 @@ class EtcdStore:
             return
         self._etcd.connect()
         try:
+            await self._etcd.check_server()
             await self._check_schema()
         except BaseException:
             await self.close()
@@ -127,10 +128,10 @@ class EtcdStore:
             # One snapshot: contend writes the meta key before any other key and never deletes
             # it, so keys without it belong to something else, even with contend processes
             # opening the same new prefix at once.
-            resp = await self._etcd.txn(
-                [], [get(meta), get(p, prefix=True, limit=1, keys_only=True)]
+            reads = await self._etcd.reads(
+                [get(meta), get(p, prefix=True, limit=1, keys_only=True)]
             )
-            found, some = (r.response_range.kvs for r in resp.responses)
+            found, some = (r.kvs for r in reads)
             if found:
                 self._check_meta(found[0].value)
                 self._etcd.guard = found[0].value
