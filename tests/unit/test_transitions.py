@@ -55,6 +55,16 @@ def test_an_expiry_uses_an_attempt_and_the_last_one_is_dead() -> None:
     assert json.loads(dead.error_json or "")["type"] == "LeaseExpired"
 
 
+def test_a_task_given_back_is_due_by_the_clock_of_whoever_gives_it_back() -> None:
+    # etcd's due times are clients' wall clocks: a submitter's clock an hour ahead must not
+    # keep a dead owner's task from experts whose clock is right (issue 12, the clock chaos)
+    again = rules.expired("e1", attempts=1, max_attempts=2)
+    assert again.run_at(current=5_000.0, now=1_400.0) == 1_400.0
+    assert again.run_at(current=1_000.0, now=1_400.0) == 1_000.0  # due earlier: stays so
+    ready = rules.dependency_ended("d", TaskState.SUCCEEDED, deps_left=1)
+    assert ready is not None and ready.run_at(current=1_000.0, now=1_400.0) == 1_400.0
+
+
 def test_an_ended_session_is_an_expiry_that_says_so() -> None:
     lapsed = rules.expired("e1", attempts=1, max_attempts=2)
     ended = rules.expired("e1", attempts=1, max_attempts=2, session_ended=True)

@@ -96,7 +96,8 @@ class Outcome(NamedTuple):
     * ``state`` — the next state; ``event``, ``actor`` and ``detail`` — the history line.
     * ``owned`` — the task keeps (or gets) an owner and a lease; otherwise both are cleared.
     * ``due_in`` — the task is due this many seconds after the store's *now* (``None``: keep
-      its due time); ``due_now`` — due no later than now (``run_at = max(run_at, now)``).
+      its due time); ``due_now`` — not due before now (``run_at = max(run_at, now)``);
+      ``due_by_now`` — due now at the latest (``run_at = min(run_at, now)``).
     * ``error_json`` / ``result_json`` — set when not ``None``, kept otherwise.
     * ``attempts`` — what happens to the attempt count.
 
@@ -111,6 +112,7 @@ class Outcome(NamedTuple):
     owned: bool = False
     due_in: float | None = None
     due_now: bool = False
+    due_by_now: bool = False
     error_json: str | None = None
     result_json: str | None = None
     attempts: Attempts = Attempts.KEEP
@@ -126,6 +128,8 @@ class Outcome(NamedTuple):
             return now + self.due_in
         if self.due_now:
             return max(current, now)
+        if self.due_by_now:
+            return min(current, now)
         return current
 
 
@@ -198,8 +202,22 @@ def completed(expert: str, result_json: str, *, in_transaction: bool = False) ->
     none), which the history line says."""
     detail = IN_TRANSACTION if in_transaction else None
     # every field given, straight to tuple.__new__: one of these is made per task
-    fields = (SUCCEEDED, Event.SUCCEEDED, expert, detail, False, None, False, NO_ERROR, result_json)
-    return _new(Outcome, (*fields, _KEEP))
+    return _new(
+        Outcome,
+        (
+            SUCCEEDED,
+            Event.SUCCEEDED,
+            expert,
+            detail,
+            False,
+            None,
+            False,
+            False,
+            NO_ERROR,
+            result_json,
+            _KEEP,
+        ),
+    )
 
 
 def failed(
@@ -242,7 +260,10 @@ def expired(
     owner's process die, ``Store.end_session``): the same rule, said in the history."""
     detail = SESSION_ENDED if session_ended else None
     if attempts < max_attempts:
-        return Outcome(P, Event.EXPIRED, owner, detail)
+        # Due at once (it was due when claimed), and by the clock of whoever gives it back:
+        # on etcd the due time is a client's wall clock, and a submitter's clock that runs
+        # ahead of the experts' must not keep a dead owner's task from them.
+        return Outcome(P, Event.EXPIRED, owner, detail, due_by_now=True)
     why = "its session was ended" if session_ended else "lost its lease"
     error = error_json("LeaseExpired", f"expert {owner} {why} on the last attempt")
     return Outcome(DEAD, Event.EXPIRED, owner, detail, error_json=error)

@@ -1,15 +1,14 @@
 """etcd's leases are etcd's, so a step of an expert's wall clock leaves them alone; but etcd has
 no clock, and a task's due time is the client's ``time.time()`` (docs/etcd.md). A task given
 back when its owner's lease lapsed keeps the due time its submitter's clock gave it, so an
-expert whose clock was stepped back does not see it as due until its clock catches up: a dead
-expert's tasks wait an hour after a one-hour step. Fails today (the chaos suite's clock
-scenario on etcd)."""
+expert whose clock was stepped back did not see it as due until its clock caught up: a dead
+expert's tasks waited an hour after a one-hour step (the chaos suite's clock scenario on etcd).
+Now a task given back is due at once by the clock of whoever gives it back (the domain's
+``expired`` outcome: ``run_at = min(run_at, now)``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from contend.domain.task import Capabilities, TaskSpec
 from contend.store.etcd import EtcdStore
@@ -44,11 +43,6 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="etcd due times are the client's wall clock: a task given back keeps the due time "
-    "of its submitter's clock (see the chaos branch's report)",
-)
 async def test_a_dead_owners_task_is_due_for_an_expert_whose_clock_was_stepped_back(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:

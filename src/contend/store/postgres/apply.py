@@ -39,6 +39,7 @@ OUTCOME_FIELDS: dict[str, tuple[str, str]] = {
     "detail": ("detail", "text"),
     "due_in": ("due_in", "float8"),
     "due_now": ("due_now", "bool"),
+    "due_by_now": ("due_by_now", "bool"),
     "error_json": ("error", "text"),
     "result_json": ("result", "text"),
     "attempts": ("attempts", "text"),
@@ -52,7 +53,8 @@ _SET = (
     "state = {state},"
     " attempts = CASE {attempts} {attempts_cases} END,"
     " run_at = CASE WHEN {due_in} IS NOT NULL THEN {{now}} + {due_in}"
-    "  WHEN {due_now} THEN greatest(t.run_at, {{now}}) ELSE t.run_at END,"
+    "  WHEN {due_now} THEN greatest(t.run_at, {{now}})"
+    "  WHEN {due_by_now} THEN least(t.run_at, {{now}}) ELSE t.run_at END,"
     " error = coalesce({error}, t.error), result = coalesce({result}, t.result),"
     " owner = CASE WHEN {owned} THEN t.owner END,"
     " lease_deadline = CASE WHEN {owned} THEN t.lease_deadline END,"
@@ -132,6 +134,7 @@ def handover(outcome: Outcome) -> tuple[str, str, dict[str, Any]]:
         not outcome.owned
         or outcome.due_in is not None
         or outcome.due_now
+        or outcome.due_by_now
         or outcome.error_json is not None
         or outcome.result_json is not None
     ):

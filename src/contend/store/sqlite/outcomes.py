@@ -48,7 +48,11 @@ def _write(
     ended: list[tuple[str, TaskState]] = []
     for tid, fence, o, attempts, run_at in changes:
         new_attempts = attempts if o.attempts is _KEEP else o.attempts.apply(attempts)
-        new_run_at = run_at if o.due_in is None and not o.due_now else o.run_at(run_at, now)
+        new_run_at = (
+            run_at
+            if o.due_in is None and not o.due_now and not o.due_by_now
+            else o.run_at(run_at, now)
+        )
         error, result = o.error_json, o.result_json
         params: list[object] = [_TEXT[o.state]]
         shape = _OWNED if o.owned else 0
