@@ -1,21 +1,15 @@
 """A step of the host's wall clock must not move SQLite's leases (issue 12: leases must not
-depend on it). SQLite's store time is each process's ``time.time()``: on one host every process
-sees the same step, and every lease moves with it. Both tests fail today; they are the chaos
-suite's clock scenario (python -m contend.testing.chaos --scenario clock --backend sqlite) cut
-down to one store call each."""
+depend on it). SQLite's store time was each process's ``time.time()``: on one host every
+process saw the same step, and every lease moved with it. Now it is the host's boot-time clock
+on the wall clock's scale (store/sqlite/clock.py). These are the chaos suite's clock scenario
+(python -m contend.testing.chaos --scenario clock --backend sqlite) cut down to one store call
+each; both failed before."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.integration.wall_clock import need_libfaketime, run_stepped
-
-KNOWN = (
-    "SQLite's store clock is the host's wall clock (time.time): a step of it moves every "
-    "lease; see the chaos branch's report"
-)
 
 FORWARD = """
 import asyncio, sys
@@ -59,14 +53,12 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN)
 def test_a_step_forward_does_not_end_a_live_session(tmp_path: Path) -> None:
     need_libfaketime()
     out = run_stepped(FORWARD, tmp_path / "offset", str(tmp_path / "s.db"))
     assert out == "renewed"
 
 
-@pytest.mark.xfail(strict=True, reason=KNOWN)
 def test_a_dead_owners_tasks_lapse_a_lease_later_after_a_step_back(tmp_path: Path) -> None:
     need_libfaketime()
     out = run_stepped(BACKWARD, tmp_path / "offset", str(tmp_path / "s.db"))

@@ -21,6 +21,7 @@ from contend.store.sqlite import (
     sessions,
     submission,
 )
+from contend.store.sqlite.clock import HostClock
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.schema import prepare
 from contend.store.sqlite.transactions import Transactions
@@ -41,7 +42,7 @@ class SQLiteStore:
         self,
         url: str,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         busy_deadline: float = 30.0,
         idle_poll: float = 0.005,
         create: bool = True,
@@ -50,8 +51,13 @@ class SQLiteStore:
         self.path, opts = parse_sqlite_url(url)
         self._sync = sync_pragma(opts)
         self._create = create  # False: open an existing store only (read-only commands)
+        # None: the host's boot-time clock on the wall clock's scale (clock.py)
+        self._host_clock = HostClock() if clock is None else None
         self._db = Database(
-            self.path, clock=clock, busy_deadline=busy_deadline, idle_poll=idle_poll
+            self.path,
+            clock=clock or self._host_clock or time.time,
+            busy_deadline=busy_deadline,
+            idle_poll=idle_poll,
         )
         db = self._db
         # The port, operation by operation, and the module that does each.
@@ -88,6 +94,18 @@ class SQLiteStore:
         await self._db.open(
             lambda conn: prepare(conn, self.path, self._sync, create=create), create=create
         )
+        host = self._host_clock
+        if host is not None:
+            await self._db.retry(lambda: self._anchor(host, write=create))
+
+    def _anchor(self, host: HostClock, *, write: bool) -> None:
+        if host.adopt(self._db.conn):
+            return
+        if not write:
+            host.anchor(self._db.conn, write=False)
+            return
+        with self._db.write() as conn:  # the first open of this boot
+            host.anchor(conn, write=True)
 
     async def close(self) -> None:
         self._transactions.close()

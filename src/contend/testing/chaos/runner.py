@@ -139,13 +139,9 @@ SCENARIOS: list[Scenario] = [
         short=Size(True, tasks=300, experts=3, rounds=1),
         full=Size(False, tasks=600, experts=4, rounds=1),
         needs=clock.missing,
-        # the known failure has a cheap reproducer (tests/integration/test_wall_clock.py); so
-        # has etcd's fixed one (tests/integration/etcd/test_wall_clock.py)
+        # the bugs it found on SQLite and etcd have cheap reproducers, which make test runs
+        # (tests/integration/test_wall_clock.py, tests/integration/etcd/test_wall_clock.py)
         short_backends=("postgres",),
-        known={
-            "sqlite": "SQLite's store clock is the host's wall clock: a step forward ends every "
-            "lease, a step back keeps a dead expert's tasks held for as long",
-        },
     ),
 ]
 
