@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 
+from contend.domain.retention import DEFAULT_BATCH, DEFAULT_KEEP_EVENTS
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.competition import Competition
 from contend.runtime.hooks import Hook
@@ -18,6 +20,9 @@ from contend.runtime.session import Session
 from contend.store.port import Store
 
 log = logging.getLogger("contend.expert")
+
+#: Seconds between two retention passes of one expert.
+PRUNE_EVERY = 60.0
 
 
 class Orphans:
@@ -46,6 +51,8 @@ class Housekeeper:
         load: Callable[[], int],
         on_join_or_leave: Callable[[], None],
         hooks: Hook | None = None,
+        retention: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.name = name
@@ -58,6 +65,11 @@ class Housekeeper:
         self._due = asyncio.Event()
         self._session: Session | None = None  # the session of the last renewal
         self._release: list[tuple[Session, list[tuple[str, int]]]] = []
+        #: Finished tasks older than this (seconds) are pruned, one bounded pass a minute
+        #: (``contend.domain.retention``); None keeps them.
+        self.retention = retention
+        self._monotonic = monotonic
+        self._next_prune = monotonic()
 
     def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
         """Called by the heartbeat with what the store says this expert holds."""
@@ -80,10 +92,26 @@ class Housekeeper:
                 if expired:
                     self.hooks.on_expired(self.name, expired)
                 await self.refresh_cluster(session)
+                await self._prune(session)
             except LeaseLost as exc:
                 log.debug("expert %s: housekeeping stopped: %s", self.name, exc)
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
+
+    async def _prune(self, session: Session) -> None:
+        """One pass of retention when one is due: every expert prunes, a bounded batch each
+        minute, so the store stays flat however many tasks pass through it."""
+        age = self.retention
+        if age is None or self._monotonic() < self._next_prune:
+            return
+        self._next_prune = self._monotonic() + PRUNE_EVERY
+        before = await session.call("a read", self.store.now) - age
+        pruned = await session.call(
+            "a prune",
+            lambda: self.store.prune(before, DEFAULT_BATCH, keep_events=DEFAULT_KEEP_EVENTS),
+        )
+        if pruned:
+            log.info("expert %s: pruned %d finished task(s)", self.name, pruned)
 
     async def refresh_cluster(self, session: Session) -> None:
         """Rivals, cluster load and, for an emergency expert, whether to join in."""
