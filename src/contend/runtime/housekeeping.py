@@ -21,8 +21,12 @@ from contend.store.port import Store
 
 log = logging.getLogger("contend.expert")
 
-#: Seconds between two retention passes of one expert.
-PRUNE_EVERY = 60.0
+#: Seconds between two rounds of retention passes of one expert, once it has caught up.
+PRUNE_EVERY = 30.0
+#: The share of the time since its last round that one round of passes may take (one round
+#: per heartbeat while behind), and the most it may take.
+PRUNE_SHARE = 0.2
+PRUNE_MOST = 2.0
 
 
 class Orphans:
@@ -70,6 +74,7 @@ class Housekeeper:
         self.retention = retention
         self._monotonic = monotonic
         self._next_prune = monotonic()
+        self._last_prune = monotonic()
 
     def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
         """Called by the heartbeat with what the store says this expert holds."""
@@ -99,17 +104,25 @@ class Housekeeper:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
 
     async def _prune(self, session: Session) -> None:
-        """One pass of retention when one is due: every expert prunes, a bounded batch each
-        minute, so the store stays flat however many tasks pass through it."""
+        """Retention, when a round is due: passes of a bounded batch (each holds the store's
+        locks briefly) for up to PRUNE_SHARE of the time since the last round. Caught up (a
+        pass found less than a batch), the next round is due in PRUNE_EVERY; behind, at the
+        next heartbeat, so that a busy store is pruned about as fast as it fills."""
         age = self.retention
-        if age is None or self._monotonic() < self._next_prune:
+        clock = self._monotonic
+        if age is None or clock() < self._next_prune:
             return
-        self._next_prune = self._monotonic() + PRUNE_EVERY
         before = await session.call("a read", self.store.now) - age
-        pruned = await session.call(
-            "a prune",
-            lambda: self.store.prune(before, DEFAULT_BATCH, keep_events=DEFAULT_KEEP_EVENTS),
-        )
+        began, pruned, n = clock(), 0, DEFAULT_BATCH
+        budget = min(PRUNE_MOST, PRUNE_SHARE * (began - self._last_prune))
+        self._last_prune = began
+        while n == DEFAULT_BATCH and clock() - began <= budget:
+            n = await session.call(
+                "a prune",
+                lambda: self.store.prune(before, DEFAULT_BATCH, keep_events=DEFAULT_KEEP_EVENTS),
+            )
+            pruned += n
+        self._next_prune = clock() + (0.0 if n == DEFAULT_BATCH else PRUNE_EVERY)
         if pruned:
             log.info("expert %s: pruned %d finished task(s)", self.name, pruned)
 
