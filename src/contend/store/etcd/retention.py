@@ -13,7 +13,8 @@ A task goes with every key it owns: its record, ``d/{task}/`` (payloads, checkpo
 ``k/`` key when that still names it, ``c/``, ``a/``, ``q/`` (none once finished, deleted all
 the same), its auction (``u/``, ``b/``), its edges as a waiter (``w/{dependency}/{task}``) and
 as a dependency (``w/{task}/``). A task with an ``s/`` marker (its waiters not yet told) or
-with a waiting waiter stays. Each deletion compares the record's ``mod_revision``: a task
+with an edge of a waiting waiter stays; one that has told its waiters (settle() deletes the
+edges) goes even while they wait on other tasks: nothing reads it any more. Each deletion compares the record's ``mod_revision``: a task
 retried or otherwise changed since it was read is left alone. Tasks are deleted several to a
 Txn, as ``max_txn_ops`` allows.
 
@@ -68,6 +69,17 @@ def scan_budget(limit: int) -> int:
     return max(SCAN_MIN, SCAN_PER_TASK * limit)
 
 
+def id_time(tid: str) -> float | None:
+    """When an id of ``new_task_id``'s form was made (its first 48 bits, in milliseconds);
+    None for an id of another form."""
+    if len(tid) != 28:
+        return None
+    try:
+        return int(tid[:12], 16) / 1000
+    except ValueError:
+        return None
+
+
 class Retention:
     def __init__(self, etcd: Etcd, keys: Keys) -> None:
         self._etcd = etcd
@@ -98,9 +110,9 @@ class Retention:
         found, last = await self._read(base, end, head, before)
         if last is None:  # the head held every record
             return found
-        last_key, last_created = last
-        if last_created < before:
-            at = random.uniform(last_created, before)
+        last_key, last_made = last
+        if last_made < before:
+            at = random.uniform(last_made, before)
             start = max(last_key + b"\0", self._keys.task(f"{int(at * 1000):012x}"))
             more, _ = await self._read(start, end, budget - head, before)
             found += more
@@ -110,7 +122,8 @@ class Retention:
         self, start: bytes, end: bytes, budget: int, before: float
     ) -> tuple[list[Found], tuple[bytes, float] | None]:
         """The finished tasks changed before *before* among up to *budget* records from
-        *start*; and (key, created_at) of the last record read when more follow."""
+        *start*; and the key of the last record read and when it was made, when more
+        follow."""
         out: list[Found] = []
         read = 0
         while read < budget:
@@ -123,7 +136,8 @@ class Retention:
             if not resp.more or not resp.kvs:
                 return out, None
             start = resp.kvs[-1].key + b"\0"
-        return out, (resp.kvs[-1].key, rec.created_at)
+        made = id_time(rec.id)
+        return out, (resp.kvs[-1].key, rec.created_at if made is None else made)
 
     # -- planning -----------------------------------------------------------------------------
     async def _plans(self, found: Sequence[Found]) -> list[Plan]:
