@@ -102,3 +102,20 @@ async def test_prune_refuses_bad_arguments_and_changes_nothing(
     with pytest.raises(ConfigError, match="prune"):
         await s.prune(before, limit, keep_events=keep)  # type: ignore[arg-type]
     assert await snapshot(s) == before_state
+
+
+async def test_prune_caps_a_long_history_at_its_first_line_and_newest(harness: Harness) -> None:
+    h = harness
+    s = h.store
+    t = spec()
+    await s.submit([t])
+    e = await join(h)
+    for _ in range(65):  # claimed + released each time: 131 lines with "submitted"
+        c = await e.claim_one(start=False, task_ids=[t.id])
+        assert await e.write("release", c.id, c.fence) is None
+    first = (await s.get(t.id, history=True)).history[0]
+    await s.prune(await s.now() - 3600, keep_events=100)  # deletes nothing: t is pending
+    history = (await s.get(t.id, history=True)).history
+    assert len(history) <= 100  # etcd caps at 50 as it writes (store/etcd/record.py)
+    assert history[0] == first
+    assert history[-1].event == "released"
