@@ -265,6 +265,9 @@ CASES: list[Case] = [
     cli("`tasks retry` of a running task", "cannot retry task {running}: it is running", "tasks", "retry", "{running}", S, STORE),
     cli("`tasks retry` of a pending task", "cannot retry task {pending}: it is pending", "tasks", "retry", "{pending}", S, STORE),
     cli("`tasks show` of an id cut short", "task ids are 28 characters", "tasks", "show", "01a2", S, STORE),
+    cli("`prune` with an age that is not one", "is not an age", "prune", "--older-than", "7x", S, STORE),
+    cli("`prune` with a batch of 0", "--batch must be from 1 to 100,000", "prune", "--older-than", "7d", "--batch", "0", S, STORE),
+    cli("`prune` of a store that does not exist", "does not exist", "prune", "--older-than", "7d", S, "sqlite:///{dir}/none.db", proof="dir"),
     cli("an expert name that is live elsewhere", "expert id 'holder' is live elsewhere", "expert", APP, "--name", HOLDER, S, STORE, code=1),
     # -- the Python API
     py("`TaskSpec.build` with a lone surrogate", "not valid Unicode", "PayloadError", lambda env, app: _build(["\ud800"])),

@@ -36,6 +36,7 @@ FLAGS = {
     "--prefetch",
     "--claim-ahead",
     "--steal-ratio",
+    "--retention",
 }
 
 

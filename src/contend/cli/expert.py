@@ -23,7 +23,7 @@ from contend.cli.common import (
     text_arg,
 )
 from contend.domain.task import Capabilities
-from contend.errors import TaskError
+from contend.errors import ConfigError, TaskError
 from contend.runtime.config import (
     ExpertConfig,
     Setting,
@@ -48,6 +48,18 @@ def _fitness(target: str) -> Any:
     return load_callable(target, "--fitness")
 
 
+def _retention(text: str) -> float | None:
+    """``--retention 7d`` (an age: 90s, 15m, 12h, 7d, 2w) or ``--retention off``."""
+    from contend.cli.prune import duration
+
+    if text.strip().lower() in ("off", "none", "never"):
+        return None
+    try:
+        return duration(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"--retention: {exc} (or off)") from None
+
+
 # The options whose text becomes the field's value by a conversion of its own. They default to
 # None, meaning "not given: the field's default". Every other option takes its type, bounds,
 # choices and default from the field.
@@ -56,6 +68,7 @@ CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "capabilities": _capabilities,  # --capability gpu --capability mem_gb=16
     "specialties": frozenset,  # --specialty render --specialty encode
     "fitness": _fitness,  # --fitness MODULE:FUNCTION
+    "retention": _retention,  # --retention 7d | off
 }
 
 

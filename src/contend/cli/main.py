@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from contend import __version__
-from contend.cli import dashboard, expert, migrate, status, submit, supervise, tasks
+from contend.cli import dashboard, expert, migrate, prune, status, submit, supervise, tasks
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         tasks.add_parser,
         status.add_parser,
         migrate.add_parser,
+        prune.add_parser,
         dashboard.add_parser,
         _add_demo,
         _add_bench,

@@ -17,6 +17,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from contend.domain.payload import check_name, check_queue
+from contend.domain.retention import DEFAULT_RETENTION, check_retention
 from contend.domain.scoring import Fitness, default_fitness
 from contend.domain.task import Capabilities
 from contend.errors import ConfigError, TaskError, shown
@@ -133,6 +134,16 @@ class ExpertConfig:
             default_text="none",
         ),
     )
+    retention: float | None = field(
+        default=DEFAULT_RETENTION,
+        metadata=setting(
+            "how long finished tasks are kept before housekeeping prunes them: an age "
+            "(90s, 15m, 12h, 7d, 2w) or off",
+            flag="--retention",
+            metavar="AGE",
+            default_text="7d",
+        ),
+    )
     lease_ttl: float = field(
         default=15.0,
         metadata=setting("lease TTL in seconds", bounds=Bounds(0.5, ONE_DAY), flag="--lease"),
@@ -239,6 +250,10 @@ class ExpertConfig:
         hints = field_types()
         for f in fields(self):
             _check(f.name, getattr(self, f.name), hints[f.name], setting_of(f))
+        try:
+            check_retention(self.retention)
+        except ConfigError as exc:
+            raise ConfigError(f"retention: {exc}") from None
         hb = self.heartbeat_every
         if not 0 < hb < self.lease_ttl:
             raise ConfigError(f"heartbeat ({hb}) must be positive and shorter than the lease")

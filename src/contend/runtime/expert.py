@@ -104,6 +104,8 @@ class _Parts:
             load=lambda: self.executor.load,
             on_join_or_leave=e._wake_claimer,
             hooks=e.hooks,
+            retention=cfg.retention,
+            monotonic=e.clock.monotonic,
         )
 
 

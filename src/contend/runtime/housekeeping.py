@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping
 
+from contend.domain.retention import DEFAULT_BATCH, DEFAULT_KEEP_EVENTS
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.competition import Competition
 from contend.runtime.hooks import Hook
@@ -18,6 +20,13 @@ from contend.runtime.session import Session
 from contend.store.port import Store
 
 log = logging.getLogger("contend.expert")
+
+#: Seconds between two rounds of retention passes of one expert, once it has caught up.
+PRUNE_EVERY = 30.0
+#: The share of the time since its last round that one round of passes may take (one round
+#: per heartbeat while behind), and the most it may take.
+PRUNE_SHARE = 0.2
+PRUNE_MOST = 2.0
 
 
 class Orphans:
@@ -46,6 +55,8 @@ class Housekeeper:
         load: Callable[[], int],
         on_join_or_leave: Callable[[], None],
         hooks: Hook | None = None,
+        retention: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.name = name
@@ -58,6 +69,12 @@ class Housekeeper:
         self._due = asyncio.Event()
         self._session: Session | None = None  # the session of the last renewal
         self._release: list[tuple[Session, list[tuple[str, int]]]] = []
+        #: Finished tasks older than this (seconds) are pruned, one bounded pass a minute
+        #: (``contend.domain.retention``); None keeps them.
+        self.retention = retention
+        self._monotonic = monotonic
+        self._next_prune = monotonic()
+        self._last_prune = monotonic()
 
     def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
         """Called by the heartbeat with what the store says this expert holds."""
@@ -80,10 +97,34 @@ class Housekeeper:
                 if expired:
                     self.hooks.on_expired(self.name, expired)
                 await self.refresh_cluster(session)
+                await self._prune(session)
             except LeaseLost as exc:
                 log.debug("expert %s: housekeeping stopped: %s", self.name, exc)
             except ContendError as exc:
                 log.warning("expert %s: housekeeping failed: %s", self.name, exc)
+
+    async def _prune(self, session: Session) -> None:
+        """Retention, when a round is due: passes of a bounded batch (each holds the store's
+        locks briefly) for up to PRUNE_SHARE of the time since the last round. Caught up (a
+        pass found less than a batch), the next round is due in PRUNE_EVERY; behind, at the
+        next heartbeat, so that a busy store is pruned about as fast as it fills."""
+        age = self.retention
+        clock = self._monotonic
+        if age is None or clock() < self._next_prune:
+            return
+        before = await session.call("a read", self.store.now) - age
+        began, pruned, n = clock(), 0, DEFAULT_BATCH
+        budget = min(PRUNE_MOST, PRUNE_SHARE * (began - self._last_prune))
+        self._last_prune = began
+        while n == DEFAULT_BATCH and clock() - began <= budget:
+            n = await session.call(
+                "a prune",
+                lambda: self.store.prune(before, DEFAULT_BATCH, keep_events=DEFAULT_KEEP_EVENTS),
+            )
+            pruned += n
+        self._next_prune = clock() + (0.0 if n == DEFAULT_BATCH else PRUNE_EVERY)
+        if pruned:
+            log.info("expert %s: pruned %d finished task(s)", self.name, pruned)
 
     async def refresh_cluster(self, session: Session) -> None:
         """Rivals, cluster load and, for an emergency expert, whether to join in."""

@@ -407,6 +407,13 @@ class Store(Protocol):
     async def retry(self, task_id: str) -> Task:
         """Send a failed, dead or cancelled task back to pending with fresh attempts."""
 
+    async def prune(self, before: float, limit: int = 1000, *, keep_events: int = 100) -> int:
+        """Delete up to *limit* finished tasks (succeeded, failed, dead, cancelled) last changed
+        before *before* (the store's clock), oldest first, whole: row, history, payload,
+        result, dependency edges; never one that a waiting task still waits on. Then cap the
+        history of up to *limit* tasks at their newest *keep_events* lines. Returns how many
+        tasks it deleted (``contend.domain.retention``)."""
+
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         """Start a session; raises ExpertConflict when *info.id* is live. Returns the session."""
 

@@ -23,6 +23,7 @@ layout, leases and clocks, running etcd for contend, failures, figures and limit
 ``inspection``      get, list_tasks, stats, peek, backlog, next_due
 ``payloads``        args, results and checkpoints: inline in the record or under d/
 ``manage``          cancel, retry, purge_all, compact_history
+``retention``       prune: finished tasks deleted whole, from a bounded window of records
 ``watch``           wake-ups: a watch on the pending index
 ==================  =========================================================================
 """

@@ -18,6 +18,7 @@ from contend.store.etcd.keys import Keys
 from contend.store.etcd.levels import Levels
 from contend.store.etcd.manage import Management
 from contend.store.etcd.owner import Owned, OwnerWrites
+from contend.store.etcd.retention import Retention
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.submit import Submitter
@@ -106,6 +107,7 @@ class EtcdStore:
         self.retry = manage.retry
         self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
         self.compact_history = manage.compact_history
+        self.prune = Retention(etcd, keys).prune  # retention.py
         self.wait_for_change = self._changes.wait  # watch.py
         self.begin = Transactions(etcd, keys, clock, owned, dependants, touch).begin
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 
 from contend.domain import transitions as rules
+from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState, next_promotion
 from contend.domain.transitions import Holding, Outcome
@@ -534,6 +535,31 @@ class MemoryStore:
         self._apply(task_id, row, rules.retried(task_id, row.state), now)
         self._touch()
         return task_of(task_id, row)
+
+    async def prune(self, before: float, limit: int = 1000, *, keep_events: int = 100) -> int:
+        before, limit, keep_events = check_prune(before, limit, keep_events)
+        old = sorted(
+            (row.updated_at, tid)
+            for tid, row in self._tasks.items()
+            if row.state in PRUNABLE_STATES and row.updated_at < before
+        )
+        deleted = 0
+        for _, tid in old:
+            if deleted >= limit:
+                break
+            if any(self._tasks[w].state == W for w in self._dependents.get(tid, ())):
+                continue  # a waiting task still waits on it
+            row = self._tasks.pop(tid)
+            self._dependents.pop(tid, None)
+            if row.spec.key is not None and self._keys.get(row.spec.key) == tid:
+                del self._keys[row.spec.key]
+            deleted += 1
+        for row in self._tasks.values():  # history is capped as it is written (records.py)
+            if len(row.history) > keep_events:
+                del row.history[1 : len(row.history) - keep_events + 1]
+        if deleted:
+            self._touch()
+        return deleted
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         ttl = check_ttl(lease_ttl)

@@ -37,6 +37,7 @@ Where things are:
 ``claims``              peek, claim and steal (``FOR UPDATE SKIP LOCKED``)
 ``owner_writes``        start, checkpoint, complete, fail, release (fenced, batched)
 ``refusals``            why a fenced write did not land
+``retention``           prune: old finished tasks deleted whole, histories capped
 ``transactions``        a task's own transaction, its completion written in it under the fence
 ``sessions``            register, renew, deregister an expert; the liveness check
 ``housekeeping``        expire lapsed claims, age pending tasks, drop finished auctions

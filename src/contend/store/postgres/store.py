@@ -18,6 +18,7 @@ from contend.store.postgres import (
     inspection,
     management,
     owner_writes,
+    retention,
     schema,
     sessions,
     submission,
@@ -137,6 +138,9 @@ class PostgresStore:
     async def retry(self, task_id: str) -> Task:
         await management.retry(self._db, task_id)
         return await self.get(task_id)
+
+    async def prune(self, before: float, limit: int = 1000, *, keep_events: int = 100) -> int:
+        return await retention.prune(self._db, before, limit, keep_events=keep_events)
 
     async def purge_all(self) -> None:
         """Delete every task, its history and every expert in this schema (benchmarks use it

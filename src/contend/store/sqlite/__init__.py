@@ -10,7 +10,10 @@
   committed; an idle expert checks it every few milliseconds.
 * A task's own transaction (``ctx.transaction()``, :mod:`~contend.store.sqlite.transactions`)
   is a connection of its own to the file, holding the write lock from its start to its end.
-* Times come from this host's clock (all processes share it); tests inject a fake clock.
+* Times come from this host's boot-time clock, put on the wall clock's scale once per boot
+  (:mod:`~contend.store.sqlite.clock`): every process shares it and no one can step it; tests
+  inject a fake clock.
+* Retention (:mod:`~contend.store.sqlite.retention`): old finished tasks are deleted whole.
 
 Durability: ``synchronous=NORMAL`` by default, which in WAL mode survives any process crash
 (``kill -9``) but may lose the last transactions on power loss; add ``?synchronous=full`` to the

@@ -18,6 +18,7 @@ from contend.store.sqlite import (
     inspection,
     management,
     owner_writes,
+    retention,
     sessions,
     submission,
 )
@@ -85,6 +86,7 @@ class SQLiteStore:
         self.end_session = bind(housekeeping.end_session, db)
         self.cancel = bind(management.cancel, db)  # management.py
         self.retry = bind(management.retry, db)
+        self.prune = bind(retention.prune, db)  # retention.py
         self._transactions = Transactions(db, self._sync)  # transactions.py
         self.begin = self._transactions.begin
 

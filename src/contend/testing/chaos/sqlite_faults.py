@@ -158,7 +158,10 @@ async def disk_full(run: Run) -> None:
     filler = _fill(folder)
     before = await run.counts()
     batch = run.workdir / "late.jsonl"
-    batch.write_text('{"args": [1, 1, 0, 1]}\n' * 50)
+    # More than the whole tmpfs holds: a small batch may fit in WAL pages a checkpoint freed
+    # and land (the run before this one saw 50 tasks do so), which is right but proves nothing.
+    # This one must grow the WAL past the disk, fail, and roll back whole.
+    batch.write_text('{"args": [1, 1, 0, 1]}\n' * 100_000)
     refused = await asyncio.to_thread(
         subprocess.run,
         [

@@ -1,0 +1,50 @@
+"""Retention: the domain's checks, and an expert's housekeeping pruning as it goes."""
+
+from __future__ import annotations
+
+import pytest
+
+from contend import Expert, ExpertConfig
+from contend.domain.retention import check_prune, check_retention
+from contend.errors import ConfigError, TaskNotFound
+from contend.runtime.housekeeping import PRUNE_EVERY
+from contend.testing import FakeClock
+from tests.unit.fakes import app_on, faulty_memory, running
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "7d", True])
+def test_a_retention_is_seconds_or_none(bad: object) -> None:
+    with pytest.raises(ConfigError, match="retention"):
+        check_retention(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="retention"):
+        ExpertConfig(retention=bad).validate()  # type: ignore[arg-type]
+    assert check_retention(None) is None and check_retention(60) == 60.0
+
+
+def test_a_prune_pass_is_bounded() -> None:
+    assert check_prune(5.0, 10, 3) == (5.0, 10, 3)
+    for args in [(5.0, 0, 3), (5.0, 10**6, 3), (5.0, 10, 0), (float("nan"), 10, 3)]:
+        with pytest.raises(ConfigError, match="prune"):
+            check_prune(*args)
+
+
+async def test_an_expert_prunes_finished_tasks_past_the_retention() -> None:
+    clock = FakeClock(1_000.0)
+    store = faulty_memory(clock)
+    app = app_on(store)
+
+    @app.task
+    async def job() -> str:
+        return "ok"
+
+    expert = Expert(app, name="r", lease_ttl=6.0, clock=clock, retention=30.0)
+    async with running(expert, clock):
+        first = await app.submit(job)
+        assert await clock.run_until(lambda: expert.stats.tasks_done == 1, limit=10)
+        await clock.run(PRUNE_EVERY + 31.0)  # past the retention and the next pass
+        second = await app.submit(job)
+        assert await clock.run_until(lambda: expert.stats.tasks_done == 2, limit=10)
+        await clock.run(2.0)
+    with pytest.raises(TaskNotFound):
+        await store.get(first.id)
+    assert (await store.get(second.id)).result == "ok"  # young: kept
