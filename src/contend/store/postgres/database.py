@@ -62,6 +62,7 @@ class Database:
         self._s = f'"{schema}"'
         self.channel = f"contend_{schema}"
         self.clock = clock
+        self.trim_cursor = 0  # retention: the last history seq checked against the cap
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size

@@ -51,6 +51,7 @@ class Database:
         self.wakeups = Wakeups(idle_poll, f"{self._where}-wal")
         self._db: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self.trim_cursor = 0  # retention: the last history rowid checked against the cap
 
     async def open(
         self, prepare: Callable[[sqlite3.Connection], None], *, create: bool = True

@@ -8,31 +8,53 @@ import sqlite3
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.store.sqlite.connection import Database
 
-#: The finished states, the one the ``tasks_done`` index covers first.
-_STATES = ("succeeded", *sorted(str(s) for s in PRUNABLE_STATES if str(s) != "succeeded"))
+#: History lines whose tasks one pass checks against the cap.
+TRIM_WINDOW = 5000
+#: The finished states but succeeded (which the ``tasks_done`` index covers).
+_OTHERS = sorted(str(s) for s in PRUNABLE_STATES if str(s) != "succeeded")
 
 
 async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: int = 100) -> int:
     before, limit, keep_events = check_prune(before, limit, keep_events)
 
-    # History: up to *limit* tasks over the cap, found by a read that takes no lock (it
-    # walks the whole history index: housekeeping prunes once a minute, not every heartbeat).
-    long = await db.retry(
-        lambda: db.conn.execute(
-            "SELECT task_id FROM task_events GROUP BY task_id HAVING count(*) > ? LIMIT ?",
-            (keep_events, limit),
+    # History: the tasks of the next TRIM_WINDOW history lines (a cursor that goes round the
+    # table, one step a pass, so a pass costs the same on any size of store) that are over
+    # the cap; a read that takes no lock.
+    since = db.trim_cursor
+
+    def find_long() -> list[tuple[str]]:
+        window = db.conn.execute(
+            "SELECT max(rowid), count(*) FROM (SELECT rowid FROM task_events WHERE rowid > ?"
+            " ORDER BY rowid LIMIT ?)",
+            (since, TRIM_WINDOW),
+        ).fetchone()
+        last, seen = window
+        db.trim_cursor = 0 if seen < TRIM_WINDOW or last is None else last
+        return db.conn.execute(
+            "SELECT w.task_id FROM (SELECT DISTINCT task_id FROM task_events"
+            " WHERE rowid > ? AND rowid <= ?) w WHERE (SELECT count(*) FROM task_events e"
+            " WHERE e.task_id = w.task_id) > ? LIMIT ?",
+            (since, last if last is not None else since, keep_events, limit),
         ).fetchall()
-    )
+
+    long = await db.retry(find_long)
 
     def run(conn: sqlite3.Connection) -> int:
-        found: list[tuple[float, str]] = []
-        for state in _STATES:  # each state by its own index, oldest first
+        # Succeeded tasks, the most, by the partial index on their updated_at (a literal
+        # state: SQLite uses a partial index only where the query implies its WHERE); the
+        # other finished states by the state index. A dependency's edges go when it ends and
+        # its waiters are settled: one that still has some is waited on.
+        unsettled = "NOT EXISTS (SELECT 1 FROM task_deps d WHERE d.dep_id = t.id)"
+        found: list[tuple[float, str]] = conn.execute(
+            "SELECT updated_at, id FROM tasks t INDEXED BY tasks_done "
+            f"WHERE state = 'succeeded' AND updated_at < ? AND {unsettled} "
+            "ORDER BY updated_at LIMIT ?",
+            (before, limit),
+        ).fetchall()
+        for state in _OTHERS:
             found += conn.execute(
-                "SELECT updated_at, id FROM tasks t WHERE state = ? AND updated_at < ? "
-                # a dependency's edges go when it ends and its waiters are settled: one that
-                # still has some is waited on
-                "AND NOT EXISTS (SELECT 1 FROM task_deps d WHERE d.dep_id = t.id) "
-                "ORDER BY updated_at LIMIT ?",
+                f"SELECT updated_at, id FROM tasks t WHERE state = ? AND updated_at < ? "
+                f"AND {unsettled} ORDER BY updated_at LIMIT ?",
                 (state, before, limit),
             ).fetchall()
         ids = [(tid,) for _, tid in sorted(found)[:limit]]
