@@ -8,6 +8,7 @@ from contend.store.postgres.database import Cursor, Database
 
 #: The finished states but succeeded (which the ``tasks_done`` partial index covers).
 _OTHERS = sorted(str(s) for s in PRUNABLE_STATES if str(s) != "succeeded")
+_IN_OTHERS = ", ".join(f"'{state}'" for state in _OTHERS)  # literals: the state index serves
 
 # The oldest finished tasks that no waiting task waits on (a dependency's edges go when it
 # ends and its waiters are settled): succeeded ones by their partial index (a literal state,
@@ -19,16 +20,17 @@ _PRUNE = (
     "  SELECT id, updated_at FROM {s}.tasks t WHERE state = 'succeeded'"
     f"  AND updated_at < %(before)s AND {_UNSETTLED} ORDER BY updated_at LIMIT %(limit)s"
     "), other AS ("
-    "  SELECT id, updated_at FROM {s}.tasks t WHERE state = ANY(%(others)s)"
+    f"  SELECT id, updated_at FROM {{s}}.tasks t WHERE state IN ({_IN_OTHERS})"
     f"  AND updated_at < %(before)s AND {_UNSETTLED} ORDER BY updated_at LIMIT %(limit)s"
     "), old AS ("
     "  SELECT t.id FROM {s}.tasks t JOIN (SELECT * FROM done UNION ALL SELECT * FROM other"
     "   ORDER BY updated_at LIMIT %(limit)s) c ON c.id = t.id FOR UPDATE OF t SKIP LOCKED"
-    "), events AS (DELETE FROM {s}.task_events e USING old WHERE e.task_id = old.id"
-    "), edges AS (DELETE FROM {s}.task_deps d USING old WHERE d.task_id = old.id"
-    "), bids AS (DELETE FROM {s}.bids b USING old WHERE b.task_id = old.id"
-    "), auctions AS (DELETE FROM {s}.auctions a USING old WHERE a.task_id = old.id"
-    "), gone AS (DELETE FROM {s}.tasks t USING old WHERE t.id = old.id RETURNING t.id"
+    # by each table's index on the task id (a join would hash a scan of the whole history)
+    "), events AS (DELETE FROM {s}.task_events e WHERE e.task_id = ANY(ARRAY(SELECT id FROM old))"
+    "), edges AS (DELETE FROM {s}.task_deps d WHERE d.task_id = ANY(ARRAY(SELECT id FROM old))"
+    "), bids AS (DELETE FROM {s}.bids b WHERE b.task_id = ANY(ARRAY(SELECT id FROM old))"
+    "), auctions AS (DELETE FROM {s}.auctions a WHERE a.task_id = ANY(ARRAY(SELECT id FROM old))"
+    "), gone AS (DELETE FROM {s}.tasks t WHERE t.id = ANY(ARRAY(SELECT id FROM old)) RETURNING t.id"
     ") SELECT count(*) FROM gone"
 )
 
@@ -60,7 +62,7 @@ async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: 
     before, limit, keep_events = check_prune(before, limit, keep_events)
 
     async def run(cur: Cursor) -> int:
-        params = {"others": _OTHERS, "before": before, "limit": limit}
+        params = {"before": before, "limit": limit}
         await cur.execute(db.sql(_PRUNE), params)
         row = await cur.fetchone()
         deleted = int(row[0]) if row else 0
