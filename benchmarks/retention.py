@@ -198,6 +198,10 @@ def write_doc(doc: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    if os.environ.get("CONTEND_LOG_LEVEL"):
+        import logging
+
+        logging.basicConfig(level=os.environ["CONTEND_LOG_LEVEL"])
     p = argparse.ArgumentParser(prog="python -m benchmarks.retention")
     p.add_argument("--tasks", type=int, default=1_000_000)
     p.add_argument("--window", type=int, default=50_000)

@@ -26,7 +26,8 @@ PRUNE_EVERY = 30.0
 #: The share of the time since its last round that one round of passes may take (one round
 #: per heartbeat while behind), and the most it may take.
 PRUNE_SHARE = 0.2
-PRUNE_MOST = 2.0
+PRUNE_SHARE_MOST = 0.5
+PRUNE_MOST = 2.5
 
 
 class Orphans:
@@ -75,6 +76,7 @@ class Housekeeper:
         self._monotonic = monotonic
         self._next_prune = monotonic()
         self._last_prune = monotonic()
+        self._prune_share = PRUNE_SHARE
 
     def after_renewal(self, session: Session, held: Mapping[str, int], known: set[str]) -> None:
         """Called by the heartbeat with what the store says this expert holds."""
@@ -113,8 +115,8 @@ class Housekeeper:
         if age is None or clock() < self._next_prune:
             return
         before = await session.call("a read", self.store.now) - age
-        began, pruned, n = clock(), 0, DEFAULT_BATCH
-        budget = min(PRUNE_MOST, PRUNE_SHARE * (began - self._last_prune))
+        began, pruned, passes, n = clock(), 0, 0, DEFAULT_BATCH
+        budget = min(PRUNE_MOST, self._prune_share * (began - self._last_prune))
         self._last_prune = began
         while n == DEFAULT_BATCH and clock() - began <= budget:
             n = await session.call(
@@ -122,9 +124,22 @@ class Housekeeper:
                 lambda: self.store.prune(before, DEFAULT_BATCH, keep_events=DEFAULT_KEEP_EVENTS),
             )
             pruned += n
-        self._next_prune = clock() + (0.0 if n == DEFAULT_BATCH else PRUNE_EVERY)
+            passes += 1
+        behind = n == DEFAULT_BATCH
+        self._next_prune = clock() + (0.0 if behind else PRUNE_EVERY)
+        # behind: a larger share of the time at each round, up to PRUNE_SHARE_MOST
+        self._prune_share = (
+            min(PRUNE_SHARE_MOST, self._prune_share * 1.5) if behind else PRUNE_SHARE
+        )
         if pruned:
-            log.info("expert %s: pruned %d finished task(s)", self.name, pruned)
+            log.info(
+                "expert %s: pruned %d finished task(s) in %d pass(es), %.2fs%s",
+                self.name,
+                pruned,
+                passes,
+                clock() - began,
+                "; more are due" if behind else "",
+            )
 
     async def refresh_cluster(self, session: Session) -> None:
         """Rivals, cluster load and, for an emergency expert, whether to join in."""
