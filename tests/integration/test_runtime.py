@@ -275,8 +275,8 @@ async def test_the_fitter_expert_wins_the_race(app: App) -> None:
     big_caps = Capabilities(frozenset({"ssd", "gpu"}))
     exact_caps = Capabilities(frozenset({"ssd"}))
     async with (
-        expert(app, name="big", window=0.2, capabilities=big_caps, lease_ttl=1.5) as b,
-        expert(app, name="exact", window=0.2, capabilities=exact_caps, lease_ttl=1.5) as e,
+        expert(app, name="big", window=1.0, capabilities=big_caps, lease_ttl=1.5) as b,
+        expert(app, name="exact", window=1.0, capabilities=exact_caps, lease_ttl=1.5) as e,
     ):
         await eventually(lambda: _sees_rival(e))
         await eventually(lambda: _sees_rival(b))

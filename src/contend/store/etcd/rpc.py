@@ -34,6 +34,7 @@ CHANNEL_OPTIONS = (
 
 
 log = logging.getLogger("contend.store.etcd")
+_WARNED: set[tuple[str, int]] = set()  # servers this process warned about (once each)
 
 
 def read_txn_crashes(version: str) -> bool:
@@ -197,7 +198,8 @@ class Etcd:
         )
         self.version = str(status.version)
         self.read_txns = not read_txn_crashes(self.version)
-        if not self.read_txns:
+        if not self.read_txns and (self.host, self.port) not in _WARNED:
+            _WARNED.add((self.host, self.port))
             log.warning(
                 "etcd %s at %s:%s can crash when a client goes away during a read-only "
                 "transaction (etcd-io/etcd#14110, fixed in 3.5.5); contend reads key by key "
