@@ -265,30 +265,6 @@ async def test_requirements_route_work_to_capable_experts(app: App) -> None:
             await h.result(timeout=10)
 
 
-async def test_the_fitter_expert_wins_the_race(app: App) -> None:
-    @app.task(requirements=["ssd"])
-    async def index(ctx: TaskContext) -> str:
-        await asyncio.sleep(0)
-        return ctx.expert
-
-    # both can run it; 'exact' offers just what is asked, 'big' also has gpu to keep free
-    big_caps = Capabilities(frozenset({"ssd", "gpu"}))
-    exact_caps = Capabilities(frozenset({"ssd"}))
-    async with (
-        expert(app, name="big", window=1.0, capabilities=big_caps, lease_ttl=1.5) as b,
-        expert(app, name="exact", window=1.0, capabilities=exact_caps, lease_ttl=1.5) as e,
-    ):
-        await eventually(lambda: _sees_rival(e))
-        await eventually(lambda: _sees_rival(b))
-        handles = [await app.submit(index) for _ in range(20)]
-        winners = [await h.result(timeout=10) for h in handles]
-    assert winners.count("exact") >= 18, winners
-
-
-async def _sees_rival(e: Expert) -> bool:
-    return len(e.competition.rivals()) == 1
-
-
 def test_sync_facade_submits_and_waits(tmp_path: Path) -> None:
     app = App(f"sqlite:///{tmp_path / 'sync.db'}")
 
