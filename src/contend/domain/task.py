@@ -265,9 +265,11 @@ def next_promotion(priority: int, aged: int, created_at: float, ageing: float = 
     return created_at + (math.expm1(exponent) if exponent < 60 else 1e12)
 
 
-#: Share of claims that go to the tasks that have waited longest, whatever their priority
-#: (seed 000 §6): high-priority floods cannot starve old low-priority work.
+#: Share of claims that go to the tasks that have waited longest among those below the top
+#: priority (seed 000 §6): high-priority floods cannot starve lower-priority work.
 LOW_LANE_SHARE = 0.1
+#: How many base priority levels below the top a low-lane claim looks at, per queue.
+LANE_LEVELS = 64
 
 
 @dataclass(frozen=True, slots=True)

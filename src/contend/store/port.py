@@ -345,9 +345,15 @@ class Store(Protocol):
         ``None``: any type).
 
         Order: highest *effective* priority first (it grows as a task waits; ``expire`` raises
-        it, see ``contend.domain.task.aged_priority``), then first in, first out. Up to
-        ``low_lane`` of the *limit* go instead to the tasks due the longest, whatever their
-        priority — the low-priority lane that keeps floods from starving old work."""
+        it, see ``contend.domain.task.aged_priority``), then first in, first out.
+
+        The low-priority lane: up to ``low_lane`` of the *limit* go instead to the tasks due
+        the longest among those whose base priority is below the highest base priority of
+        the claimable tasks (of *task_ids*, when given), so that a flood of urgent work never
+        starves the rest, at any level below it (seed 000 §6). Where there are fewer such
+        tasks, the best take their places. Levels are found a few at a time: only the
+        :data:`~contend.domain.task.LANE_LEVELS` highest base priorities of a queue below
+        its top take part."""
 
     async def steal(
         self,

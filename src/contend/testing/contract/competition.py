@@ -173,6 +173,86 @@ async def test_the_low_lane_takes_the_oldest_tasks_whatever_their_priority(
     assert [c.priority for c in plain] == [5, 5]
 
 
+async def test_the_low_lane_takes_lower_priority_work_behind_a_flood(harness: Harness) -> None:
+    # the tasks due the longest are the flood's own: the lane must reach past them
+    h = harness
+    flood = await h.store.submit([spec("t", i, priority=100) for i in range(20)])
+    await h.advance(h.ttl / 10)
+    low = await h.store.submit([spec("t", i, priority=0) for i in range(3)])
+    e = await join(h, "e")
+    peeked = await h.store.peek(["default"], caps(), 5, low_lane=1)
+    got = await h.store.claim(
+        "e", e.session, ["default"], caps(), limit=5, lease_ttl=h.ttl, low_lane=1
+    )
+    assert {c.id for c in got} == {v.id for v in peeked}
+    assert {c.id for c in got} == {t.id for t in flood[:4]} | {low[0].id}
+    named = await h.store.claim(
+        "e",
+        e.session,
+        ["default"],
+        caps(),
+        limit=5,
+        lease_ttl=h.ttl,
+        low_lane=1,
+        task_ids=[t.id for t in flood + low],
+    )
+    assert {c.id for c in named} == {t.id for t in flood[4:8]} | {low[1].id}
+
+
+async def test_the_low_lane_serves_every_level_below_the_top_oldest_first(
+    harness: Harness,
+) -> None:
+    h = harness
+    await h.store.submit([spec("t", i, priority=100) for i in range(5)])
+    order = []
+    for priority in (50, 0, 50, 0):
+        await h.advance(h.ttl / 10)
+        (sub,) = await h.store.submit([spec("t", priority=priority)])
+        order.append(sub.id)
+    e = await join(h, "e")
+    got = await h.store.claim(
+        "e", e.session, ["default"], caps(), limit=4, lease_ttl=h.ttl, low_lane=2
+    )
+    assert sorted(c.priority for c in got) == [0, 50, 100, 100]
+    assert {c.id for c in got} >= set(order[:2])  # the oldest two below the top
+
+
+async def test_the_low_lane_takes_nothing_out_of_turn_at_one_priority(harness: Harness) -> None:
+    # one priority everywhere: the lane has nothing to reach for, and the claim stays first
+    # in, first out and full
+    h = harness
+    ids = []
+    for i in range(6):
+        (sub,) = await h.store.submit([spec("t", i, priority=5)])
+        ids.append(sub.id)
+        await h.advance(h.ttl / 20)
+    e = await join(h, "e")
+    got = await h.store.claim(
+        "e", e.session, ["default"], caps(), limit=3, lease_ttl=h.ttl, low_lane=1
+    )
+    assert {c.id for c in got} == set(ids[:3])
+    peeked = await h.store.peek(["default"], caps(), 3, low_lane=1)
+    assert [v.id for v in peeked] == ids[3:]
+
+
+async def test_the_low_lane_skips_what_the_expert_cannot_run(harness: Harness) -> None:
+    h = harness
+    await h.store.submit([spec("t", i, priority=100) for i in range(4)])
+    await h.advance(h.ttl / 10)
+    (gpu,) = await h.store.submit([spec("t", priority=0, requirements=["gpu"])])
+    await h.advance(h.ttl / 10)
+    (plain,) = await h.store.submit([spec("t", priority=0)])
+    await h.advance(h.ttl / 10)
+    (other,) = await h.store.submit([spec("u", priority=0)])
+    e = await join(h, "e")
+    got = await h.store.claim(
+        "e", e.session, ["default"], caps(), limit=3, lease_ttl=h.ttl, low_lane=1, types=["t"]
+    )
+    ids = {c.id for c in got}
+    assert plain.id in ids and gpu.id not in ids and other.id not in ids
+    assert sorted(c.priority for c in got) == [0, 100, 100]
+
+
 async def test_waiting_tasks_gain_priority_as_they_age(harness: Harness) -> None:
     h = harness
     (old,) = await h.store.submit([spec("t", priority=0)])
