@@ -23,6 +23,7 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db = sqlite3.connect(path)
     db.execute("ALTER TABLE tasks DROP COLUMN progress")
     db.execute("ALTER TABLE tasks DROP COLUMN trace")
+    db.execute("DROP INDEX tasks_lane")
     db.execute("UPDATE contend_meta SET value = '1' WHERE key = 'schema_version'")
     db.commit()
     db.close()
@@ -42,5 +43,7 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
         await store.close()
     db = sqlite3.connect(path)
     (version,) = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
+    lane = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks_lane'").fetchall()
     db.close()
-    assert int(version) == SCHEMA_VERSION == 2
+    assert int(version) == SCHEMA_VERSION == 3
+    assert lane  # the low lane's index came with version 3

@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from contend.domain.task import (
+    LANE_LEVELS,
     Capabilities,
     Requirements,
     TaskState,
@@ -143,24 +144,27 @@ class TaskIndex:
         limit: int,
         low_lane: int = 0,
         types: Collection[str] | None = None,
+        *,
+        ids: Collection[str] | None = None,
+        tasks: Mapping[str, Row] | None = None,
     ) -> list[str]:
-        """Up to *limit* ids of due pending tasks *caps* can run, of *types* (None: any): best
-        first by (−effective priority, run_at, id), except that up to *low_lane* of them are
-        instead the tasks due the longest, whatever their priority (that part scans every due
-        task)."""
+        """Up to *limit* ids of due pending tasks *caps* can run, of *types* (None: any) and
+        among *ids* (None: any): best first by (−effective priority, run_at, id), except that
+        up to *low_lane* of them are the low lane's (the due longest below the top base
+        priority: Store.claim; that part scans every due task, and needs *tasks*)."""
         groups = self._runnable(queues, caps, types)
         if limit <= 0 or not groups:
             return []
-        low_lane = min(low_lane, limit)
         streams = [group.due(now) for group in groups]
-        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams)
-        keys = {key: None for _, key in zip(range(limit - low_lane), merged, strict=False)}
-        if low_lane:
-            everything = [key for group in groups for key in group.due(now)]
-            keys.update(
-                dict.fromkeys(heapq.nsmallest(low_lane, everything, key=lambda k: (k[1], k[2])))
-            )
-        return [key[2] for key in sorted(keys)]
+        merged: Iterator[Key] = streams[0] if len(streams) == 1 else heapq.merge(*streams)
+        if ids is not None:
+            merged = (key for key in merged if key[2] in ids)
+        if not low_lane or tasks is None:
+            return [key[2] for _, key in zip(range(limit), merged, strict=False)]
+        everything = list(merged)
+        lane = _lane(everything, tasks, min(low_lane, limit))
+        best = [key for key in everything if key not in lane][: limit - len(lane)]
+        return [key[2] for key in sorted([*best, *lane])]
 
     def next_due(self, queues: Sequence[str]) -> float | None:
         """The earliest run_at of any pending task of *queues*, due or not."""
@@ -171,3 +175,19 @@ class TaskIndex:
             if (t := group.earliest()) is not None
         ]
         return min(due) if due else None
+
+
+def _lane(keys: Sequence[Key], tasks: Mapping[str, Row], n: int) -> set[Key]:
+    """The low lane's *n* of *keys*: due the longest among those below the top base priority,
+    of the top LANE_LEVELS levels below it in each queue."""
+    base = {key: tasks[key[2]].spec for key in keys}
+    if not base:
+        return set()
+    top = max(spec.priority for spec in base.values())
+    levels: dict[str, set[int]] = {}
+    for spec in base.values():
+        if spec.priority < top:
+            levels.setdefault(spec.queue, set()).add(spec.priority)
+    kept = {q: set(sorted(ps, reverse=True)[:LANE_LEVELS]) for q, ps in levels.items()}
+    lower = [k for k, spec in base.items() if spec.priority in kept.get(spec.queue, ())]
+    return set(heapq.nsmallest(n, lower, key=lambda k: (k[1], k[2])))

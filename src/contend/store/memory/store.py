@@ -229,7 +229,9 @@ class MemoryStore:
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
-        chosen = self._index.claimable(queues, capabilities, now, limit, low_lane, types)
+        chosen = self._index.claimable(
+            queues, capabilities, now, limit, low_lane, types, tasks=self._tasks
+        )
         return [view_of(tid, self._tasks[tid]) for tid in chosen]
 
     async def claim(
@@ -251,12 +253,10 @@ class MemoryStore:
         now = self._clock()
         self._sessions.live(expert, session, now)
         index = self._index
-        if task_ids is None:
-            chosen = index.claimable(queues, capabilities, now, limit, low_lane, types)
-        else:
-            wanted = set(task_ids)
-            claimable = index.claimable(queues, capabilities, now, len(self._tasks), types=types)
-            chosen = [tid for tid in claimable if tid in wanted][:limit]
+        wanted = None if task_ids is None else set(task_ids)
+        chosen = index.claimable(
+            queues, capabilities, now, limit, low_lane, types, ids=wanted, tasks=self._tasks
+        )
         outcome = rules.claimed(expert, start=start)
         return [
             self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)

@@ -9,7 +9,7 @@ from typing import Any
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Requirements
+from contend.domain.task import LANE_LEVELS, MAX_PRIORITY, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.sqlite.connection import Database
@@ -18,36 +18,43 @@ from contend.store.sqlite.rows import claimed_from_row, insert_events, load
 from contend.store.sqlite.sessions import check_session
 
 
-def _claimable_sql(
-    queues: Sequence[str],
-    with_ids: int | None,
-    low_lane: bool = False,
-    types: Collection[str] | None = None,
-) -> str:
-    """A predicate on claimable tasks: the best by effective priority (parameters: queues,
-    now, [ids], [types], limit); with *low_lane*, or the oldest ones (more: queues, now,
-    [types], lane limit). See :func:`_claimable_params`."""
+def _where(queues: Sequence[str], with_ids: int | None, types: Collection[str] | None) -> str:
+    """Claimable tasks (parameters: queues, now, [ids], [types])."""
     qmarks = ",".join("?" * len(queues))
     ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
     of_type = f" AND type IN ({','.join('?' * len(types))})" if types is not None else ""
-    where = (
+    return (
         f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type} "
         "AND (requirements IS NULL OR contend_fits(requirements))"
     )
+
+
+def _claimable_sql(
+    queues: Sequence[str],
+    with_ids: int | None,
+    types: Collection[str] | None = None,
+    lane: int = 0,
+) -> str:
+    """A predicate on claimable tasks: the best by effective priority (parameters: queues,
+    now, [ids], [types], limit), and the *lane* ids the low lane chose (:func:`_lane`;
+    parameters: their ids, then the limit of the best)."""
+    where = _where(queues, with_ids, types)
     # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
     # then sorts every pending task; walking the claim order's own index stops at LIMIT
+    if not lane:
+        return (
+            f"id IN (SELECT id FROM tasks INDEXED BY tasks_claimable WHERE {where} "
+            "ORDER BY eff_priority DESC, run_at, id LIMIT ?)"
+        )
+    marks = ",".join("?" * lane)
     best = (
-        f"SELECT id FROM tasks INDEXED BY tasks_claimable WHERE {where} "
+        f"SELECT id FROM tasks INDEXED BY tasks_claimable WHERE id NOT IN ({marks}) AND {where} "
         "ORDER BY eff_priority DESC, run_at, id LIMIT ?"
-    )
-    if not low_lane:
-        return f"id IN ({best})"
-    oldest = (
-        f"SELECT id FROM tasks INDEXED BY tasks_oldest WHERE {where} ORDER BY run_at, id LIMIT ?"
     )
     # one IN over a compound query, so the outer statement looks ids up by key (an OR of
     # two INs would make SQLite scan the whole table)
-    return f"id IN (SELECT id FROM ({best}) UNION SELECT id FROM ({oldest}))"
+    values = ",".join(["(?)"] * lane)
+    return f"id IN (SELECT id FROM ({best}) UNION ALL SELECT column1 FROM (VALUES {values}))"
 
 
 def _claimable_params(
@@ -55,15 +62,61 @@ def _claimable_params(
     now: float,
     ids: Sequence[str] | None,
     types: Collection[str] | None,
-    best: int,
-    lane: int,
+    limit: int,
+    lane: Sequence[str] = (),
 ) -> tuple[Any, ...]:
     """The parameters of :func:`_claimable_sql`, in its order."""
     kinds = tuple(types or ())
-    params: tuple[Any, ...] = (*queues, now, *(ids or ()), *kinds, best)
-    if lane:
-        params += (*queues, now, *kinds, lane)
-    return params
+    where = (*queues, now, *(ids or ()), *kinds)
+    if not lane:
+        return (*where, limit)
+    return (*lane, *where, limit - len(lane), *lane)
+
+
+def _lane(
+    conn: sqlite3.Connection,
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    types: Collection[str] | None,
+    n: int,
+) -> list[str]:
+    """The low lane's choice: the *n* claimable tasks due the longest among those below the
+    highest base priority of the claimable ones. The levels of each queue are found by
+    stepping down its ``tasks_lane`` index (a skip scan, one seek a level), then each level's
+    first *n* claimable by due time: a few seeks per level, however long the backlog."""
+    one = ["x"]
+    where = _where(one, None if ids is None else len(ids), types)
+    pick = (
+        f"SELECT run_at, id, priority FROM tasks INDEXED BY tasks_lane "
+        f"WHERE priority = ? AND {where} ORDER BY run_at, id LIMIT ?"
+    )
+    step = (
+        "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' AND queue = ? "
+        "AND priority < ? ORDER BY priority DESC LIMIT 1"
+    )
+    extra = (*(ids or ()), *(types or ()))
+    heads: list[tuple[float, str, int]] = []
+    top: int | None = None
+    for queue in dict.fromkeys(queues):
+        level, below = MAX_PRIORITY + 1, 0
+        # the top and LANE_LEVELS levels below it that have claimable tasks, stepping past
+        # at most as many again that have none (not due, or not this expert's)
+        for _ in range(2 * (LANE_LEVELS + 1)):
+            if below > LANE_LEVELS:
+                break
+            row = conn.execute(step, (queue, level)).fetchone()
+            if row is None:
+                break
+            level = row[0]
+            got = conn.execute(pick, (level, queue, now, *extra, n)).fetchall()
+            if got:
+                heads += got
+                top = level if top is None else max(top, level)
+                below += 1
+    if top is None:
+        return []
+    return [tid for _, tid, p in sorted(h for h in heads if h[2] < top)[:n]]
 
 
 def _types(types: Collection[str] | None) -> list[str] | None:
@@ -84,11 +137,13 @@ async def peek(
     if not queues or not limit or kinds == []:
         return []
     lane = min(low_lane, limit)
-    params = _claimable_params(queues, db.clock(), None, kinds, limit - lane, lane)
+    now = db.clock()
 
     def run() -> list[TaskView]:
         db.caps = capabilities
-        inner = _claimable_sql(queues, None, bool(lane), kinds)
+        chosen = _lane(db.conn, queues, now, None, kinds, lane) if lane else []
+        inner = _claimable_sql(queues, None, kinds, len(chosen))
+        params = _claimable_params(queues, now, None, kinds, limit, chosen)
         rows = db.conn.execute(
             f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
             f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
@@ -127,9 +182,9 @@ async def claim(
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
             return []
         db.caps = capabilities
-        lane = min(low_lane, limit) if ids is None else 0
-        inner = _claimable_sql(queues, None if ids is None else len(ids), bool(lane), kinds)
-        params = _claimable_params(queues, now, ids, kinds, limit - lane, lane)
+        lane = _lane(conn, queues, now, ids, kinds, min(low_lane, limit)) if low_lane else []
+        inner = _claimable_sql(queues, None if ids is None else len(ids), kinds, len(lane))
+        params = _claimable_params(queues, now, ids, kinds, limit, lane)
         rows = conn.execute(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "

@@ -7,7 +7,7 @@ import sqlite3
 from contend.errors import SchemaError
 from contend.store.sqlite.connection import is_busy, not_yet
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
 
 SCHEMA = """
@@ -43,6 +43,7 @@ CREATE TABLE tasks (
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
 CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
 CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
@@ -86,6 +87,11 @@ UPGRADES: dict[int, tuple[str, ...]] = {
     2: (
         "ALTER TABLE tasks ADD COLUMN progress TEXT",
         "ALTER TABLE tasks ADD COLUMN trace TEXT",
+    ),
+    # the low lane's skip scan over base priority levels
+    3: (
+        "CREATE INDEX IF NOT EXISTS tasks_lane ON tasks (queue, priority DESC, run_at, id) "
+        "WHERE state = 'pending'",
     ),
 }
 
