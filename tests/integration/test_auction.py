@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from contend import App, Capabilities, TaskContext
@@ -69,3 +70,45 @@ async def test_auto_mode_auctions_a_type_once_its_runs_are_long(tmp_path: Path) 
     for _ in range(10):
         e.competition.tracker.record("sometimes", True, 5.0)
     assert auctioned() == {"sometimes"}  # long runs pay for an auction
+
+
+async def test_prefetch_leaves_auctioned_tasks_to_the_auction(tmp_path: Path) -> None:
+    # a prefetching expert used to claim auctioned tasks ahead, with no auction at all, once
+    # it ran one: the less fit one took the rest
+    app = App(f"sqlite:///{tmp_path / 'prefetch.db'}")
+
+    @app.task(mode="auction", requirements=["gpu"])
+    async def train(ctx: TaskContext) -> str:
+        await asyncio.sleep(0.2)
+        return ctx.expert
+
+    gpu = Capabilities(frozenset({"gpu"}))
+    big = Capabilities(frozenset({"gpu", "tpu", "fpga"}))
+    held = []
+    async with (
+        expert(
+            app,
+            name="exact",
+            capabilities=gpu,
+            concurrency=1,
+            auction_window=0.05,
+            auction_grace=0.05,
+        ),
+        expert(
+            app,
+            name="oversized",
+            concurrency=1,
+            capabilities=big,
+            auction_window=0.05,
+            auction_grace=0.05,
+            prefetch=12,
+        ) as oversized,
+    ):
+        handles = [await app.submit(train) for _ in range(12)]
+        results = asyncio.gather(*(h.result(timeout=30) for h in handles))
+        while not results.done():
+            held.append(len(oversized.parts.claimer.prefetched))
+            await asyncio.sleep(0.01)
+        winners = await results
+    assert max(held) == 0, (held, winners)
+    assert winners.count("exact") >= 6, winners

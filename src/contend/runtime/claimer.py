@@ -58,6 +58,12 @@ def auction_types(
     return out
 
 
+def _below_top(views: list[TaskView]) -> list[TaskView]:
+    """The candidates below the highest base priority among *views*: the low lane's."""
+    top = max((v.priority for v in views), default=0)
+    return [v for v in views if v.priority < top]
+
+
 class ClaimLoop:
     """Keeps the executor's slots (and the prefetch) filled until stopped."""
 
@@ -244,8 +250,14 @@ class ClaimLoop:
         ahead: list[Claimed] = []
         if room > 0 and not (free > 0 and not claimed):
             # claimed ahead, unstarted: they start the moment a slot frees, unless an idle
-            # expert steals them first
-            ahead = await self._claim(session, room, start=False)
+            # expert steals them first. Never an auctioned type: its tasks go to the top
+            # bidder, not to whoever prefetches first.
+            auctioned = auction_types(
+                self.tasks.values(), self.competition, self.config.auction_threshold
+            )
+            kinds = tuple(t for t in self.types if t not in auctioned)
+            if kinds:
+                ahead = await self._claim(session, room, start=False, types=kinds)
         if session.lost.is_set():
             return []  # lost meanwhile: start nothing of it
         self.prefetched.extend(ahead)
@@ -325,10 +337,11 @@ class ClaimLoop:
         task_ids: list[str] | None = None,
         start: bool = True,
         low_lane: int = 0,
+        types: tuple[str, ...] | None = None,
     ) -> list[Claimed]:
         """The one place this expert claims, and counts attempts: a claim of named tasks
         attempts up to *limit* of them (what it does not get, a rival won); a claim of whatever
-        is best never loses a race."""
+        is best never loses a race. *types*: only these of the app's task types."""
         if task_ids is not None and not task_ids:
             return []
         claim = functools.partial(
@@ -342,7 +355,7 @@ class ClaimLoop:
             task_ids=task_ids,
             start=start,
             low_lane=low_lane,
-            types=self.types,
+            types=self.types if types is None else types,
         )
         sent = self.clock.monotonic()
         got = await session.call("a claim", claim)
@@ -394,8 +407,9 @@ class ClaimLoop:
         claimed: list[Claimed] = []
         lots = [v for v in views if v.type in auctioned]
         if lots and free > 0:
-            claimed = await self._bid_and_claim(session, lots, free)
+            claimed = await self._bid_and_claim(session, lots, free, lane)
             free -= len(claimed)
+            lane = 0
         races = [v for v in views if v.type not in auctioned]
         free += extra
         if not races or free <= 0:
@@ -411,13 +425,20 @@ class ClaimLoop:
         # tasks a fitter rival took in the meantime cost no lost race.
         slack = first + comp.window * 0.1
         ids = [tid for d, _, tid in plan if d <= slack]
-        return claimed + await self._claim(session, free, task_ids=ids)
+        if lane:
+            # the low lane's candidates are offered whoever is fitter for them: the store
+            # gives the lane its share of them (Store.claim), so a flood of urgent work
+            # starves nothing on the race path either
+            offered = set(ids)
+            ids += [v.id for v in _below_top(races) if v.id not in offered]
+        return claimed + await self._claim(session, free, task_ids=ids, low_lane=lane)
 
     async def _bid_and_claim(
-        self, session: Session, lots: list[TaskView], free: int
+        self, session: Session, lots: list[TaskView], free: int, lane: int = 0
     ) -> list[Claimed]:
         """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
-        and each next bidder may after its grace period."""
+        and each next bidder may after its grace period. Of the *free* lots bid on, *lane*
+        are the low lane's: the longest waiting below the top priority."""
         me = self.competition.me(self.executor.load)
         grace = self.config.auction_grace
         entitled: list[str] = []
@@ -425,7 +446,9 @@ class ClaimLoop:
         seen = {v.id for v in lots}
         for tid in [t for t in self._auctions if t not in seen]:
             del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
-        for view in lots[: max(1, free)]:
+        low = sorted(_below_top(lots), key=lambda v: (v.created_at, v.id))[: min(lane, free)]
+        chosen = [v for v in lots if v not in low][: max(1, free) - len(low)] + low
+        for view in chosen:
             state = self._auctions.get(view.id)
             if state is None or (not state[1] and now >= state[0].closes_at):
                 score = self.config.fitness(me, view)
@@ -449,7 +472,7 @@ class ClaimLoop:
             else:
                 wake = at if now >= auction.closes_at else auction.closes_at
                 self._auction_wake = min(self._auction_wake or wake, wake)
-        return await self._claim(session, free, task_ids=entitled)
+        return await self._claim(session, free, task_ids=entitled, low_lane=lane)
 
     # -- waiting ---------------------------------------------------------------------------
     async def _pause(self, seconds: float) -> None:
