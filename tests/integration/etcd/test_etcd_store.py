@@ -19,7 +19,7 @@ import pytest
 from aetcd import rpc
 
 from contend.domain.retry import RetryPolicy
-from contend.domain.task import Capabilities, TaskSpec, TaskState
+from contend.domain.task import LANE_LEVELS, Capabilities, TaskSpec, TaskState
 from contend.errors import (
     ConfigError,
     DependencyError,
@@ -1047,6 +1047,32 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
     assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
     assert commits == 2  # the batch, then the four still free in one more transaction
     assert store._claims.contended_until > time.monotonic()  # its next claims spread out
+
+
+async def test_the_low_lane_looks_at_lane_levels_below_the_top(store: EtcdStore) -> None:
+    """Of a queue's levels below the top, only the LANE_LEVELS highest take part in the
+    lane: the oldest task of the level past them is left to the best order."""
+    below = [spec(priority=p) for p in range(LANE_LEVELS + 1)]  # the lowest the oldest
+    for s in below:
+        await store.submit([s])
+    top = spec(priority=LANE_LEVELS + 100)
+    await store.submit([top])
+    session = await store.register_expert(ExpertInfo("e"), 10)
+    peeked = await store.peek(Q, ANY, 2, low_lane=1)
+    got = await store.claim("e", session, Q, ANY, limit=2, lease_ttl=10, low_lane=1)
+    assert [c.id for c in got] == [v.id for v in peeked] == [top.id, below[1].id]
+    # named ids: the top is the best of those named, and the level left out before is in
+    named = await store.claim(
+        "e",
+        session,
+        Q,
+        ANY,
+        limit=2,
+        lease_ttl=10,
+        low_lane=1,
+        task_ids=[s.id for s in below],
+    )
+    assert [c.id for c in named] == [below[-1].id, below[0].id]
 
 
 async def test_a_contended_claimer_spreads_over_equally_good_tasks(

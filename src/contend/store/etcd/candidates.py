@@ -3,18 +3,20 @@
 Ageing is reckoned when claims read, not written: a claim reads the head of each priority
 level of a queue (from its floor) and ranks what it read by effective priority (priority
 plus the age term, domain.aged_priority, from the created_at the index value starts with),
-then due time, then id. Then it takes the best, the low lane's share of the longest waiting,
-and, when rivals have been winning its races, a random stripe of equally good tasks."""
+then due time, then id. Then it takes the low lane's share of the longest waiting below the
+top base priority, the best for the rest and, when rivals have been winning its races, the
+best from a random stripe of equally good tasks."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Requirements, aged_priority
+from contend.domain.task import LANE_LEVELS, Capabilities, Requirements, aged_priority
 from contend.store.etcd.keys import PRIORITY_BASE, enc, micros, unenc
 from contend.store.etcd.levels import LevelRead, Levels
 from contend.store.etcd.record import COMPACT_JSON, REQ_NONE, Record, index_json
@@ -23,6 +25,8 @@ from contend.store.etcd.record import COMPACT_JSON, REQ_NONE, Record, index_json
 SPREAD_DEPTH = 6
 
 Rank = tuple[int, str, str]
+#: A candidate: (task id, its rank, its level: (queue, base priority)).
+Found = tuple[str, Rank, tuple[str, int]]
 #: What the priority index holds of a task a peek returns: (queue, priority, index value).
 Views = dict[str, TaskView | tuple[str, int, bytes]]
 
@@ -47,30 +51,55 @@ async def choose(
     reads: dict[str, LevelRead] | None = None,
     types: Collection[str] | None = None,
 ) -> list[str]:
-    """Ids of the tasks to try, in claim order: the best ``limit − low_lane`` by effective
-    priority, plus the ``low_lane`` due the longest; more of the best after them, to try
-    when rivals win some. With *spread* (rivals have been winning this instance's races),
-    the best are taken from a random place among the equally good candidates read, so that
-    experts reading the same head of the index do not all reach for the same tasks.
-    *views* receives what the priority index holds of the candidates it read, *reads*
-    the read of each one's level. *types*: only tasks of these types (None: any)."""
-    low_lane = max(0, min(low_lane, limit))
+    """Ids of the tasks to try, in claim order: *limit* of them as :func:`pick` chooses, then
+    more of the best, to try when rivals win some. With *spread* (rivals have been winning
+    this instance's races), the best are taken from a random place among the equally good
+    candidates read, so that experts reading the same head of the index do not all reach
+    for the same tasks. *views* receives what the priority index holds of the candidates it
+    read, *reads* the read of each one's level. *types*: only tasks of these types (None:
+    any)."""
     want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
     best = await candidates(levels, queues, caps, limit, now, want, views, reads, types)
-    # Each level's head is its longest waiting: those due first among all levels read.
-    oldest = sorted(best, key=lambda f: f[1][1:])[:low_lane] if low_lane else []
     if spread and best:
         top = best[0][1][0]
         level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
         if level > limit:  # more equally good tasks than wanted: take a stripe of them
             shift = limit * random.randrange(level // limit)
             best = best[shift:level] + best[:shift] + best[level:]
-    chosen = dict.fromkeys(f[0] for f in best[: limit - low_lane])
-    for tid, _ in oldest:
+    return pick(best, limit, low_lane)
+
+
+def pick(found: Sequence[Found], limit: int, low_lane: int) -> list[str]:
+    """The ids of *found* (claimable tasks, in the order they are preferred: by rank, or
+    striped) in the order to try them: first *limit* of them, in rank order, then the rest
+    as given. Of the *limit*, up to *low_lane* are the low lane's: the tasks due the longest
+    (due time, then id) among those whose base priority is below the highest of *found*, at
+    the LANE_LEVELS highest such priorities of each queue; the best take the other places
+    (all of them, when nothing stands below the top)."""
+    lane = _lane(found, max(0, min(low_lane, limit)))
+    chosen = dict.fromkeys(lane)
+    for tid, _, _ in found:
+        if len(chosen) >= limit:
+            break
         chosen.setdefault(tid)
-    order = dict(best)
-    first = sorted(chosen, key=lambda t: order[t])
-    return first + [f[0] for f in best if f[0] not in chosen]
+    rank = {f[0]: f[1] for f in found}
+    first = sorted(chosen, key=rank.__getitem__)
+    return first + [f[0] for f in found if f[0] not in chosen]
+
+
+def _lane(found: Sequence[Found], n: int) -> list[str]:
+    """The low lane's *n* (or fewer) of *found*, as :func:`pick` tells."""
+    if not n or not found:
+        return []
+    top = max(level[1] for _, _, level in found)
+    below: dict[str, list[int]] = {}  # queue -> its base priorities below the top
+    for queue, base in {level for _, _, level in found if level[1] < top}:
+        below.setdefault(queue, []).append(base)
+    if not below:
+        return []
+    taking = {(q, b) for q, bases in below.items() for b in heapq.nlargest(LANE_LEVELS, bases)}
+    oldest = heapq.nsmallest(n, (f for f in found if f[2] in taking), key=lambda f: f[1][1:])
+    return [tid for tid, _, _ in oldest]
 
 
 async def candidates(
@@ -83,11 +112,12 @@ async def candidates(
     views: Views | None = None,
     reads: dict[str, LevelRead] | None = None,
     types: Collection[str] | None = None,
-) -> list[tuple[str, Rank]]:
-    """(task id, rank) of due tasks *caps* can run (of *types*, when given), best first: at least *limit* (or
-    *want*) of each priority level of each queue where there are that many. *views*, if
-    given, receives what the index holds of each: (queue, priority, index value); *reads*
-    the read of its level."""
+) -> list[Found]:
+    """(task id, rank, level) of due tasks *caps* can run (of *types*, when given), best
+    first: at least *limit* (or *want*) of each priority level of each queue where there are
+    that many, the first in key order (due time, then id), so each level's longest waiting
+    among them. *views*, if given, receives what the index holds of each: (queue, priority,
+    index value); *reads* the read of its level."""
     want = max(want, limit)
     # A claim reads twice what it wants, to have others to try when rivals win some; a
     # peek (which fills *views*) only what it returns.
@@ -146,7 +176,7 @@ class _Search:
         self.levels, self.keep, self.now = levels, keep, now
         self.page, self.want, self.views, self.reads = page, want, views, reads
 
-    async def queue(self, queue: str) -> list[tuple[str, Rank]]:
+    async def queue(self, queue: str) -> list[Found]:
         """Read every level v/ lists, from its floor. The levels seen last time are read
         from the floors seen then, meanwhile; a level whose floor came down since (a task
         entered below it) is read again."""
@@ -163,23 +193,22 @@ class _Search:
         for read, out in done.values():
             found += out
             if self.reads is not None:
-                for tid, _ in out:
+                for tid, _, _ in out:
                     self.reads[tid] = read
         return found
 
     async def _levels(
         self, queue: str, floors: Iterable[tuple[str, bytes]]
-    ) -> dict[str, tuple[LevelRead, list[tuple[str, Rank]]]]:
+    ) -> dict[str, tuple[LevelRead, list[Found]]]:
         floors = list(floors)
         got = await asyncio.gather(*(self._level(queue, inv, f) for inv, f in floors))
         return dict(zip((inv for inv, _ in floors), got, strict=True))
 
-    async def _level(
-        self, queue: str, inv: str, floor: bytes
-    ) -> tuple[LevelRead, list[tuple[str, Rank]]]:
+    async def _level(self, queue: str, inv: str, floor: bytes) -> tuple[LevelRead, list[Found]]:
         """Read one level from *floor*, and rank what it holds (as rank_of does)."""
         prefix = self.levels.keys.k("q", enc(queue), inv, "")
         priority = PRIORITY_BASE - int(inv)
+        level = (queue, priority)
         aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
         out = []
         kvs, read = await self.levels.read(prefix, prefix + floor, self.page, self.want, self.keep)
@@ -191,7 +220,7 @@ class _Search:
             step = aged.get(created)
             if step is None:
                 step = aged[created] = aged_priority(priority, now - float(created))
-            out.append((tid, (-step, due, tid)))  # as rank_of
+            out.append((tid, (-step, due, tid), level))  # as rank_of
             if views is not None:
                 views[tid] = (queue, priority, kv.value)
         return read, out

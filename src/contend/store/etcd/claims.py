@@ -23,7 +23,7 @@ from contend.domain.task import Capabilities, Requirements, TaskState, load_trac
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
-from contend.store.etcd.candidates import Rank, choose, rank_of
+from contend.store.etcd.candidates import Found, Rank, choose, pick, rank_of
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
 from contend.store.etcd.outcomes import apply_outcome
@@ -135,7 +135,7 @@ class Claims:
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
-                self._named(task_ids, queues, capabilities, now, types),
+                self._named(task_ids, queues, capabilities, now, types, limit, low_lane),
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
@@ -148,13 +148,16 @@ class Claims:
         caps: Capabilities,
         now: float,
         types: Collection[str] | None,
+        limit: int,
+        low_lane: int,
     ) -> list[str]:
-        """The named tasks that may be claimed now, the best first."""
+        """The named tasks that may be claimed now, in the order to try them (as
+        :func:`~contend.store.etcd.candidates.pick` tells, the low lane's among them)."""
         ids = list(dict.fromkeys(task_ids))
         qs = set(queues)
         kinds = None if types is None else set(types)
         kvs = await self.etcd.read_many([self.keys.task(t) for t in ids])
-        named: list[tuple[Rank, str]] = []
+        named: list[Found] = []
         for tid, kv in zip(ids, kvs, strict=True):
             if kv is None:
                 continue
@@ -167,8 +170,9 @@ class Claims:
                 and (kinds is None or rec.type in kinds)
                 and caps.satisfies(Requirements.from_json(rec.req))
             ):
-                named.append((rank_of(rec, now), tid))
-        return [tid for _, tid in sorted(named)]
+                named.append((tid, rank_of(rec, now), (rec.queue, rec.priority)))
+        named.sort(key=lambda f: f[1])
+        return pick(named, limit, low_lane)
 
     def lost_session(self, claimant: Claimant) -> LeaseLost:
         """Forget a session a claim found ended; the error to raise."""
