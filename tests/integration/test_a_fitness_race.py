@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,33 @@ async def test_the_fitter_expert_wins_the_race(app: App) -> None:
 
 async def _sees_rival(e: Expert) -> bool:
     return len(e.competition.rivals()) == 1
+
+
+@pytest.mark.parametrize("how", ["specialty", "tier"])
+async def test_the_specialist_wins_the_race_for_its_type(app: App, how: str) -> None:
+    # the specialist's bonus used to be capped away by an idle generalist's 1.0 (17 of 30
+    # in a one-at-a-time trial), and the specialized tier alone did nothing
+    @app.task
+    async def index(ctx: TaskContext) -> str:
+        await asyncio.sleep(0)
+        return ctx.expert
+
+    special: dict[str, Any] = (
+        {"specialties": frozenset({"index"})} if how == "specialty" else {"tier": "specialized"}
+    )
+    async with (
+        expert(app, name="plain", window=1.0, lease_ttl=1.5) as p,
+        expert(app, name="special", window=1.0, lease_ttl=1.5, **special) as s,
+    ):
+        assert s.specialties == {"index"}
+        await eventually(lambda: _sees_specialist(p))  # from its first heartbeat's metrics
+        await eventually(lambda: _sees_rival(s))
+        winners = []
+        for _ in range(20):  # one race at a time, as above
+            handle = await app.submit(index)
+            winners.append(await handle.result(timeout=10))
+    assert winners.count("special") >= 18, winners
+
+
+async def _sees_specialist(e: Expert) -> bool:
+    return [r.specialties for r in e.competition.rivals()] == [{"index"}]

@@ -78,7 +78,19 @@ def test_a_much_faster_rival_makes_the_race_matter_and_wait() -> None:
     assert 0.1 * 0.75 * 0.9 * 0.99 <= delay <= 0.1 * (1 + c.cluster_load / 0.8) * 0.76 * 1.1
 
 
-def test_the_fittest_does_not_wait_and_ties_do_not_wait() -> None:
+def test_equally_fit_rivals_break_the_tie_by_jitter() -> None:
+    # docs/competition.md says jitter breaks ties; equals used to wait exactly 0, all alike
+    draws = iter([0.25, 0.75])
+    c = comp(rand=lambda: next(draws))
+    c.update_peers([peer("me"), peer("twin"), peer("gpu-box", ("gpu",))], 0)
+    assert c.race_matters(0)  # rivals differ, so a race is run
+    first = c.plan([view("t")], 0)[0][0]
+    second = c.plan([view("t")], 0)[0][0]
+    jitter_span = c.window * c.jitter
+    assert (first, second) == (jitter_span * 0.25, jitter_span * 0.75)
+
+
+def test_the_fittest_without_a_tie_does_not_wait() -> None:
     c = comp()
     c.update_peers([peer("slow", metrics={"types": {"t": [5, 0, 9.0]}})], 0)
     for _ in range(5):

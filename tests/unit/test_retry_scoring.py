@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from contend.domain.retry import RetryDecision, RetryPolicy
 from contend.domain.scoring import (
+    SPECIALIST_EDGE,
     ExpertView,
     TaskView,
     adaptive_window,
@@ -196,13 +197,25 @@ def test_default_fitness() -> None:
         ExpertView("e", Capabilities(frozenset({"gpu"})), capacity=4, load=4),
         _task(Requirements.of("gpu")),
     )
-    assert idle == 1.0 and busy == 0.5
+    # the top of the scale is the specialist's
+    assert idle == pytest.approx(1 - SPECIALIST_EDGE) and busy == pytest.approx(idle / 2)
     special = ExpertView("s", capacity=2, load=1, specialties=frozenset({"t"}))
     plain = ExpertView("p", capacity=2, load=1)
     assert default_fitness(special, _task()) == pytest.approx(
-        default_fitness(plain, _task()) + 0.25
+        default_fitness(plain, _task()) + SPECIALIST_EDGE
     )
     assert default_fitness(special, _task(type="other")) == default_fitness(plain, _task())
+
+
+def test_a_specialist_beats_an_idle_generalist_that_fits_exactly() -> None:
+    # a bonus added and capped at 1 was worth nothing here: both scored 1.0
+    special = ExpertView("s", specialties=frozenset({"t"}))
+    plain = ExpertView("p")
+    assert default_fitness(special, _task()) == 1.0
+    assert default_fitness(plain, _task()) == pytest.approx(1 - SPECIALIST_EDGE)
+    # a busy specialist yields to an idle generalist
+    busy = ExpertView("s", capacity=2, load=2, specialties=frozenset({"t"}))
+    assert default_fitness(busy, _task()) < default_fitness(plain, _task())
 
 
 @given(

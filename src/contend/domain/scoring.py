@@ -69,6 +69,11 @@ class TaskView:
 Fitness = Callable[[ExpertView, TaskView], float]
 
 
+#: The share of a perfect score that only a specialist on the task's type reaches. (A bonus
+#: added and capped at 1 was worth nothing against an idle generalist that fits exactly.)
+SPECIALIST_EDGE = 0.2
+
+
 def default_fitness(expert: ExpertView, task: TaskView) -> float:
     """The product of:
 
@@ -79,8 +84,10 @@ def default_fitness(expert: ExpertView, task: TaskView) -> float:
     * speed on this task type — the cluster's fastest mean run time over this expert's;
     * locality — 0.6 when the task prefers tags (a zone, a host) the expert lacks;
 
-    plus 0.25 for a specialist on its own task types, capped at 1. An expert with fewer than
-    ``MIN_RUNS`` runs of a type scores neutral on success and speed, so newcomers get tried.
+    all scaled into ``[0, 1 − SPECIALIST_EDGE]``; a specialist on its own task types gets the
+    edge on top, so that it beats an equally placed generalist even when both are idle and
+    fit exactly. An expert with fewer than ``MIN_RUNS`` runs of a type scores neutral on
+    success and speed, so newcomers get tried.
     """
     match = expert.capabilities.match_score(task.requirements)
     if match == 0.0:
@@ -94,9 +101,10 @@ def default_fitness(expert: ExpertView, task: TaskView) -> float:
             score *= max(0.05, min(1.0, typical / record.mean_seconds))
     if task.requirements.prefer and not task.requirements.prefer <= expert.capabilities.tags:
         score *= 0.6
+    score = max(0.0, min(1.0, score)) * (1.0 - SPECIALIST_EDGE)
     if task.type in expert.specialties:
-        score += 0.25
-    return max(0.0, min(1.0, score))
+        score += SPECIALIST_EDGE
+    return score
 
 
 def adaptive_window(base: float, cluster_load: float) -> float:

@@ -8,7 +8,8 @@ does no I/O of its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,8 +111,10 @@ class Competition:
         jitter: float = 0.1,
         zone_margin: float = 0.0,
         pressure: PressurePolicy | None = None,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         self.name = name
+        self.rand = rand
         self.capabilities = capabilities
         self.capacity = capacity
         self.queues = set(queues)
@@ -245,11 +248,17 @@ class Competition:
         plan = []
         for n, view in enumerate(views):
             mine = self.fitness(me, view)
-            best = max([mine, *(self.fitness(r, view) for r in rivals)])
-            if best <= 0 or mine >= best * (1 - TIE):
+            theirs = [self.fitness(r, view) for r in rivals]
+            best = max([mine, *theirs])
+            if best <= 0:
                 delay = 0.0
+            elif mine >= best * (1 - TIE):
+                # the fittest, or as fit as the fittest: no wait, but a tie is broken by a
+                # random share of the jitter, so equals do not all reach for it at once
+                tied = any(t >= mine * (1 - TIE) for t in theirs)
+                delay = self.window * self.jitter * self.rand() if tied else 0.0
             else:
-                delay = race_delay(self.window, mine / best, self.jitter)
+                delay = race_delay(self.window, mine / best, self.jitter, self.rand)
             prefer = view.requirements.prefer
             if prefer and not prefer <= self.capabilities.tags:
                 delay += self.zone_margin

@@ -119,7 +119,8 @@ class ExpertConfig:
     tier: str = field(
         default="general",
         metadata=setting(
-            "specialized: a bonus on its specialties; emergency: claims only under pressure",
+            "specialized: the edge on its specialties (none named: its app's types); "
+            "emergency: claims only under pressure",
             choices=TIERS,
             flag="--tier",
         ),

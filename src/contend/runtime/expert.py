@@ -136,13 +136,18 @@ class Expert:
         if tracing.enabled() and not any(isinstance(h, tracing.TracingHook) for h in hooks):
             hooks.append(tracing.TracingHook())  # OpenTelemetry is set up: trace the tasks
         self.hooks = Hooks([self.stats, TaskLog(), *hooks])
+        #: The task types this expert gets the specialist's edge on: those named, or for the
+        #: specialized tier with none named, every type its app has.
+        self.specialties = self.config.specialties or (
+            frozenset(app.tasks) if self.config.tier == "specialized" else frozenset()
+        )
         self.competition = Competition(
             self.name,
             self.config.capabilities,
             self.config.concurrency,
             self.queues,
             tier=self.config.tier,
-            specialties=self.config.specialties,
+            specialties=self.specialties,
             fitness=self.config.fitness,
             window=self.config.window,
             jitter=self.config.jitter,
