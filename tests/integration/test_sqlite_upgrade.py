@@ -24,6 +24,7 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db.execute("ALTER TABLE tasks DROP COLUMN progress")
     db.execute("ALTER TABLE tasks DROP COLUMN trace")
     db.execute("DROP INDEX tasks_lane")
+    db.execute("ALTER TABLE auctions DROP COLUMN grace")
     db.execute("UPDATE contend_meta SET value = '1' WHERE key = 'schema_version'")
     db.commit()
     db.close()

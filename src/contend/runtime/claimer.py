@@ -437,10 +437,10 @@ class ClaimLoop:
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0
     ) -> list[Claimed]:
         """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
-        and each next bidder may after its grace period. Of the *free* lots bid on, *lane*
+        and each next bidder may after its grace period (the store refuses a claim out of
+        turn). Of the *free* lots bid on, *lane*
         are the low lane's: the longest waiting below the top priority."""
         me = self.competition.me(self.executor.load)
-        grace = self.config.auction_grace
         entitled: list[str] = []
         now = await session.call("a read", self.store.now)
         seen = {v.id for v in lots}
@@ -459,6 +459,7 @@ class ClaimLoop:
                     view.id,
                     score,
                     self.config.auction_window,
+                    self.config.auction_grace,
                 )
                 auction = await session.call("a bid", bid)
                 state = (auction, auction.now >= auction.closes_at)
@@ -466,7 +467,7 @@ class ClaimLoop:
             auction, _ = state
             if not auction.open:
                 continue
-            at = auction.may_claim_at(self.name, grace)
+            at = auction.may_claim_at(self.name)  # the grace the first bid set
             if now >= at:
                 entitled.append(view.id)
             else:

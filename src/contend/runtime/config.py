@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from contend.domain import auction
 from contend.domain.payload import check_name, check_queue
 from contend.domain.retention import DEFAULT_RETENTION, check_retention
 from contend.domain.scoring import Fitness, default_fitness
@@ -202,10 +203,11 @@ class ExpertConfig:
         ),
     )
     auction_grace: float = field(
-        default=0.5,
+        default=auction.DEFAULT_GRACE,
         metadata=setting(
-            "how long each bidder has to claim before the next may, seconds",
-            bounds=Bounds(0, 600, lo_open=True),
+            "how long each bidder has to claim before the next may, seconds (the first "
+            "bid on a task sets it for that auction)",
+            bounds=Bounds(0, auction.MAX_GRACE, lo_open=True),
         ),
     )
     auction_threshold: float = field(

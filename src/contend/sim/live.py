@@ -68,11 +68,9 @@ class VirtualStore(MemoryStore):
         self.claims += 1
         return await super().claim(expert, session, *args, **kwargs)
 
-    async def bid(
-        self, expert: str, session: str, task_id: str, score: float, window: float
-    ) -> Auction:
+    async def bid(self, expert: str, session: str, *args: Any, **kwargs: Any) -> Auction:
         self.bids += 1
-        return await super().bid(expert, session, task_id, score, window)
+        return await super().bid(expert, session, *args, **kwargs)
 
 
 class _Finishes(Hook):

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from contend.domain.auction import check_grace
 from contend.domain.task import TaskSpec, find_cycle
 from contend.errors import ConfigError, DependencyError, ExpertConflict, LeaseLost, TaskError
 from contend.store.port import Submitted
@@ -57,18 +58,12 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-def check_bid(score: float, window: float) -> tuple[float, float]:
+def check_bid(score: float, window: float, grace: float) -> tuple[float, float, float]:
     if not isinstance(score, int | float) or not math.isfinite(score) or not 0 <= score <= 1:
         raise ConfigError(f"a bid must be a score in [0, 1], got {score!r}")
     if not isinstance(window, int | float) or not math.isfinite(window) or not 0 <= window <= 3600:
         raise ConfigError(f"an auction window must be between 0 and 3600 s, got {window!r}")
-    return float(score), float(window)
-
-
-def rank_bids(bids: dict[str, tuple[float, float]]) -> tuple[tuple[str, float], ...]:
-    """{expert: (score, placed_at)} -> ((expert, score), ...), best first, then earliest."""
-    order = sorted(bids.items(), key=lambda kv: (-kv[1][0], kv[1][1], kv[0]))
-    return tuple((name, score) for name, (score, _) in order)
+    return float(score), float(window), check_grace(grace)
 
 
 def sort_out(

@@ -33,6 +33,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from contend.domain import auction
 from contend.domain.scoring import TaskView
 from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState
 from contend.errors import FencedOut
@@ -190,15 +191,16 @@ class Auction:
     closes_at: float
     bids: tuple[tuple[str, float], ...]  # (expert, score), best first
     open: bool = True  # False when the task is no longer pending
+    grace: float = auction.DEFAULT_GRACE  # set by the first bid
 
     def rank(self, expert: str) -> int:
-        for n, (name, _) in enumerate(self.bids):
-            if name == expert:
-                return n
-        return len(self.bids)
+        return auction.rank(self.bids, expert)
 
-    def may_claim_at(self, expert: str, grace: float) -> float:
-        return self.closes_at + self.rank(expert) * grace
+    def may_claim_at(self, expert: str, grace: float | None = None) -> float:
+        """When *expert* may claim: the store refuses a claim before then (Store.claim)."""
+        return auction.may_claim_at(
+            self.closes_at, self.grace if grace is None else grace, self.bids, expert
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,9 +449,20 @@ class Store(Protocol):
 
     # -- auctions --------------------------------------------------------------------------
     async def bid(
-        self, expert: str, session: str, task_id: str, score: float, window: float
+        self,
+        expert: str,
+        session: str,
+        task_id: str,
+        score: float,
+        window: float,
+        grace: float = auction.DEFAULT_GRACE,
     ) -> Auction:
         """Place (or repeat) this expert's bid on a pending task; the first bid opens the auction
-        for *window* seconds. Returns the auction as it stands. Raises LeaseLost for a session
-        that is not live; a task that is not pending gives ``open=False``. Bids on tasks that
-        are no longer pending are cleared by ``expire``."""
+        for *window* seconds and fixes its *grace* (``contend.domain.auction``). A bid after the
+        close is not ranked (it returns the auction as it stands). Raises LeaseLost for a
+        session that is not live; a task that is not pending gives ``open=False``. Bids on
+        tasks that are no longer pending are cleared by ``expire``.
+
+        Claims keep the auction's order: while a task's auction holds an expert back (before
+        the close, then until its rank's turn, ``Auction.may_claim_at``), the task is not
+        claimable by that expert, named or not."""

@@ -147,9 +147,10 @@ class TaskIndex:
         *,
         ids: Collection[str] | None = None,
         tasks: Mapping[str, Row] | None = None,
+        without: Collection[str] = (),
     ) -> list[str]:
         """Up to *limit* ids of due pending tasks *caps* can run, of *types* (None: any) and
-        among *ids* (None: any): best first by (−effective priority, run_at, id), except that
+        among *ids* (None: any) and not in *without*: best first by (−effective priority, run_at, id), except that
         up to *low_lane* of them are the low lane's (the due longest below the top base
         priority: Store.claim; that part scans every due task, and needs *tasks*)."""
         groups = self._runnable(queues, caps, types)
@@ -159,6 +160,8 @@ class TaskIndex:
         merged: Iterator[Key] = streams[0] if len(streams) == 1 else heapq.merge(*streams)
         if ids is not None:
             merged = (key for key in merged if key[2] in ids)
+        if without:
+            merged = (key for key in merged if key[2] not in without)
         if not low_lane or tasks is None:
             return [key[2] for _, key in zip(range(limit), merged, strict=False)]
         everything = list(merged)

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Sequence
 
+from contend.domain import auction
 from contend.domain import transitions as rules
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
@@ -21,7 +22,6 @@ from contend.store._common import (
     check_limit,
     check_retry_delay,
     check_ttl,
-    rank_bids,
     sort_out,
 )
 from contend.store.memory.index import TaskIndex
@@ -77,7 +77,7 @@ class MemoryStore:
         self._seen = 0
         self._done_times: list[float] = []
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
-        self._auction_close: dict[str, float] = {}
+        self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
 
@@ -255,7 +255,15 @@ class MemoryStore:
         index = self._index
         wanted = None if task_ids is None else set(task_ids)
         chosen = index.claimable(
-            queues, capabilities, now, limit, low_lane, types, ids=wanted, tasks=self._tasks
+            queues,
+            capabilities,
+            now,
+            limit,
+            low_lane,
+            types,
+            ids=wanted,
+            tasks=self._tasks,
+            without=self._held_back(expert, now),
         )
         outcome = rules.claimed(expert, start=start)
         return [
@@ -310,21 +318,36 @@ class MemoryStore:
         ]
 
     async def bid(
-        self, expert: str, session: str, task_id: str, score: float, window: float
+        self,
+        expert: str,
+        session: str,
+        task_id: str,
+        score: float,
+        window: float,
+        grace: float = auction.DEFAULT_GRACE,
     ) -> Auction:
-        score, window = check_bid(score, window)
+        score, window, grace = check_bid(score, window, grace)
         now = self._clock()
         self._sessions.live(expert, session, now)
         row = self._tasks.get(task_id)
         if row is None:
             raise TaskNotFound(task_id)
         if row.state != P:
-            return Auction(task_id, now, self._auction_close.get(task_id, now), (), open=False)
+            closes, grace = self._auctions.get(task_id, (now, grace))
+            return Auction(task_id, now, closes, (), open=False, grace=grace)
         bids = self._bids.setdefault(task_id, {})
-        closes = self._auction_close.setdefault(task_id, now + window)
-        if expert not in bids or bids[expert][0] != score:
+        closes, grace = self._auctions.setdefault(task_id, (now + window, grace))
+        if now < closes and (expert not in bids or bids[expert][0] != score):
             bids[expert] = (score, bids.get(expert, (score, now))[1])
-        return Auction(task_id, now, closes, rank_bids(bids))
+        return Auction(task_id, now, closes, auction.rank_bids(bids), grace=grace)
+
+    def _held_back(self, expert: str, now: float) -> set[str]:
+        """The tasks whose auction does not let *expert* claim yet."""
+        return {
+            tid
+            for tid, (closes, grace) in self._auctions.items()
+            if now < auction.may_claim_at(closes, grace, auction.rank_bids(self._bids[tid]), expert)
+        }
 
     # -- the owner's writes, each fenced ---------------------------------------------------
     def _owned(
@@ -496,7 +519,7 @@ class MemoryStore:
         self._index.age(now, self._tasks)  # after the lapse: returned tasks catch up too
         for tid in [t for t in self._bids if self._tasks[t].state != P]:
             del self._bids[tid]
-            self._auction_close.pop(tid, None)
+            self._auctions.pop(tid, None)
         self._sessions.forget_lapsed(now - 3600)
         if moved:
             self._touch()
@@ -551,6 +574,8 @@ class MemoryStore:
                 continue  # a waiting task still waits on it
             row = self._tasks.pop(tid)
             self._dependents.pop(tid, None)
+            self._bids.pop(tid, None)
+            self._auctions.pop(tid, None)
             if row.spec.key is not None and self._keys.get(row.spec.key) == tid:
                 del self._keys[row.spec.key]
             deleted += 1

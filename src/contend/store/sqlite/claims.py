@@ -12,19 +12,23 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, MAX_PRIORITY, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
+from contend.store.sqlite.auctions import held_back
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import attempts_sql
 from contend.store.sqlite.rows import claimed_from_row, insert_events, load
 from contend.store.sqlite.sessions import check_session
 
 
-def _where(queues: Sequence[str], with_ids: int | None, types: Collection[str] | None) -> str:
-    """Claimable tasks (parameters: queues, now, [ids], [types])."""
+def _where(
+    queues: Sequence[str], with_ids: int | None, types: Collection[str] | None, without: int = 0
+) -> str:
+    """Claimable tasks (parameters: queues, now, [ids], [types], [ids held back])."""
     qmarks = ",".join("?" * len(queues))
     ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
     of_type = f" AND type IN ({','.join('?' * len(types))})" if types is not None else ""
+    held = f" AND id NOT IN ({','.join('?' * without)})" if without else ""
     return (
-        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type} "
+        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type}{held} "
         "AND (requirements IS NULL OR contend_fits(requirements))"
     )
 
@@ -34,11 +38,12 @@ def _claimable_sql(
     with_ids: int | None,
     types: Collection[str] | None = None,
     lane: int = 0,
+    without: int = 0,
 ) -> str:
     """A predicate on claimable tasks: the best by effective priority (parameters: queues,
-    now, [ids], [types], limit), and the *lane* ids the low lane chose (:func:`_lane`;
-    parameters: their ids, then the limit of the best)."""
-    where = _where(queues, with_ids, types)
+    now, [ids], [types], [*without* ids held back], limit), and the *lane* ids the low lane
+    chose (:func:`_lane`; parameters: their ids, then the limit of the best)."""
+    where = _where(queues, with_ids, types, without)
     # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
     # then sorts every pending task; walking the claim order's own index stops at LIMIT
     if not lane:
@@ -64,10 +69,11 @@ def _claimable_params(
     types: Collection[str] | None,
     limit: int,
     lane: Sequence[str] = (),
+    held: Sequence[str] = (),
 ) -> tuple[Any, ...]:
     """The parameters of :func:`_claimable_sql`, in its order."""
     kinds = tuple(types or ())
-    where = (*queues, now, *(ids or ()), *kinds)
+    where = (*queues, now, *(ids or ()), *kinds, *held)
     if not lane:
         return (*where, limit)
     return (*lane, *where, limit - len(lane), *lane)
@@ -80,13 +86,14 @@ def _lane(
     ids: Sequence[str] | None,
     types: Collection[str] | None,
     n: int,
+    held: Sequence[str] = (),
 ) -> list[str]:
     """The low lane's choice: the *n* claimable tasks due the longest among those below the
     highest base priority of the claimable ones. The levels of each queue are found by
     stepping down its ``tasks_lane`` index (a skip scan, one seek a level), then each level's
     first *n* claimable by due time: a few seeks per level, however long the backlog."""
     one = ["x"]
-    where = _where(one, None if ids is None else len(ids), types)
+    where = _where(one, None if ids is None else len(ids), types, len(held))
     pick = (
         f"SELECT run_at, id, priority FROM tasks INDEXED BY tasks_lane "
         f"WHERE priority = ? AND {where} ORDER BY run_at, id LIMIT ?"
@@ -95,7 +102,7 @@ def _lane(
         "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' AND queue = ? "
         "AND priority < ? ORDER BY priority DESC LIMIT 1"
     )
-    extra = (*(ids or ()), *(types or ()))
+    extra = (*(ids or ()), *(types or ()), *held)
     heads: list[tuple[float, str, int]] = []
     top: int | None = None
     for queue in dict.fromkeys(queues):
@@ -182,9 +189,11 @@ async def claim(
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
             return []
         db.caps = capabilities
-        lane = _lane(conn, queues, now, ids, kinds, min(low_lane, limit)) if low_lane else []
-        inner = _claimable_sql(queues, None if ids is None else len(ids), kinds, len(lane))
-        params = _claimable_params(queues, now, ids, kinds, limit, lane)
+        held = held_back(conn, expert, now)  # the auctions' order, kept here
+        lane = _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held) if low_lane else []
+        n = None if ids is None else len(ids)
+        inner = _claimable_sql(queues, n, kinds, len(lane), len(held))
+        params = _claimable_params(queues, now, ids, kinds, limit, lane, held)
         rows = conn.execute(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "

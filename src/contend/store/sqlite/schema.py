@@ -56,7 +56,9 @@ CREATE TABLE task_events (
     expert TEXT, detail TEXT
 );
 CREATE INDEX task_events_task ON task_events (task_id);
-CREATE TABLE auctions (task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE auctions (
+    task_id TEXT PRIMARY KEY, closes_at REAL NOT NULL, grace REAL NOT NULL DEFAULT 0.5
+) WITHOUT ROWID;
 CREATE TABLE bids (
     task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
     PRIMARY KEY (task_id, expert)
@@ -88,10 +90,11 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tasks ADD COLUMN progress TEXT",
         "ALTER TABLE tasks ADD COLUMN trace TEXT",
     ),
-    # the low lane's skip scan over base priority levels
+    # the low lane's skip scan over base priority levels; the grace each auction keeps
     3: (
         "CREATE INDEX IF NOT EXISTS tasks_lane ON tasks (queue, priority DESC, run_at, id) "
         "WHERE state = 'pending'",
+        "ALTER TABLE auctions ADD COLUMN grace REAL NOT NULL DEFAULT 0.5",
     ),
 }
 

@@ -37,11 +37,55 @@ async def test_bids_are_ranked_and_the_auction_closes_on_the_store_clock(harness
     assert raised.bids[0] == ("a", 0.95)
 
 
+async def test_the_store_keeps_the_auction_order(harness: Harness) -> None:
+    # the order used to be kept only by cooperating experts: the store granted a lower
+    # bidder's claim during the winner's grace, and anyone's claim before the close
+    h = harness
+    (sub,) = await h.store.submit([spec("render")])
+    (other,) = await h.store.submit([spec("render")])
+    a, b, c = [await join(h, n) for n in ("a", "b", "c")]
+    window, grace = h.ttl / 4, h.ttl / 4
+    opened = await h.store.bid("a", a.session, sub.id, 0.9, window, grace)
+    assert opened.grace == grace
+    ranked = await h.store.bid("b", b.session, sub.id, 0.5, window, grace * 3)
+    assert ranked.grace == grace  # the first bid fixed it
+    assert ranked.may_claim_at("b") == ranked.closes_at + grace
+
+    async def claims(e: Expert) -> set[str]:
+        named = {t.id for t in await e.claim(task_ids=[sub.id])}
+        for t in await e.claim(5):  # a plain claim skips it too
+            assert t.id == other.id, "a held-back task was claimed"
+            assert await h.store.release(e.name, [(t.id, t.fence)]) == [None]
+        return named
+
+    for e in (a, b, c):  # the window is open: nobody, not even the top bidder
+        assert await claims(e) == set()
+    await h.advance(window + h.tolerance)
+    late = await h.store.bid("c", c.session, sub.id, 1.0, window, grace)
+    assert [name for name, _ in late.bids] == ["a", "b"]  # sealed at the close
+    for e in (b, c):  # the winner's grace: only 'a'
+        assert await claims(e) == set()
+    await h.advance(grace)
+    assert await claims(c) == set()  # 'b' has its turn before anyone else
+    assert await claims(b) == {sub.id}
+
+
+async def test_the_top_bidder_claims_at_the_close(harness: Harness) -> None:
+    h = harness
+    (sub,) = await h.store.submit([spec("render")])
+    a, b = [await join(h, n) for n in ("a", "b")]
+    await h.store.bid("b", b.session, sub.id, 0.4, h.ttl / 4)
+    await h.store.bid("a", a.session, sub.id, 0.8, h.ttl / 4)
+    await h.advance(h.ttl / 4 + h.tolerance)
+    assert await b.claim(task_ids=[sub.id]) == []
+    assert [t.id for t in await a.claim(task_ids=[sub.id])] == [sub.id]
+
+
 async def test_a_bid_on_a_task_that_is_not_pending_says_so(harness: Harness) -> None:
     h = harness
     (sub,) = await h.store.submit([spec("render")])
     a = await join(h, "a")
-    await h.store.bid("a", a.session, sub.id, 0.5, 1.0)
+    await h.store.bid("a", a.session, sub.id, 0.5, 0.0)  # closes at once: 'a' ranks first
     (got,) = await a.claim(task_ids=[sub.id])
     closed = await h.store.bid("a", a.session, sub.id, 0.5, 1.0)
     assert not closed.open and closed.bids == ()
@@ -58,6 +102,10 @@ async def test_bids_need_a_known_task_a_live_session_and_a_sane_score(harness: H
             await h.store.bid("a", a.session, sub.id, bad, 1.0)
     with pytest.raises(ConfigError, match="window"):
         await h.store.bid("a", a.session, sub.id, 0.5, -1.0)
+    for bad_grace in (0, -1.0, float("inf"), 601.0):
+        with pytest.raises(ConfigError, match="grace"):
+            await h.store.bid("a", a.session, sub.id, 0.5, 1.0, bad_grace)
+    assert (await h.store.get(sub.id)).state == TaskState.PENDING
     with pytest.raises(TaskNotFound):
         await h.store.bid("a", a.session, "no-such-task", 0.5, 1.0)
     await h.advance(h.ttl * 1.5)
