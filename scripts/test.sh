@@ -2,7 +2,7 @@
 # The whole test suite: lint, types, layer contracts, then every test level.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/venv.sh dev,postgres,etcd,dashboard,metrics,otel
+scripts/venv.sh dev,postgres,etcd,dashboard,metrics,otel,cron
 scripts/install-chromium.sh   # the dashboard tests drive Debian's chromium
 scripts/install-etcd.sh   # the etcd tests start their own server from this binary
 scripts/install-chaos.sh  # nftables, libfaketime: the chaos suite's short mode (tests/chaos)

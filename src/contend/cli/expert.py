@@ -136,6 +136,8 @@ def config_from_args(args: argparse.Namespace) -> ExpertConfig:
             values[f.name] = CONVERSIONS[f.name](given)
     if args.no_steal:
         values["steal_ratio"] = None
+    if getattr(args, "no_periodic", False):
+        values["periodic"] = False
     return ExpertConfig(**values)
 
 
@@ -146,6 +148,11 @@ def add_parser(sub: Subcommands) -> None:
     add_config_options(e)
     e.add_argument(
         "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
+    )
+    e.add_argument(
+        "--no-periodic",
+        action="store_true",
+        help="do not submit the ticks of the app's periodic tasks (other experts do)",
     )
     add_metrics_options(e)
     e.set_defaults(func=cmd_expert)

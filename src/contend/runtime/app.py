@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from contend.domain.periodic import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW, Schedule
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
@@ -139,6 +140,15 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """A periodic task type: its schedule, and whether its function takes the tick."""
+
+    name: str
+    schedule: Schedule
+    wants_tick: bool = False
+
+
 def _wants_context(fn: Callable[..., Any]) -> bool:
     params = list(inspect.signature(fn).parameters.values())
     return bool(params) and params[0].name == "ctx"
@@ -158,6 +168,8 @@ class App:
         self._url = store_url
         self._factory = store_factory
         self.tasks: dict[str, TaskType] = {}
+        #: The periodic task types (``@app.periodic``) and their schedules.
+        self.schedules: dict[str, Periodic] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         # one store opened per loop, however many callers ask for it at once
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
@@ -270,6 +282,45 @@ class App:
 
         if fn is not None:
             return register(fn)
+        return register
+
+    def periodic(
+        self,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        tz: str = "UTC",
+        catch_up: str = DEFAULT_CATCH_UP,
+        catch_up_window: float = DEFAULT_CATCH_UP_WINDOW,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """Register a task type that runs on a schedule: ``every=SECONDS`` (aligned to the
+        epoch, so ``every=60`` ticks at each whole minute) or ``cron="*/5 * * * *"`` (in *tz*;
+        needs ``contend[cron]``). Each tick runs once across all experts and hosts: every
+        expert whose app has the type submits the tick under the tick's idempotency key, and
+        the store keeps one. *catch_up* says what runs of the ticks missed while no expert was
+        up (within *catch_up_window* seconds): ``"latest"`` (the default) the most recent one,
+        ``"all"`` each of them, ``"skip"`` none. A parameter named ``tick`` receives the tick's
+        time (ISO 8601, UTC). Other *options* are those of :meth:`task`."""
+        schedule = Schedule.build(
+            every=every, cron=cron, tz=tz, catch_up=catch_up, catch_up_window=catch_up_window
+        )
+
+        def register(f: F) -> F:
+            self.task(**options)(f)
+            tt = self.task_type(f)
+            wants_tick = tt.signature is not None and "tick" in tt.signature.parameters
+            try:
+                tt.check_arguments([], {"tick": "x"} if wants_tick else {})
+            except TaskError as exc:
+                del self.tasks[tt.name]
+                raise ConfigError(
+                    f"periodic task {shown(tt.name)} must take no arguments but ctx and tick"
+                    f" ({exc})"
+                ) from None
+            self.schedules[tt.name] = Periodic(tt.name, schedule, wants_tick)
+            return f
+
         return register
 
     def task_type(self, name: str | Callable[..., Any]) -> TaskType:

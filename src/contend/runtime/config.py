@@ -146,6 +146,10 @@ class ExpertConfig:
             default_text="7d",
         ),
     )
+    periodic: bool = field(  # --no-periodic
+        default=True,
+        metadata=setting("submit the ticks of the app's periodic task types (@app.periodic)"),
+    )
     lease_ttl: float = field(
         default=15.0,
         metadata=setting("lease TTL in seconds", bounds=Bounds(0.5, ONE_DAY), flag="--lease"),

@@ -14,7 +14,8 @@ composes parts with one job each, sharing one event loop:
 * the **committer** (``runtime.committer``) groups outcomes into fenced ``complete``/``fail``
   calls;
 * **housekeeping** (``runtime.housekeeping``), after each renewal but apart from it, expires
-  lapsed leases and refreshes the view of rivals.
+  lapsed leases and refreshes the view of rivals;
+* the **ticker** (``runtime.ticker``) submits the ticks of the app's periodic task types.
 
 Time comes from an injected :class:`~contend.runtime.clock.Clock`; counters, logs of task
 outcomes and anything cross-cutting plug in as :class:`~contend.runtime.hooks.Hook` objects.
@@ -41,6 +42,7 @@ from contend.runtime.executor import Executor
 from contend.runtime.hooks import ExpertStats, Hook, Hooks, TaskLog
 from contend.runtime.housekeeping import Housekeeper
 from contend.runtime.session import LeaseKeeper, Session
+from contend.runtime.ticker import Ticker
 from contend.store.port import Claimed, ExpertInfo, Heartbeat, Store
 
 __all__ = ["Expert", "ExpertConfig", "ExpertStats", "SlotState"]
@@ -106,6 +108,9 @@ class _Parts:
             hooks=e.hooks,
             retention=cfg.retention,
             monotonic=e.clock.monotonic,
+        )
+        self.ticker = Ticker(
+            e.app, store, e.name, clock=e.clock, stopping=e._stopping, retention=cfg.retention
         )
 
 
@@ -213,6 +218,9 @@ class Expert:
         p.keeper.start()
         p.committer.start()
         housekeeping = asyncio.create_task(p.housekeeper.run(), name="contend-housekeeping")
+        loops = [housekeeping]
+        if self.config.periodic and self.app.schedules:
+            loops.append(asyncio.create_task(p.ticker.run(), name="contend-ticker"))
         try:
             await p.claimer.run()
             left = await p.executor.drain(lambda: self.config.grace)
@@ -220,10 +228,11 @@ class Expert:
             await self._release([r.claimed for r in left] + unstarted)
         finally:
             await p.committer.close()
-            housekeeping.cancel()
-            (result,) = await asyncio.gather(housekeeping, return_exceptions=True)
-            if isinstance(result, Exception):
-                log.error("expert %s: a background loop crashed: %r", self.name, result)
+            for loop in loops:
+                loop.cancel()
+            for result in await asyncio.gather(*loops, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("expert %s: a background loop crashed: %r", self.name, result)
             await p.keeper.close()  # stop renewing, then release the session
             p.executor.shutdown()
             stuck = await settle_strays(self.clock, STRAYS_WAIT)
