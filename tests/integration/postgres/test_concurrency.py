@@ -27,12 +27,12 @@ async def test_parallel_claimers_never_share_a_task(make_store: StoreFactory) ->
     got: dict[str, list[str]] = collections.defaultdict(list)
     start = asyncio.Event()
 
-    async def claimer(store: PostgresStore, name: str) -> None:
+    async def claimer(store: PostgresStore, name: str, lane: int) -> None:
         session = await store.register_expert(ExpertInfo(name), 60)
         await start.wait()
         while True:
             claimed = await store.claim(
-                name, session, ["default"], Capabilities(), limit=3, lease_ttl=60
+                name, session, ["default"], Capabilities(), limit=3, lease_ttl=60, low_lane=lane
             )
             if not claimed:
                 return
@@ -42,7 +42,8 @@ async def test_parallel_claimers_never_share_a_task(make_store: StoreFactory) ->
             assert res == [None] * len(claimed)
 
     workers = [
-        asyncio.create_task(claimer(store, f"s{i}-c{j}"))
+        # half of them with the low lane, which locks each level's oldest where it reads them
+        asyncio.create_task(claimer(store, f"s{i}-c{j}", j % 2))
         for i, store in enumerate(stores)
         for j in range(CLAIMERS_PER_STORE)
     ]

@@ -3,7 +3,16 @@
 A claim or a steal is one statement, atomic on its own: the session check (holding the expert
 row shared, so that it cannot be replaced meanwhile), the pick ``FOR UPDATE SKIP LOCKED`` (two
 claimers never wait on each other and never take the same task), the update and the history
-event. Requirements are filtered in SQL (:data:`~contend.store.postgres.rows.FITS`)."""
+event. Requirements are filtered in SQL (:data:`~contend.store.postgres.rows.FITS`).
+
+The low-priority lane (``low_lane`` of the limit, see ``Store.claim``) goes to the tasks due
+the longest among those below the top base priority. Those are not at the front of any one
+index walk: behind a flood of urgent tasks due earlier, a walk by ``run_at`` would read the
+whole flood. So the lane finds each queue's base priorities by a skip scan of ``tasks_lane``
+(one index probe per level, at most :data:`~contend.domain.task.LANE_LEVELS` below the
+queue's top), takes each level's first ``low_lane`` claimable tasks by (run_at, id), and
+keeps the oldest of those below the highest level that had any. The best by effective
+priority fill the rest of the limit."""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ from collections.abc import Collection, Sequence
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Requirements
+from contend.domain.task import LANE_LEVELS, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.postgres.apply import handover
@@ -19,42 +28,111 @@ from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
 from contend.store.postgres.sessions import check_session
 
+BEST = "eff_priority DESC, run_at, id"
 
-def _candidates(*, lock: bool, queues: int, only_ids: bool = False, typed: bool = False) -> str:
-    """CTEs ``best`` and ``oldest``: the claimable tasks by effective priority (``%(best)s``
-    of them), and those due the longest (``%(lane)s``, the low-priority lane). With *lock*
-    each takes its rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where
-    they are limited, or a concurrent claimer's rows would use up the limit), and only
-    while the ``live`` CTE has the session.
 
-    One arm per queue (parameters ``q0``, ``q1``, …): with ``queue = ANY(array)`` the
-    planner cannot walk the index in claim order and sorts every pending task instead.
-    With *typed*, only tasks whose type is in ``%(types)s``."""
+def _claimable(*, lock: bool, only_ids: bool, typed: bool) -> str:
+    """The condition on a task ``t`` (its queue aside) that it is claimable; with *lock*, only
+    while the ``live`` CTE has the session."""
+    return (
+        ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
+        + "t.state = 'pending' AND t.run_at <= {now} "
+        + ("AND t.id = ANY(%(ids)s) " if only_ids else "")
+        + ("AND t.type = ANY(%(types)s) " if typed else "")
+        + f"AND {FITS}"
+    )
+
+
+def _level_below(cond: str) -> str:
+    """One step of the skip scan: the highest priority of queue ``l.queue``'s pending tasks
+    that meets *cond* (one probe of ``tasks_lane``)."""
+    return (
+        "(SELECT t.priority FROM {s}.tasks t WHERE t.state = 'pending' AND t.queue = l.queue"
+        f" {cond} ORDER BY t.priority DESC LIMIT 1)"
+    )
+
+
+def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
+    """CTE ``lane``: up to ``%(lane)s`` claimable tasks, those due the longest among the ones
+    whose base priority is below the highest of the claimable tasks.
+
+    Named tasks (*only_ids*) are few and found by primary key: the lane is one pick among
+    them. Otherwise ``levels`` is the skip scan (for each queue of ``%(queues)s``, its top
+    pending priority and then each next lower one, ``%(levels)s`` levels at most) and
+    ``heads`` each level's first ``%(lane)s`` claimable tasks, walked in ``tasks_lane``
+    order; they are locked there, where they are limited (a task a concurrent claimer holds
+    is skipped, and the next one of its level takes its place).
+
+    The level is bounded by ``>=`` and ``<=``, not ``=``, and ordered by the index's own
+    columns: with ``priority = level`` both indexes give (run_at, id) order, the planner
+    costs them alike and may walk ``tasks_oldest`` instead, through every task of the
+    levels above (18 ms behind a flood of 100,000). A range leaves ``tasks_lane`` the only
+    index in that order. Its price: ``run_at <= now`` no longer ends the walk of a level, so
+    a level with fewer than ``%(lane)s`` due tasks is read to its end (index entries only)."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
-    ctes = []
-    for kind, order, limit in (
-        ("best", "eff_priority DESC, run_at, id", "%(best)s"),
-        ("oldest", "run_at, id", "%(lane)s"),
-    ):
-        arms = []
-        for n in range(queues):
-            where = (
-                ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
-                + f"state = 'pending' AND queue = %(q{n})s AND run_at <= {{now}} "
-                + ("AND id = ANY(%(ids)s) " if only_ids else "")
-                + ("AND type = ANY(%(types)s) " if typed else "")
-                + f"AND {FITS}"
-            )
-            ctes.append(
-                f"{kind}_{n} AS (SELECT id, eff_priority, run_at FROM {{s}}.tasks"
-                f" WHERE {where} ORDER BY {order} LIMIT {limit}{tail})"
-            )
-            arms.append(f"SELECT * FROM {kind}_{n}")
-        ctes.append(
-            f"{kind} AS (SELECT id FROM ({' UNION ALL '.join(arms)}) u"
-            f" ORDER BY {order} LIMIT {limit})"
+    where = _claimable(lock=lock, only_ids=only_ids, typed=typed)
+    if only_ids:
+        return (
+            "named AS (SELECT t.priority FROM {s}.tasks t"
+            f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed)}"
+            "  AND t.queue = ANY(%(queues)s)),"
+            " lane AS (SELECT t.id FROM {s}.tasks t"
+            f"  WHERE {where} AND t.queue = ANY(%(queues)s)"
+            "  AND t.priority < (SELECT max(priority) FROM named)"
+            f"  ORDER BY t.run_at, t.id LIMIT %(lane)s{tail})"
         )
-    ctes.append("picked AS (SELECT id FROM best UNION SELECT id FROM oldest)")
+    return (
+        "levels (queue, priority, depth) AS ("
+        f"  SELECT l.queue, {_level_below('')}, 1 FROM unnest(%(queues)s::text[]) AS l(queue)"
+        "  UNION ALL"
+        f"  SELECT l.queue, {_level_below('AND t.priority < l.priority')}, l.depth + 1"
+        "   FROM levels l WHERE l.priority IS NOT NULL AND l.depth < %(levels)s"
+        "), heads AS ("
+        "  SELECT h.* FROM levels l CROSS JOIN LATERAL ("
+        "   SELECT t.id, t.priority, t.run_at FROM {s}.tasks t"
+        f"   WHERE {where} AND t.queue = l.queue"
+        "    AND t.priority >= l.priority AND t.priority <= l.priority"
+        f"   ORDER BY t.priority DESC, t.run_at, t.id LIMIT %(lane)s{tail}) h"
+        "  WHERE l.priority IS NOT NULL"
+        "), lane AS ("
+        "  SELECT id FROM heads WHERE priority < (SELECT max(priority) FROM heads)"
+        "  ORDER BY run_at, id LIMIT %(lane)s)"
+    )
+
+
+def _candidates(
+    *, lock: bool, queues: int, lane: bool, only_ids: bool = False, typed: bool = False
+) -> str:
+    """CTEs ending in ``picked``: the ids to take. With *lane*, the ``lane`` (see
+    :func:`_lane`) and then the best of the rest by effective priority, as many as the
+    ``%(limit)s`` leaves; without, the best ``%(limit)s``. With *lock*, each pick takes its
+    rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where they are
+    limited, or a concurrent claimer's rows would use up the limit), and only while the
+    ``live`` CTE has the session.
+
+    The best are picked by one arm per queue (parameters ``q0``, ``q1``, …): with ``queue =
+    ANY(array)`` the planner cannot walk ``tasks_claimable`` in claim order and sorts every
+    pending task instead. With *typed*, only tasks whose type is in ``%(types)s``."""
+    tail = " FOR UPDATE SKIP LOCKED" if lock else ""
+    where = _claimable(lock=lock, only_ids=only_ids, typed=typed)
+    limit = "%(limit)s"
+    ctes = []
+    if lane:
+        ctes.append(_lane(lock=lock, only_ids=only_ids, typed=typed))
+        where += " AND t.id <> ALL(ARRAY(SELECT id FROM lane))"
+        limit = "%(limit)s - (SELECT count(*) FROM lane)"
+    arms = []
+    for n in range(queues):
+        ctes.append(
+            f"best_{n} AS (SELECT t.id, t.eff_priority, t.run_at FROM {{s}}.tasks t"
+            f" WHERE {where} AND t.queue = %(q{n})s ORDER BY {BEST} LIMIT {limit}{tail})"
+        )
+        arms.append(f"SELECT * FROM best_{n}")
+    ctes.append(
+        f"best AS (SELECT id FROM ({' UNION ALL '.join(arms)}) u ORDER BY {BEST} LIMIT {limit})"
+    )
+    union = " UNION ALL SELECT id FROM lane" if lane else ""
+    ctes.append(f"picked AS (SELECT id FROM best{union})")
     return ", ".join(ctes)
 
 
@@ -62,8 +140,9 @@ def _types(types: Collection[str] | None) -> list[str] | None:
     return None if types is None else list(dict.fromkeys(types))
 
 
-def _queues(queues: Sequence[str]) -> dict[str, str]:
-    return {f"q{n}": q for n, q in enumerate(dict.fromkeys(queues))}
+def _queues(queues: Sequence[str]) -> dict[str, object]:
+    distinct = list(dict.fromkeys(queues))
+    return {"queues": distinct, **{f"q{n}": q for n, q in enumerate(distinct)}}
 
 
 async def peek(
@@ -80,12 +159,14 @@ async def peek(
     if not queues or not limit or kinds == []:
         return []
     lane = min(check_limit(low_lane), limit)
-    candidates = _candidates(lock=False, queues=len(set(queues)), typed=kinds is not None)
+    candidates = _candidates(
+        lock=False, queues=len(set(queues)), lane=lane > 0, typed=kinds is not None
+    )
     sql = db.sql(
-        f"WITH {candidates}"
+        f"WITH RECURSIVE {candidates}"
         " SELECT t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
         " FROM {s}.tasks t JOIN picked USING (id)"
-        " ORDER BY t.eff_priority DESC, t.run_at, t.id"
+        f" ORDER BY {BEST}"
     )
 
     async def run(cur: Cursor) -> list[TaskView]:
@@ -93,8 +174,9 @@ async def peek(
             sql,
             db.params(
                 **_queues(queues),
-                best=limit - lane,
+                limit=limit,
                 lane=lane,
+                levels=LANE_LEVELS + 1,
                 types=kinds,
                 **caps(capabilities),
             ),
@@ -125,18 +207,17 @@ async def claim(
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
     kinds = _types(types)
-    # named tasks: the best of them, no low lane
-    lane = min(check_limit(low_lane), limit) if ids is None else 0
-    order = "eff_priority DESC, run_at, id"
+    lane = min(check_limit(low_lane), limit)
     candidates = _candidates(
         lock=True,
         queues=max(1, len(set(queues))),
+        lane=lane > 0,
         only_ids=ids is not None,
         typed=kinds is not None,
     )
     assign, line, decided = handover(rules.claimed(expert, start=start))
     sql = db.sql(
-        "WITH live AS ("
+        "WITH RECURSIVE live AS ("
         "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
         "   AND lease_deadline >= {now} FOR SHARE"
         f"), {candidates}"
@@ -148,7 +229,7 @@ async def claim(
         "), events AS ("
         "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
         f"  SELECT {line} FROM claimed"
-        f") SELECT * FROM claimed ORDER BY {order}"
+        f") SELECT * FROM claimed ORDER BY {BEST}"
     )
 
     async def run(cur: Cursor) -> list[Claimed]:
@@ -161,8 +242,9 @@ async def claim(
                 **_queues(queues),
                 ids=ids,
                 types=kinds,
-                best=limit - lane,
+                limit=limit,
                 lane=lane,
+                levels=LANE_LEVELS + 1,
                 expert=expert,
                 session=session,
                 ttl=ttl,

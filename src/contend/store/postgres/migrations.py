@@ -143,6 +143,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         "a task's progress (ctx.progress) and the submitter's trace context",
         ("ALTER TABLE {s}.tasks ADD COLUMN progress text, ADD COLUMN trace text",),
     ),
+    Migration(
+        6,
+        "the low-priority lane finds each base priority level by a skip scan",
+        (
+            # One probe per level (priority < the last, first in this order) and then each
+            # level's oldest by (run_at, id): the lane never walks a flood at another level.
+            "CREATE INDEX tasks_lane ON {s}.tasks (queue, priority DESC, run_at, id) "
+            "WHERE state = 'pending'",
+        ),
+    ),
 )
 
 #: The version this contend understands.
