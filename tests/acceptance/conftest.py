@@ -59,7 +59,13 @@ class Experts:
         self.killed: set[str] = set()
 
     def start(
-        self, name: str, *extra: str, lease: float = 1.5, concurrency: int = 4, grace: float = 5
+        self,
+        name: str,
+        *extra: str,
+        lease: float = 1.5,
+        concurrency: int = 4,
+        grace: float = 5,
+        app: str = APP,
     ) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
@@ -68,7 +74,7 @@ class Experts:
                 "-m",
                 "contend",
                 "expert",
-                APP,
+                app,
                 "--store",
                 self.url,
                 "--name",

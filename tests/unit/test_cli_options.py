@@ -174,4 +174,10 @@ def test_reference_lists_exactly_the_expert_options() -> None:
         ln for ln in REFERENCE.read_text().splitlines() if ln.startswith("| `contend expert ")
     ]
     listed = set(re.findall(r"--[a-z][a-z-]*", line))
-    assert listed == FLAGS | {"--no-steal", "--store", "--metrics-port", "--metrics-host"}
+    assert listed == FLAGS | {
+        "--no-steal",
+        "--no-periodic",
+        "--store",
+        "--metrics-port",
+        "--metrics-host",
+    }

@@ -168,3 +168,19 @@ async def test_a_failing_store_is_retried_until_the_tick_lands(
     await run
     assert fails == [0]
     assert await _ticks(store) == [tick_time(T0)]
+
+
+async def test_a_tick_a_moment_late_still_runs_under_latest(
+    world: tuple[App, MemoryStore, FakeClock],
+) -> None:
+    # a busy host wakes the ticker 1.5 s late for a one-second tick: both ticks run
+    app, store, clock = world
+    app.schedules["beat"] = app.schedules["beat"].__class__("beat", Schedule.build(every=1), True)
+    stopping = asyncio.Event()
+    run = asyncio.create_task(Ticker(app, store, "e", clock=clock, stopping=stopping).run())
+    await clock.run(0.1)
+    clock.value += 2.4  # nobody woke at T0+11
+    await clock.run(0.1)
+    stopping.set()
+    await run
+    assert await _ticks(store) == [tick_time(T0 + n) for n in (10, 11, 12)]

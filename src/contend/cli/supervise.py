@@ -51,6 +51,11 @@ def add_parser(sub: Subcommands) -> None:
     s.add_argument(
         "--no-steal", action="store_true", help="never take unstarted tasks from other experts"
     )
+    s.add_argument(
+        "--no-periodic",
+        action="store_true",
+        help="do not submit the ticks of the app's periodic tasks (other experts do)",
+    )
     s.set_defaults(func=cmd_supervise)
 
 
@@ -69,6 +74,8 @@ def expert_options(args: argparse.Namespace) -> list[str]:
             out += [s.flag, str(item)]
     if args.no_steal:
         out.append("--no-steal")
+    if args.no_periodic:
+        out.append("--no-periodic")
     return out
 
 

@@ -22,6 +22,8 @@ from contend.store.port import Store
 
 log = logging.getLogger("contend.expert")
 
+#: A tick this late (seconds) still counts as on time, whatever the catch-up policy.
+ON_TIME = 5.0
 #: First pause after a failed submission, seconds; it doubles up to RETRY_MOST.
 RETRY_FIRST = 0.5
 RETRY_MOST = 10.0
@@ -90,10 +92,11 @@ class Ticker:
             now = self.clock.now()
             if now < nxt:
                 continue  # woke a moment early (or the wall clock stepped back)
-            # the newest tick is on time; older ones were missed in a stall: the catch-up
-            # policy says which of them run
-            newest = sched.ticks(last, now, 1)
-            ticks = [t for t in sched.missed(last, now) if t not in newest] + newest
+            # ticks a moment late (a busy host) are on time; older ones were missed in a
+            # stall, and the catch-up policy says which of them run
+            due = sched.ticks(last, now)
+            on_time = [t for t in due if now - t <= ON_TIME] or due[-1:]
+            ticks = [t for t in sched.missed(last, now) if t < on_time[0]] + on_time
             await self._submit(p, ticks)
             last = now
 
