@@ -158,8 +158,10 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         task = await _get(store, args.id, history=True)
         data = task.to_json()
         why = await diagnose(store, task)
+        parents = [await _parent(store, pid) for pid in task.depends_on]
         if args.json:
             data["why_not_running"] = None if why is None else why.to_json()
+            data["parents"] = parents
             print_json(data)
             return 0
         now = await store.now()
@@ -171,6 +173,10 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         if task.lease_deadline is not None:
             print(f"{'lease left':>13}: {age(task.lease_deadline - now)}")
         print(f"{'args':>13}: {json.dumps(task.args)}  kwargs: {json.dumps(task.kwargs)}")
+        if parents:
+            print(f"{'depends on':>13}:")
+            for p in parents:
+                print(f"               {p['id']}  {p['type'] or '?':<16} {p['state']}")
         if task.progress is not None:
             print(f"{'progress':>13}: {progress_text(task.progress)}")
         for k in ("result", "error", "checkpoint"):
@@ -187,6 +193,15 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         return 0
 
     return await with_store(args, run)
+
+
+async def _parent(store: Store, task_id: str) -> dict[str, str | None]:
+    """One dependency of a task as ``tasks show`` prints it (a pruned one is 'gone')."""
+    try:
+        parent = await store.get(task_id)
+    except TaskNotFound:
+        return {"id": task_id, "type": None, "state": "gone"}
+    return {"id": task_id, "type": parent.type, "state": str(parent.state)}
 
 
 async def _manage(args: argparse.Namespace, action: str) -> int:

@@ -56,6 +56,13 @@ class TaskType:
         sig = self.signature
         if sig is None:
             return
+        if self.wants_parents:
+            if "parents" in kwargs:
+                raise TaskError(
+                    f"task type {shown(self.name)} gets 'parents' from its dependencies' "
+                    "results: do not pass it"
+                )
+            kwargs = {**kwargs, "parents": []}
         try:
             sig.bind(*((None,) if self.pass_context else ()), *args, **kwargs)
         except TypeError as exc:
@@ -63,6 +70,11 @@ class TaskType:
             bare = [p.replace(annotation=inspect.Parameter.empty) for p in params]
             shape = f"{self.name}({', '.join(str(p) for p in bare)})"
             raise TaskError(f"arguments do not fit task type {shape}: {exc}") from None
+
+    @property
+    def wants_parents(self) -> bool:
+        """A parameter named ``parents``: it gets the results of the task's dependencies."""
+        return self.signature is not None and "parents" in self.signature.parameters
 
     @property
     def is_async(self) -> bool:

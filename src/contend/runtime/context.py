@@ -56,6 +56,9 @@ class TaskHost(Protocol):
     async def progress(self, text: str) -> None:
         """Save the encoded progress under the run's fence; raises FencedOut as checkpoint."""
 
+    async def parents(self) -> dict[str, JSON]:
+        """The results of the task's dependencies, by id in ``depends_on`` order."""
+
     def must_stop(self) -> str | None:
         """Why the run must stop now though nobody has told it yet (its lease ran out by this
         host's clock: the process was paused past it), or None."""
@@ -149,6 +152,15 @@ class TaskContext:
             if why is not None:
                 self._stop(why)
         return self._cancelled
+
+    async def parents(self) -> dict[str, JSON]:
+        """The results of this task's dependencies (``depends_on``), by task id, in the order
+        they were given: a join task of a fan-out reads what each branch returned. Read from
+        the store once per run. (A parameter named ``parents`` gets the same as a list.)"""
+        host = self._host
+        if host is None:
+            raise RuntimeError("this context is not attached to an expert")
+        return await host.parents()
 
     def check(self) -> None:
         """Raise :class:`~contend.errors.TaskStopped` if this run must stop; else do nothing.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from contend.domain.retry import RetryPolicy
-from contend.domain.task import TaskState, encode_json
+from contend.domain.task import JSON, Task, TaskState, encode_json
 from contend.errors import (
     ConfigError,
     ContendError,
@@ -96,6 +96,18 @@ class Run:
     tx: TaskTransaction | None = None  # the task's own transaction, while it is open
     committed: Completion | None = None  # the completion its transaction committed
     committing: bool = False  # its transaction's commit is in flight
+    _parents: dict[str, JSON] | None = None  # read once, on first use
+
+    async def parents(self) -> dict[str, JSON]:
+        """The results of the task's dependencies, by id in ``depends_on`` order (each has
+        succeeded: a task waits until all of its dependencies have)."""
+        if self._parents is None:
+            me = await self._under_session("a read", lambda: self.store.get(self.claimed.id))
+            out: dict[str, JSON] = {}
+            for pid in me.depends_on:
+                out[pid] = (await self._under_session("a read", _getter(self.store, pid))).result
+            self._parents = out
+        return self._parents
 
     async def checkpoint(self, text: str) -> None:
         c = self.claimed
@@ -212,6 +224,10 @@ class Run:
             ) from exc
 
 
+def _getter(store: Store, task_id: str) -> Callable[[], Awaitable[Task]]:
+    return lambda: store.get(task_id)
+
+
 class Ended:
     """The host of a context whose run is over: a checkpoint or a transaction it is asked for
     is refused."""
@@ -234,6 +250,9 @@ class Ended:
 
     async def pause(self, tries: int) -> None:
         return None
+
+    async def parents(self) -> dict[str, JSON]:
+        raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
 
     async def progress(self, text: str) -> None:
         raise FencedOut(self.claimed.id, self.claimed.fence, "the run has ended")
@@ -383,6 +402,9 @@ class Executor:
     async def _call(self, tt: TaskType, run: Run) -> Any:
         c, ctx = run.claimed, run.ctx
         args = [ctx, *c.args] if tt.pass_context else list(c.args)
+        kwargs: Mapping[str, JSON] = c.kwargs
+        if tt.wants_parents:  # a parameter named parents: its dependencies' results
+            kwargs = {**c.kwargs, "parents": list((await run.parents()).values())}
         timeout = c.timeout or tt.timeout
         token = _current.set(ctx)
         try:
@@ -390,7 +412,7 @@ class Executor:
                 child = run_in_process(
                     tt.target,
                     list(c.args),
-                    dict(c.kwargs),
+                    dict(kwargs),
                     ctx if tt.pass_context else None,
                     run.checkpoint,
                     run.progress,
@@ -400,13 +422,13 @@ class Executor:
                 return await self.clock.wait_for(child, timeout)
             if tt.is_async:
                 if timeout is None:  # no wait_for: one coroutine less per task
-                    return await tt.fn(*args, **c.kwargs)
-                return await self.clock.wait_for(tt.fn(*args, **c.kwargs), timeout)
+                    return await tt.fn(*args, **kwargs)
+                return await self.clock.wait_for(tt.fn(*args, **kwargs), timeout)
             threads = self._threads
             if threads is None:
                 loop = asyncio.get_running_loop()
                 threads = self._threads = ThreadRunner(loop, self._concurrency, self.name)
-            fut = threads.run(tt.fn, args, c.kwargs, ctx)
+            fut = threads.run(tt.fn, args, kwargs, ctx)
             try:
                 return await (fut if timeout is None else self.clock.wait_for(fut, timeout))
             except TimeoutError:

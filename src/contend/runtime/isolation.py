@@ -283,6 +283,12 @@ class _PipeHost:
     async def rollback(self, tx: TaskTransaction) -> None:
         return None
 
+    async def parents(self) -> dict[str, JSON]:
+        raise RuntimeError(
+            "ctx.parents() is not available with isolation='process': declare a parameter "
+            "named parents, which gets the same results"
+        )
+
     async def pause(self, tries: int) -> None:
         return None
 
