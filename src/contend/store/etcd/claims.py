@@ -8,7 +8,11 @@ attempts + 1), puts ``c/{task}`` on the session's lease and ``a/{expert}/{task}`
 the index key, and raises the floors of the levels it took from. The tasks of one claim
 share a Txn (as many as ``max_txn_ops`` allows); when a rival took some of them, one read
 tells which, and the others are claimed together in the next Txn. A steal is a fenced
-transfer of another expert's claimed, unstarted task, one Txn per task."""
+transfer of another expert's claimed, unstarted task, one Txn per task.
+
+A task someone bid on keeps its auction's order (auctions.py): one more read, of the
+auctions of such candidates only, leaves out those whose auction holds the expert back, and
+the Txn compares the auction of each of the others as read (two compares a task)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from contend.domain.task import Capabilities, Requirements, TaskState, load_trac
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
+from contend.store.etcd.auctions import Turn, turns
 from contend.store.etcd.candidates import Found, Rank, choose, pick, rank_of
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
@@ -35,10 +40,13 @@ from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is
 from contend.store.port import Claimed
 
-#: The most operations one task's claim puts in a transaction (3 puts, the index delete).
+#: The most operations one task's claim puts in a transaction (3 puts, the index delete); its
+#: compares are fewer (the record, and an auction's two).
 CLAIM_OPS = 4
 #: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
 CONTENDED_FOR = 2.0
+#: How many times one claim reads an auctioned task again when its auction moved under it.
+AUCTION_RETRIES = 3
 
 #: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
 Try = tuple[str, Any, Any, Any]
@@ -298,7 +306,9 @@ class _ClaimRun:
         "outcome",
         "parsed",
         "reads",
+        "retries",
         "session_key",
+        "turns",
         "won",
     )
 
@@ -322,6 +332,8 @@ class _ClaimRun:
         self.lost = False  # the session was found ended
         self.orders: dict[str, Rank] = {}  # task id -> its claim order
         self.parsed: dict[str, Record] = {}  # records parsed by the round's check, used once
+        self.turns: dict[str, Turn] = {}  # auctioned task id -> the auction its claim compares
+        self.retries = 0  # the tries read again after their auction moved
 
     async def run(self, cands: list[str], limit: int) -> list[Claimed]:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
@@ -343,7 +355,8 @@ class _ClaimRun:
         return [c for _, c in won]
 
     async def _ready(self, batch: list[str]) -> list[Try]:
-        """The tasks of *batch* still pending and due, with their payloads, as read now."""
+        """The tasks of *batch* still pending and due, and not held back by an auction, with
+        their payloads, as read now."""
         now = self.now
         etcd, keys = self.claims.etcd, self.claims.keys
         records = await etcd.read_many([keys.task(tid) for tid in batch])
@@ -355,10 +368,19 @@ class _ClaimRun:
             if rec.state == TaskState.PENDING and rec.indexed and rec.run_at <= now:
                 ready.append((tid, t, rec))
         tries: list[Try] = []
-        payloads = await read_payloads(etcd, keys, [rec for _, _, rec in ready], result=False)
+        recs = [rec for _, _, rec in ready]
+        payloads, turn = await asyncio.gather(
+            read_payloads(etcd, keys, recs, result=False),
+            turns(etcd, keys, self.claimant.expert, now, recs),
+        )
         for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
             if a is None:  # not written yet: the submission is still going on
                 continue
+            if tid in turn:
+                mine = turn[tid]
+                if mine is None:  # its auction holds this expert back
+                    continue
+                self.turns[tid] = mine
             tries.append((tid, t, a, c))
             self.parsed[tid] = rec
         return tries
@@ -368,6 +390,9 @@ class _ClaimRun:
         now, who, keys = self.now, self.claimant, self.claims.keys
         rec = self.parsed.pop(tid, None) or Record.loads(t.value)
         assert rec.indexed
+        turn = self.turns.get(tid)
+        if turn is not None and not turn.auctioned:
+            rec.auctioned = False  # its auction was cleared: later claims need not look
         self.orders[tid] = rank_of(rec, now)
         rec.owner = who.expert
         rec.session = who.session
@@ -376,7 +401,8 @@ class _ClaimRun:
         ops = apply_outcome(keys, rec, self.outcome, now)  # out of the priority index
         claim = f'{self.claim_head},"fence":{rec.fence}}}'
         return (
-            [mod_is(t.key, t.mod_revision)],  # pending as read: so no claim key either
+            # pending as read (so no claim key either), with its auction as read
+            [mod_is(t.key, t.mod_revision), *(turn.compares if turn is not None else ())],
             [
                 put(t.key, rec.dumps()),
                 put(keys.claim(tid), claim, who.lease),
@@ -412,8 +438,15 @@ class _ClaimRun:
         if resp is not None and not resp.succeeded:
             if self._session_lost(resp):
                 self.lost = True
-            else:
-                self._contended()
+                return
+            if tid in self.turns and self.retries < AUCTION_RETRIES:
+                # a bid landed, or a rival won it: which one, the task read again tells
+                self.retries += 1
+                del self.turns[tid]
+                for again in await self._ready([tid]):
+                    await self._one(*again)
+                return
+            self._contended()
             return  # another expert won this one, or the session ended
         levels.risen(up)
         self._finish(tid, a, c, rec, ops, resp.header.revision if resp is not None else 0)

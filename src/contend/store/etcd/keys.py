@@ -62,6 +62,14 @@ class Keys:
         """``a/{expert}/{task}``: the ownership key, without a lease."""
         return self.k("a", enc(expert), enc(tid))
 
+    def auction(self, tid: str) -> bytes:
+        """``u/{task}``: the task's auction (its close and grace), put by the first bid."""
+        return self.k("u", enc(tid))
+
+    def bids(self, tid: str) -> bytes:
+        """``b/{task}/``: the prefix of the task's bids, ``b/{task}/{expert}`` each."""
+        return self.k("b", enc(tid), "")
+
     @staticmethod
     def level(rec: Record) -> str:
         """``{queue}/{inv}``: the priority level of *rec* (under q/ its tasks, under v/ its key)."""

@@ -58,6 +58,10 @@ class Record:
     checkpointed: bool | None = None  # a d/{id}/checkpoint exists (None: not known, look)
     progress: str | None = None  # the last ctx.progress() JSON text (small: kept inline)
     trace: str | None = None  # the submitter's trace context, JSON text
+    # A bid opened an auction on it (u/{id}, auctions.py): a claim reads the auction and keeps
+    # its order. Set by the bid that finds it unset, in the Txn that compares the record: so
+    # a claim that read the record without it knows no auction opened before its Txn.
+    auctioned: bool = False
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;

@@ -194,8 +194,8 @@ class Retention:
             delete(tkey),
             delete(keys.k("d", enc(tid), ""), prefix=True),
             delete(keys.claim(tid)),
-            delete(keys.k("u", enc(tid))),
-            delete(keys.k("b", enc(tid), ""), prefix=True),
+            delete(keys.auction(tid)),
+            delete(keys.bids(tid), prefix=True),
         ]
         if named:
             assert rec.key is not None

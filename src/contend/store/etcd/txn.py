@@ -5,7 +5,8 @@ times cheaper than making each protobuf message and having the request copy it. 
 operation is (PUT, key, value, lease), (DELETE, key, range end or b"") or (GET, key, range
 end or b"", keys_only, count_only, limit), (ENTER, level key, position) or (RAISE, level
 key, revision, position) (both nested transactions on a priority level's floor); a compare
-is (MOD_IS, key, revision), (ABSENT, key), (PRESENT, key) or (VALUE_IS, key, value).
+is (MOD_IS, key, revision), (ABSENT, key), (PRESENT, key), (VALUE_IS, key, value) or
+(WRITTEN_BEFORE, key, range end, revision).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from aetcd import rpc
 from contend.store.etcd.keys import prefix_end
 
 PUT, DELETE, GET, ENTER, RAISE = 0, 1, 2, 3, 4
-MOD_IS, ABSENT, PRESENT, VALUE_IS = 0, 1, 2, 3
+MOD_IS, ABSENT, PRESENT, VALUE_IS, WRITTEN_BEFORE = 0, 1, 2, 3, 4
 Op = tuple[Any, ...]
 
 #: How many times a write re-reads and retries when the keys it compared changed under it.
@@ -73,6 +74,12 @@ def value_is(key: bytes, value: bytes) -> Op:
     return (VALUE_IS, key, value)
 
 
+def written_before(prefix: bytes, revision: int) -> Op:
+    """Every key under *prefix* was last written before *revision* (none was put since a read
+    at ``revision - 1``); true of an empty range."""
+    return (WRITTEN_BEFORE, prefix, prefix_end(prefix), revision)
+
+
 def one_entry_per_level(ops: Sequence[Op]) -> list[Op]:
     """*ops* with the entries (ENTER) of one priority level made one, at the lowest position:
     etcd refuses a key put twice in a transaction."""
@@ -104,6 +111,11 @@ def build(compare: Sequence[Op], success: Sequence[Op], failure: Sequence[Op]) -
         elif kind == VALUE_IS:
             m.target = rpc.Compare.VALUE
             m.value = c[2]
+        elif kind == WRITTEN_BEFORE:
+            m.target = rpc.Compare.MOD
+            m.result = rpc.Compare.LESS
+            m.range_end = c[2]
+            m.mod_revision = c[3]
         else:  # the version: 0 for an absent key
             m.target = rpc.Compare.VERSION
             m.version = 0  # set even though 0: it selects the compare's target field
