@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
+from contend import App
 from contend.domain.scoring import TaskView, default_fitness
 from contend.domain.task import Capabilities, Requirements
+from contend.errors import ConfigError
 from contend.runtime.competition import Competition, PressurePolicy, TypeTracker
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord
 
@@ -136,3 +140,31 @@ def test_metrics_are_json_and_carry_lost_races() -> None:
     m = c.metrics(claim_attempts=10, claims_won=8)
     assert m["lost_races"] == 2
     assert m["types"] == {"t": [1, 0, 0.5]}
+
+
+def test_a_fifo_queue_has_no_race() -> None:
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 4.0)
+    fast = peer("fast", metrics={"types": {"t": [5, 0, 1.0]}})
+    c.update_peers([fast], 0)
+    assert c.race_matters(0) and c.plan([view("t")], 0)[0][0] > 0  # it waits for 'fast'
+    fifo = comp(fifo=frozenset({"default"}))
+    for _ in range(5):
+        fifo.tracker.record("t", True, 4.0)
+    fifo.update_peers([fast], 0)
+    assert not fifo.race_matters(0)  # every queue of its is fifo: claim at once
+    assert fifo.plan([view("t")], 0) == [(0.0, 0, "id1")]
+
+
+def test_queue_modes_are_checked() -> None:
+    app = App("memory://")
+    app.queue("bulk", mode="fifo")
+    assert app.queue_modes == {"bulk": "fifo"}
+    app.queue("bulk", mode="compete")
+    assert app.queue_modes == {}
+    with pytest.raises(ConfigError, match="mode of queue 'bulk' must be one of"):
+        app.queue("bulk", mode="central")
+    with pytest.raises(Exception, match="queue"):
+        app.queue("", mode="fifo")
+    assert app.queue_modes == {}

@@ -31,6 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 StoreFactory = Callable[[str], Store]
 
+#: How a queue's tasks are dispatched (``App.queue``).
+QUEUE_MODES = ("compete", "fifo")
+
 
 @dataclass(frozen=True)
 class TaskType:
@@ -182,6 +185,8 @@ class App:
         self.tasks: dict[str, TaskType] = {}
         #: The periodic task types (``@app.periodic``) and their schedules.
         self.schedules: dict[str, Periodic] = {}
+        #: Queues dispatched otherwise than by competition (``app.queue``): name -> mode.
+        self.queue_modes: dict[str, str] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         # one store opened per loop, however many callers ask for it at once
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
@@ -295,6 +300,21 @@ class App:
         if fn is not None:
             return register(fn)
         return register
+
+    def queue(self, name: str, *, mode: str = "compete") -> None:
+        """How the tasks of queue *name* are dispatched: ``"compete"`` (the default: experts
+        race or auction for them by fitness) or ``"fifo"`` (plain first come, first served:
+        any expert that can run one claims it at once, with no race delay and no auction)."""
+        TaskSpec.build("queue-check", queue=name)  # the queue's name, checked as at submit
+        if mode not in QUEUE_MODES:
+            raise ConfigError(
+                f"mode of queue {shown(name)} must be one of {', '.join(QUEUE_MODES)}, "
+                f"got {shown(mode)}"
+            )
+        if mode == "compete":
+            self.queue_modes.pop(name, None)
+        else:
+            self.queue_modes[name] = mode
 
     def periodic(
         self,

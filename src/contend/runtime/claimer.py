@@ -405,12 +405,13 @@ class ClaimLoop:
         if not views:
             return []
         claimed: list[Claimed] = []
-        lots = [v for v in views if v.type in auctioned]
+        lots = [v for v in views if v.type in auctioned and v.queue not in comp.fifo]
         if lots and free > 0:
             claimed = await self._bid_and_claim(session, lots, free, lane)
             free -= len(claimed)
             lane = 0
-        races = [v for v in views if v.type not in auctioned]
+        bid_on = {v.id for v in lots}
+        races = [v for v in views if v.id not in bid_on]
         free += extra
         if not races or free <= 0:
             return claimed

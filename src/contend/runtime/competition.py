@@ -112,9 +112,12 @@ class Competition:
         zone_margin: float = 0.0,
         pressure: PressurePolicy | None = None,
         rand: Callable[[], float] = random.random,
+        fifo: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
         self.rand = rand
+        #: Queues dispatched first come, first served: no race delay for their tasks.
+        self.fifo = fifo
         self.capabilities = capabilities
         self.capacity = capacity
         self.queues = set(queues)
@@ -216,7 +219,7 @@ class Competition:
         """A race changes nothing when this expert is alone or every live rival has the same
         profile (capabilities, tier, specialties, and speed within 20 % on every type): then
         the expert claims at once, with no extra read and no wait."""
-        if self.window <= 0:
+        if self.window <= 0 or self.queues <= self.fifo:
             return False
         rivals = self.rivals()
         if not rivals:
@@ -247,6 +250,9 @@ class Competition:
         rivals = self.rivals()
         plan = []
         for n, view in enumerate(views):
+            if view.queue in self.fifo:
+                plan.append((0.0, n, view.id))
+                continue
             mine = self.fitness(me, view)
             theirs = [self.fitness(r, view) for r in rivals]
             best = max([mine, *theirs])

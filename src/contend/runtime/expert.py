@@ -158,6 +158,7 @@ class Expert:
             jitter=self.config.jitter,
             zone_margin=self.config.zone_margin,
             pressure=self.config.pressure,
+            fifo=frozenset(q for q, m in app.queue_modes.items() if m == "fifo"),
         )
         self.parts: _Parts | None = None
         self.error: ContendError | None = None  # why the expert stopped on its own
