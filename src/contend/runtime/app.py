@@ -22,6 +22,8 @@ from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
 from contend.runtime import tracing
 from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
+from contend.runtime.pipeline import DEFAULT_BATCH, DEFAULT_LIMIT, Pipeline
+from contend.runtime.pipeline import build as build_pipeline
 from contend.store.port import Store
 
 log = logging.getLogger("contend.app")
@@ -50,6 +52,9 @@ class TaskType:
     mode: str = "race"
     isolation: str | None = None  # "process": run in a child process, killed to stop it
     memory_limit: int | None = None  # bytes of resident memory the child may use
+    #: A pipeline stage's next stage: the run's output goes there, forward_batch a task.
+    forward_to: str | None = None
+    forward_batch: int = 0
 
     signature: inspect.Signature | None = field(default=None, compare=False, repr=False)
 
@@ -187,6 +192,8 @@ class App:
         self.schedules: dict[str, Periodic] = {}
         #: Queues dispatched otherwise than by competition (``app.queue``): name -> mode.
         self.queue_modes: dict[str, str] = {}
+        #: Pipelines (``app.pipeline``) by name.
+        self.pipelines: dict[str, Pipeline] = {}
         self._stores: dict[asyncio.AbstractEventLoop, Store] = {}
         # one store opened per loop, however many callers ask for it at once
         self._opening: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
@@ -315,6 +322,23 @@ class App:
             self.queue_modes.pop(name, None)
         else:
             self.queue_modes[name] = mode
+
+    def pipeline(
+        self,
+        name: str,
+        *stages: Callable[..., Any],
+        batch: int = DEFAULT_BATCH,
+        limit: int = DEFAULT_LIMIT,
+        **options: Any,
+    ) -> Pipeline:
+        """Join *stages* (functions, first to last) into a pipeline: each becomes task type and
+        queue ``NAME.FUNCTION``, takes a list of records and returns the list for the next
+        stage, which the expert submits, *batch* records a task, before it commits the run
+        (the last stage's return value is its result). A stage stops claiming while the queue
+        after it holds more than *limit* pending tasks. Feed it with ``await
+        pipeline.feed(records)``. Other *options* are those of :meth:`task`, for every stage.
+        See ``contend.runtime.pipeline``."""
+        return build_pipeline(self, name, stages, batch=batch, limit=limit, options=options)
 
     def periodic(
         self,

@@ -28,6 +28,7 @@ from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
 from contend.runtime.hooks import Hook, task_fields
+from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
 from contend.runtime.session import LeaseKeeper, Session
 from contend.store.port import Auction, Claimed, Store
 
@@ -81,11 +82,16 @@ class ClaimLoop:
         clock: Clock,
         hooks: Hook,
         stopping: asyncio.Event,
+        gate: Gate | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.config = config
+        #: Every queue this expert serves; ``queues`` is those open this round (a pipeline
+        #: stage whose next queue is full waits: ``runtime.pipeline.Gate``).
+        self.all_queues = list(queues)
         self.queues = queues
+        self.gate = gate
         self.tasks = tasks
         #: The task types this expert claims: those its app has (a rolling deploy leaves the
         #: types only newer experts know to those experts).
@@ -196,6 +202,19 @@ class ClaimLoop:
             if not session.safe():  # its deadline passed a moment ago: nothing more under it
                 self.keeper.lose(session, "no renewal within the lease")
                 continue
+            gate = self.gate
+            if gate is not None and gate.active:
+                try:
+                    read = functools.partial(gate.open_queues, self.all_queues)
+                    self.queues = await session.call("a backlog read", read)
+                except ContendError as exc:
+                    log.warning("expert %s: could not read the backlog: %s", self.name, exc)
+                    self.queues = [q for q in self.all_queues if q not in gate.closed]
+                if not self.queues:  # every stage it serves waits for the ones after
+                    self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
+                    self._wake.clear()
+                    await wait_event(self.clock, self._wake, GATE_EVERY_CLOSED)
+                    continue
             if not self.competition.active:  # an emergency expert while all is calm
                 self.state = SlotState.IDLE
                 self._wake.clear()
@@ -483,6 +502,8 @@ class ClaimLoop:
     async def _idle(self, session: Session) -> None:
         """Wait for the store to change, a task to fall due or an auction moment."""
         wait = self.config.idle_wait
+        if self.gate is not None and self.gate.closed:
+            wait = min(wait, GATE_EVERY_CLOSED)  # a stage waits for the next: look again soon
         due = await session.call("a read", lambda: self.store.next_due(self.queues))
         if due is None and self._auction_wake is None:
             now = 0.0  # nothing to time: spare the store a round trip per idle wake-up

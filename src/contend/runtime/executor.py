@@ -43,6 +43,7 @@ from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome, task_fields
 from contend.runtime.isolation import ChildFailed, run_in_process
+from contend.runtime.pipeline import forwarded
 from contend.runtime.session import Session
 from contend.runtime.threads import ThreadRunner
 from contend.store.port import Claimed, Completion, Failure, Store, TaskTransaction
@@ -285,6 +286,8 @@ class Executor:
         self.tracker = tracker
         self._deliver = deliver
         self.on_free = on_free  # called when a run ends (a slot is free)
+        #: called with (queue, tasks) when a pipeline stage's run sent its output on
+        self.on_forwarded: Callable[[str, int], None] = lambda queue, tasks: None
         self.runs: dict[str, Run] = {}
         self._ended = asyncio.Event()  # a run ended (or the drain was cut short)
         self._concurrency = concurrency
@@ -328,6 +331,8 @@ class Executor:
             error: BaseException | None = None
             try:
                 result = await self._call(tt, run)
+                if tt.forward_to is not None:  # a pipeline stage: its output goes on
+                    result = await self._forward(tt, run, result)
                 outcome: Outcome = Completion(
                     c.id, c.fence, encode_json(result, f"result of task {c.id}")
                 )
@@ -398,6 +403,16 @@ class Executor:
             return build_failure(c, exc.kind, exc.message, policy=tt.retry, error=error, tb=exc.tb)
         tb = traceback.format_exc(limit=20)
         return build_failure(c, type(exc).__name__, str(exc), policy=tt.retry, error=exc, tb=tb)
+
+    async def _forward(self, tt: TaskType, run: Run, output: object) -> JSON:
+        """Submit a pipeline stage's output to the next stage (keyed by this task's id and
+        place, so a repeated run adds nothing), before the run commits; its result is how
+        much it forwarded."""
+        specs = forwarded(self.tasks, tt, run.claimed.id, output)
+        if specs:
+            await run._under_session("a submission", lambda: self.store.submit(specs))
+            self.on_forwarded(specs[0].queue, len(specs))
+        return {"records": len(output) if isinstance(output, list) else 0, "tasks": len(specs)}
 
     async def _call(self, tt: TaskType, run: Run) -> Any:
         c, ctx = run.claimed, run.ctx

@@ -41,6 +41,7 @@ from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
 from contend.runtime.hooks import ExpertStats, Hook, Hooks, TaskLog
 from contend.runtime.housekeeping import Housekeeper
+from contend.runtime.pipeline import Gate
 from contend.runtime.session import LeaseKeeper, Session
 from contend.runtime.ticker import Ticker
 from contend.store.port import Claimed, ExpertInfo, Heartbeat, Store
@@ -96,8 +97,11 @@ class _Parts:
             clock=e.clock,
             hooks=e.hooks,
             stopping=e._stopping,
+            gate=Gate(store, e.app.pipelines.values(), e.queues, e.clock),
         )
         self.executor.on_free = self.claimer.on_free  # once per task: no wrapper in between
+        if self.claimer.gate is not None:
+            self.executor.on_forwarded = self.claimer.gate.note
         self.housekeeper = Housekeeper(
             store,
             e.name,
