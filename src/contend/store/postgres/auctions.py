@@ -1,5 +1,6 @@
 """Auctions: the first bid on a pending task opens its bidding window and fixes its grace;
-every bid returns the ranking so far. :func:`~contend.store.postgres.housekeeping.expire`
+every bid returns the ranking so far. Claims keep the order the ranking sets
+(:data:`NOT_HELD`, used by ``claims``). :func:`~contend.store.postgres.housekeeping.expire`
 deletes the auctions of tasks no longer pending."""
 
 from __future__ import annotations
@@ -10,6 +11,29 @@ from contend.store._common import check_bid
 from contend.store.port import Auction
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.sessions import check_session
+
+#: The bids of auction ``a`` ranked ahead of ``%(expert)s``'s (all of them when it did not
+#: bid): its place, ``contend.domain.auction.rank``. Best first is the higher score, then the
+#: earlier bid, then the name in code point order (``COLLATE "C"``, as Python sorts).
+RANK = (
+    "(SELECT count(*) FROM {s}.bids b"
+    " LEFT JOIN {s}.bids m ON m.task_id = b.task_id AND m.expert = %(expert)s"
+    " WHERE b.task_id = a.task_id AND (m.expert IS NULL"
+    '  OR (-b.score, b.at, b.expert COLLATE "C") < (-m.score, m.at, m.expert)))'
+)
+
+#: The condition on a task ``t`` that no auction holds ``%(expert)s`` back from it
+#: (``contend.domain.auction.may_claim_at``): no auction, or one closed at least its rank's
+#: turns of grace ago. Before the close the bids are not read.
+#:
+#: A scalar subquery, not ``NOT EXISTS``: the planner turns that into an anti-join against a
+#: materialized scan of every auction (it cannot cost the rank), which computes every rank
+#: and is then searched once per task walked; behind 1,000 auctions a claim took 7 to 57 ms.
+#: A scalar subquery stays a probe of the auctions' primary key per task walked.
+NOT_HELD = (
+    "NOT coalesce((SELECT {now} < a.closes_at OR {now} < a.closes_at + a.grace * "
+    f"{RANK} FROM {{s}}.auctions a WHERE a.task_id = t.id), false)"
+)
 
 
 async def bid(
