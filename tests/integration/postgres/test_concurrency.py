@@ -117,3 +117,61 @@ async def test_a_dependent_submitted_while_its_dependency_completes_is_released(
         await blocker.commit()
     assert await asyncio.wait_for(completing, 10) == [None]
     assert (await store.get(c.id)).state == TaskState.PENDING
+
+
+async def test_concurrent_first_bids_open_one_auction_and_its_order_holds(
+    make_store: StoreFactory,
+) -> None:
+    """Eight experts on four store instances bid on a fresh task at once, each with its own
+    window and grace: they all see one auction (one close, one grace), every bid is ranked,
+    and after the close, of all of them claiming at once, only the top bidder gets the task.
+    When it lets go during its grace, nobody else may take it until the grace is over; then,
+    of all but the winner, only the second."""
+    clock = FakeClock()
+    stores = [await make_store(clock=clock, pool_size=2) for _ in range(4)]
+    (sub,) = await stores[0].submit([TaskSpec.build("t")])
+    names = [f"e{n}" for n in range(8)]
+    sessions = {
+        n: await stores[i % 4].register_expert(ExpertInfo(n), 600) for i, n in enumerate(names)
+    }
+
+    def store_of(name: str) -> PostgresStore:
+        return stores[names.index(name) % 4]
+
+    bids = await asyncio.gather(
+        *(
+            store_of(n).bid(n, sessions[n], sub.id, (i % 3) / 4, 1.0 + i, 0.5 + i)
+            for i, n in enumerate(names)
+        )
+    )
+    assert len({(a.closes_at, a.grace) for a in bids}) == 1
+    auction = await store_of("e0").bid("e0", sessions["e0"], sub.id, 0.0, 1.0)  # its bid again
+    assert sorted(n for n, _ in auction.bids) == names
+    top, second = auction.bids[0][0], auction.bids[1][0]
+
+    async def everyone_claims(but: str = "") -> list[str]:
+        claimers = [n for n in names if n != but]
+        got = await asyncio.gather(
+            *(
+                store_of(n).claim(
+                    n,
+                    sessions[n],
+                    ["default"],
+                    Capabilities(),
+                    limit=1,
+                    lease_ttl=60,
+                    task_ids=[sub.id] if j % 2 else None,
+                )
+                for j, n in enumerate(claimers)
+            )
+        )
+        return [n for n, claimed in zip(claimers, got, strict=True) if claimed]
+
+    clock.value = auction.closes_at - 0.01
+    assert await everyone_claims() == []
+    clock.value = auction.closes_at
+    assert await everyone_claims() == [top]
+    assert await store_of(top).release(top, [(sub.id, 1)]) == [None]
+    assert await everyone_claims(but=top) == []  # the winner's grace is not over
+    clock.value = auction.closes_at + auction.grace
+    assert await everyone_claims(but=top) == [second]

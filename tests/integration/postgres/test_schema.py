@@ -11,8 +11,10 @@ import pytest
 
 from contend.domain.task import Capabilities, TaskSpec
 from contend.errors import SchemaError
+from contend.store.port import ExpertInfo
 from contend.store.postgres import PostgresStore
 from contend.store.postgres.migrations import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
+from contend.testing import FakeClock
 
 from .conftest import StoreFactory
 
@@ -72,6 +74,43 @@ async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url:
     assert (old.info.id, old.metrics) == ("old", {})
     assert await store.expire() == 0  # ages the old task: it has waited since 1970
     assert [v.id for v in await store.peek(["default"], Capabilities(), 10)] == ["t1"]
+
+
+async def test_an_auction_open_during_the_upgrade_keeps_its_order(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    # version 6 kept no grace: the auction gets the experts' default, 0.5 s a rank
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, VERSION_TABLE.replace("{s}", "contend"))
+    for step in MIGRATIONS[:6]:
+        for statement in step.statements:
+            await sql(pg_url, statement.replace("{s}", "contend"))
+        await sql(pg_url, f"INSERT INTO contend.contend_schema_version VALUES ({step.version}, '')")
+    close = 1_700_000_000.0
+    await sql(
+        pg_url,
+        "INSERT INTO contend.tasks (id, type, queue, state, priority, eff_priority, promote_at, "
+        "args, kwargs, max_attempts, run_at, created_at, updated_at) VALUES "
+        f"('t1', 't', 'default', 'pending', 0, 0, {close + 99}, '[]', '{{}}', 3, 1, 1, 1)",
+    )
+    await sql(pg_url, f"INSERT INTO contend.auctions VALUES ('t1', {close})")
+    await sql(
+        pg_url,
+        f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
+        f"('t1', 'b', 0.5, {close - 1})",
+    )
+    assert await PostgresStore(pg_url).migrate() == [7]
+    clock = FakeClock(close + 0.25)
+    store = await make_store(clock=clock)
+    b = await store.register_expert(ExpertInfo("b"), 60.0)
+
+    async def claim() -> list[str]:
+        got = await store.claim("b", b, ["default"], Capabilities(), limit=1, lease_ttl=60.0)
+        return [c.id for c in got]
+
+    assert await claim() == []  # the winner's grace
+    clock.advance(0.25)
+    assert await claim() == ["t1"]
 
 
 async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:

@@ -41,7 +41,7 @@ Where things are:
 ``transactions``        a task's own transaction, its completion written in it under the fence
 ``sessions``            register, renew, deregister an expert; the liveness check
 ``housekeeping``        expire lapsed claims, age pending tasks, drop finished auctions
-``auctions``            bids and their ranking
+``auctions``            bids, their ranking, and the order claims keep
 ``dependants``          what a task's end does to the tasks waiting on it
 ``management``          cancel and retry by hand; purge a schema
 ``wakeups``             LISTEN/NOTIFY and ``wait_for_change``

@@ -3,7 +3,14 @@
 A claim or a steal is one statement, atomic on its own: the session check (holding the expert
 row shared, so that it cannot be replaced meanwhile), the pick ``FOR UPDATE SKIP LOCKED`` (two
 claimers never wait on each other and never take the same task), the update and the history
-event. Requirements are filtered in SQL (:data:`~contend.store.postgres.rows.FITS`).
+event. Requirements are filtered in SQL (:data:`~contend.store.postgres.rows.FITS`), and so
+is the auctions' order (:data:`~contend.store.postgres.auctions.NOT_HELD`): a task whose
+auction holds the expert back is not claimable by it, in every pick below. That check reads
+the statement's snapshot, which is enough because bids land only before an auction's close
+and nobody may claim before it: from the close on, the ranking is final. (A bid checked just
+before the close commits one round trip later; until then it holds the task shared, so
+claims skip the task, but a claim whose snapshot is older than that commit ranks without
+it.) A peek shows held-back tasks too, so that bidders see their lots.
 
 The low-priority lane (``low_lane`` of the limit, see ``Store.claim``) goes to the tasks due
 the longest among those below the top base priority. Those are not at the front of any one
@@ -24,6 +31,7 @@ from contend.domain.task import LANE_LEVELS, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.postgres.apply import handover
+from contend.store.postgres.auctions import NOT_HELD
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
 from contend.store.postgres.sessions import check_session
@@ -31,15 +39,17 @@ from contend.store.postgres.sessions import check_session
 BEST = "eff_priority DESC, run_at, id"
 
 
-def _claimable(*, lock: bool, only_ids: bool, typed: bool) -> str:
+def _claimable(*, lock: bool, only_ids: bool, typed: bool, ordered: bool) -> str:
     """The condition on a task ``t`` (its queue aside) that it is claimable; with *lock*, only
-    while the ``live`` CTE has the session."""
+    while the ``live`` CTE has the session; with *ordered*, only when no auction holds
+    ``%(expert)s`` back from it (a claim; a peek shows bidders their lots)."""
     return (
         ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
         + "t.state = 'pending' AND t.run_at <= {now} "
         + ("AND t.id = ANY(%(ids)s) " if only_ids else "")
         + ("AND t.type = ANY(%(types)s) " if typed else "")
         + f"AND {FITS}"
+        + (f" AND {NOT_HELD}" if ordered else "")
     )
 
 
@@ -70,11 +80,11 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
     index in that order. Its price: ``run_at <= now`` no longer ends the walk of a level, so
     a level with fewer than ``%(lane)s`` due tasks is read to its end (index entries only)."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
-    where = _claimable(lock=lock, only_ids=only_ids, typed=typed)
+    where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock)
     if only_ids:
         return (
             "named AS (SELECT t.priority FROM {s}.tasks t"
-            f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed)}"
+            f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed, ordered=lock)}"
             "  AND t.queue = ANY(%(queues)s)),"
             " lane AS (SELECT t.id FROM {s}.tasks t"
             f"  WHERE {where} AND t.queue = ANY(%(queues)s)"
@@ -114,7 +124,7 @@ def _candidates(
     ANY(array)`` the planner cannot walk ``tasks_claimable`` in claim order and sorts every
     pending task instead. With *typed*, only tasks whose type is in ``%(types)s``."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
-    where = _claimable(lock=lock, only_ids=only_ids, typed=typed)
+    where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock)
     limit = "%(limit)s"
     ctes = []
     if lane:

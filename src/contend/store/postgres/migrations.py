@@ -153,6 +153,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "WHERE state = 'pending'",
         ),
     ),
+    Migration(
+        7,
+        "each auction keeps the grace its first bid set: claims keep the auction's order",
+        (
+            # An auction open during the upgrade gets the experts' default grace (0.5 s, the
+            # value they used then); every later one is given its own by its first bid.
+            "ALTER TABLE {s}.auctions ADD COLUMN grace float8 NOT NULL DEFAULT 0.5",
+            "ALTER TABLE {s}.auctions ALTER COLUMN grace DROP DEFAULT",
+        ),
+    ),
 )
 
 #: The version this contend understands.
