@@ -41,6 +41,7 @@ class DemoRun:
     killed_at: float = 0.0
     killed_tasks: list[str] = field(default_factory=list)
     recovered_at: float | None = None
+    caps: dict[str, list[str]] = field(default_factory=dict)  # expert -> its capabilities
 
 
 def _say(text: str = "") -> None:
@@ -73,6 +74,7 @@ async def _start_expert(
     ]
     for c in caps:
         cmd += ["--capability", c]
+    run.caps[name] = list(caps)
     log = open(os.path.join(run.workdir, f"{name}.log"), "wb")  # noqa: SIM115, ASYNC230
     run.procs[name] = await asyncio.create_subprocess_exec(
         *cmd, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL
@@ -110,11 +112,13 @@ async def _counts(store: Store) -> dict[str, int]:
 
 
 async def _kill_one(run: DemoRun, store: Store) -> None:
-    """SIGKILL the expert holding the most running tasks (preferring one with a long report)."""
+    """SIGKILL the expert holding the most running tasks (preferring one with a long report),
+    among those whose capabilities another expert also has: killing the only ``geo`` expert
+    would leave the geo tasks with nobody to run them."""
     running = await store.list_tasks(state=TaskState.RUNNING, limit=100_000)
     by_owner: dict[str, list[Any]] = {}
     for t in running:
-        if t.owner in run.procs:
+        if t.owner in run.procs and _replaceable(run, t.owner):
             by_owner.setdefault(t.owner, []).append(t)
     if not by_owner:
         return
@@ -170,6 +174,11 @@ async def _submit(store: Store, run: DemoRun, specs: list[Any], experts: int) ->
     for i in range(0, len(specs), 1000):
         await store.submit(specs[i : i + 1000])
     _say(f"  submitted in {time.perf_counter() - t0:.2f}s; starting experts (lease {LEASE:.0f}s)")
+
+
+def _replaceable(run: DemoRun, name: str) -> bool:
+    others = {c for n, caps in run.caps.items() if n != name for c in caps}
+    return set(run.caps.get(name, ())) <= others
 
 
 async def _start_experts(run: DemoRun, experts: int, window: float) -> None:

@@ -44,6 +44,10 @@ log = logging.getLogger("contend.cli")
 
 # -- demo and bench: their modules load workloads, so they are imported only when run ------------
 async def cmd_demo(args: argparse.Namespace) -> int:
+    if args.pipeline:
+        from contend.cli.demo_pipeline import run_pipeline_demo
+
+        return await run_pipeline_demo(args)
     from contend.cli.demo import run_demo
 
     return await run_demo(args)
@@ -73,6 +77,17 @@ def _add_demo(sub: Subcommands) -> None:
         help="the experts' base race window (0 turns competition off, for comparison)",
     )
     d.add_argument("--json", action="store_true", help="print the closing report as JSON")
+    d.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="the pipeline demo: log lines through extract, transform, load into SQLite",
+    )
+    d.add_argument(
+        "--lines",
+        type=int_in("--lines", 1000, 100_000_000),
+        default=1_000_000,
+        help="with --pipeline: how many log lines (default 1,000,000)",
+    )
     d.set_defaults(func=cmd_demo)
 
 

@@ -64,11 +64,15 @@ class Pipeline:
     def queues(self) -> list[str]:
         return [self.queue(n) for n in range(len(self.stages))]
 
-    def specs(self, records: Iterable[JSON], *, key: str | None = None) -> list[TaskSpec]:
-        """The first stage's tasks for *records*, ``batch`` a task. With *key*, each task's
-        idempotency key is ``KEY:N``, so feeding the same records again adds nothing."""
+    def specs(
+        self, records: Iterable[JSON], *, key: str | None = None, batch: int | None = None
+    ) -> list[TaskSpec]:
+        """The first stage's tasks for *records*, *batch* (default: the pipeline's) a task.
+        With *key*, each task's idempotency key is ``KEY:N``, so feeding the same records
+        again adds nothing."""
+        size = self.batch if batch is None else check_count(batch, "batch", 100_000)
         out = []
-        for n, chunk in enumerate(chunks(list(records), self.batch)):
+        for n, chunk in enumerate(chunks(list(records), size)):
             out.append(
                 self.app.build_spec(
                     self.stages[0], [chunk], key=None if key is None else f"{key}:{n}"
@@ -76,9 +80,11 @@ class Pipeline:
             )
         return out
 
-    async def feed(self, records: Iterable[JSON], *, key: str | None = None) -> list[TaskHandle]:
+    async def feed(
+        self, records: Iterable[JSON], *, key: str | None = None, batch: int | None = None
+    ) -> list[TaskHandle]:
         """Submit *records* to the first stage; see :meth:`specs`."""
-        return await self.app.submit_many(self.specs(records, key=key))
+        return await self.app.submit_many(self.specs(records, key=key, batch=batch))
 
 
 def chunks(records: Sequence[JSON], size: int) -> list[list[JSON]]:
