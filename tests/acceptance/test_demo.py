@@ -34,5 +34,5 @@ def test_the_pipeline_demo_loads_every_line_under_back_pressure() -> None:
     assert report["ok"] is True and report["rows_loaded"] == 30_000
     peaks = report["peak_waiting_tasks"]
     assert isinstance(peaks, dict)
-    # the limit, plus at most the runs two experts have in flight
-    assert peaks["transform"] <= 40 + 8 and peaks["load"] <= 40 + 8, peaks
+    # the limit, plus at most what two experts have in flight: 4 runs and 4 claimed ahead each
+    assert peaks["transform"] <= 40 + 16 and peaks["load"] <= 40 + 16, peaks

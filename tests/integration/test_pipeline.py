@@ -84,9 +84,10 @@ async def test_a_slow_stage_holds_the_ones_above_under_their_limit(tmp_path: Pat
             if stats.counts.get("p.store_slowly", {}).get("succeeded", 0) == 300:
                 break
             await asyncio.sleep(0.01)
-    # the limit, and at most what the expert's runs had in flight when it closed
-    assert peaks["p.store_slowly"] <= 10 + 4, peaks
-    assert peaks["p.double"] <= 10 + 4, peaks
+    # the limit, and at most what the expert had in flight when it closed: its 4 runs and
+    # up to 4 tasks claimed ahead (a loaded CI machine saw 16)
+    assert peaks["p.store_slowly"] <= 10 + 2 * 4, peaks
+    assert peaks["p.double"] <= 10 + 2 * 4, peaks
     # the source itself was not held: all 300 were fed at once
     await app.aclose()
 
