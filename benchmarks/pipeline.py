@@ -112,8 +112,8 @@ def write_doc(doc: dict[str, Any]) -> None:
         "these figures are one 2-core machine, where the experts, the store and the sink share "
         "the cores: the CPU per record, not the rate, is what carries over. The waiting peaks "
         "sit a little above the limit: each expert counts what it sent itself at once and "
-        "reads the others' every 0.05–0.2 s, so up to its runs in flight can land after the "
-        "queue is full.\n"
+        "reads the others' every 0.05–0.2 s, so what its runs in flight and its tasks claimed ahead "
+        "send can land after the queue is full.\n"
     )
     md = ROOT / "docs" / "benchmarks.md"
     md.write_text(put_section(md.read_text(), "pipeline", body))
