@@ -5,6 +5,7 @@ from contend.testing.contract.competition import *  # noqa: F403
 from contend.testing.contract.fencing import *  # noqa: F403
 from contend.testing.contract.history import *  # noqa: F403
 from contend.testing.contract.leases import *  # noqa: F403
+from contend.testing.contract.limits import *  # noqa: F403
 from contend.testing.contract.management import *  # noqa: F403
 from contend.testing.contract.retention import *  # noqa: F403
 from contend.testing.contract.sessions import *  # noqa: F403

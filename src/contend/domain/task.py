@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from contend.domain.limits import check_concurrency_limit
+
 # The payload and name rules live in domain.payload; code and tests have long imported them here.
 from contend.domain.payload import JSON as JSON
 from contend.domain.payload import MAX_JSON_DEPTH as MAX_JSON_DEPTH
@@ -291,6 +293,10 @@ class TaskSpec:
     #: The submitter's trace context (W3C ``traceparent``/``tracestate``) as JSON text, for
     #: the expert's spans to join the submitter's trace; None when there is none.
     trace: str | None = None
+    #: At most ``concurrency_limit`` tasks of ``limit_key`` claimed or running at once
+    #: (``contend.domain.limits``); None: no limit.
+    limit_key: str | None = None
+    concurrency_limit: int | None = None
 
     @classmethod
     def build(
@@ -309,6 +315,8 @@ class TaskSpec:
         depends_on: Iterable[str] = (),
         limit: int = MAX_PAYLOAD_BYTES,
         trace: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem."""
         check_name(type, "task type")
@@ -337,6 +345,7 @@ class TaskSpec:
             raise TaskError(f"max_attempts must be between 1 and 1000, got {max_attempts}")
         if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
             raise TaskError(f"timeout must be a positive number of seconds, got {shown(timeout)}")
+        lkey, climit = check_concurrency_limit(limit_key, concurrency_limit)
         deps = tuple(dict.fromkeys(depends_on))
         for dep in deps:
             if not isinstance(dep, str) or not dep or text_problem(dep) is not None:
@@ -354,6 +363,8 @@ class TaskSpec:
             timeout=None if timeout is None else float(timeout),
             depends_on=deps,
             trace=check_trace(trace),
+            limit_key=lkey,
+            concurrency_limit=climit,
         )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from contend.domain.limits import check_concurrency_limit
 from contend.domain.periodic import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW, Schedule
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
@@ -55,6 +56,10 @@ class TaskType:
     #: A pipeline stage's next stage: the run's output goes there, forward_batch a task.
     forward_to: str | None = None
     forward_batch: int = 0
+    #: At most this many of its tasks of one limit key claimed or running at once; the key
+    #: is *limit_key* formatted with the task's arguments (default: the type's name).
+    concurrency_limit: int | None = None
+    limit_key: str | None = None
 
     signature: inspect.Signature | None = field(default=None, compare=False, repr=False)
 
@@ -78,6 +83,32 @@ class TaskType:
             bare = [p.replace(annotation=inspect.Parameter.empty) for p in params]
             shape = f"{self.name}({', '.join(str(p) for p in bare)})"
             raise TaskError(f"arguments do not fit task type {shape}: {exc}") from None
+
+    def limit_key_of(self, args: Sequence[JSON], kwargs: Mapping[str, JSON]) -> str | None:
+        """The limit key of a task of this type with these arguments (None: no limit)."""
+        if self.concurrency_limit is None:
+            return None
+        template = self.limit_key or self.name
+        if "{" not in template:
+            return template
+        values: dict[str, Any] = dict(kwargs)
+        if self.signature is not None:
+            try:
+                bound = self.signature.bind(
+                    *((None,) if self.pass_context else ()), *args, **kwargs
+                )
+            except TypeError:
+                bound = None
+            if bound is not None:
+                bound.apply_defaults()
+                values = dict(bound.arguments)
+        try:
+            return template.format_map(values)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise TaskError(
+                f"limit key {template!r} of task type {shown(self.name)} cannot be made from "
+                f"the task's arguments ({type(exc).__name__}: {exc})"
+            ) from None
 
     @property
     def wants_parents(self) -> bool:
@@ -236,6 +267,8 @@ class App:
         mode: str = "race",
         isolation: str | None = None,
         memory_limit: int | str | None = None,
+        concurrency_limit: int | None = None,
+        limit_key: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -253,6 +286,8 @@ class App:
         mode: str = "race",
         isolation: str | None = None,
         memory_limit: int | str | None = None,
+        concurrency_limit: int | None = None,
+        limit_key: str | None = None,
     ) -> F | Callable[[F], F]:
         """Register a sync or async function as a task type (named after the function).
 
@@ -261,7 +296,12 @@ class App:
         module-level function, not in ``__main__``) and its args and result JSON. With it,
         ``memory_limit`` (bytes, or text such as ``"512MiB"``) kills a child whose resident
         memory goes over it, and the attempt fails with ``MemoryLimitExceeded`` (not retried);
-        the expert carries on (Linux)."""
+        the expert carries on (Linux).
+
+        ``concurrency_limit=K`` lets at most K tasks of this type run at once across all
+        experts, per *limit_key*: a template formatted with the task's arguments, such as
+        ``"tenant:{tenant}"`` (default: the type's name, one limit for the whole type). The
+        store keeps it at claim time (``contend.domain.limits``)."""
 
         def register(f: F) -> F:
             type_name = name or f.__name__
@@ -286,6 +326,8 @@ class App:
                 except ValueError as exc:
                     raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
             limit = _memory_limit(type_name, memory_limit, isolation)
+            if concurrency_limit is not None or limit_key is not None:
+                check_concurrency_limit(limit_key or type_name, concurrency_limit)
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -301,6 +343,8 @@ class App:
                 isolation=isolation,
                 memory_limit=limit,
                 signature=_signature(f),
+                concurrency_limit=concurrency_limit,
+                limit_key=limit_key,
             )
             return f
 
@@ -477,8 +521,15 @@ class App:
         timeout: float | None = None,
         depends_on: Iterable[str | TaskHandle] = (),
         trace: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
     ) -> TaskSpec:
         tt = self.task_type(task)
+        if limit_key is not None and tt.concurrency_limit is None:
+            raise TaskError(
+                f"task type {shown(tt.name)} has no concurrency_limit, so a limit key means "
+                "nothing for it"
+            )
+        lkey = limit_key if limit_key is not None else tt.limit_key_of(args, kwargs or {})
         spec = TaskSpec.build(
             tt.name,
             args,
@@ -492,6 +543,8 @@ class App:
             timeout=tt.timeout if timeout is None else timeout,
             depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
             trace=trace,
+            limit_key=lkey,
+            concurrency_limit=tt.concurrency_limit,
         )
         tt.check_arguments(args, kwargs or {})  # once build() found them a JSON list and object
         return spec

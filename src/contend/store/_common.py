@@ -125,3 +125,15 @@ def bind(
     operation.__name__ = operation.__qualname__ = fn.__name__
     operation.__doc__ = fn.__doc__
     return operation
+
+
+def refuse_limits(specs: Sequence[TaskSpec], backend: str) -> None:
+    """For a backend that does not keep concurrency limits yet: refuse, before anything is
+    written, a submission with a task that has one (``Promises.concurrency_limits``)."""
+    for spec in specs:
+        if spec.limit_key is not None:
+            raise ConfigError(
+                f"the {backend} store does not keep concurrency limits yet (task type "
+                f"{spec.type!r}, limit key {spec.limit_key!r}); use SQLite, or submit "
+                "without a limit"
+            )

@@ -244,11 +244,15 @@ class Promises:
       store's database (``ctx.transaction()``); False: ``begin`` raises ConfigError.
     * ``exclusive_transactions`` — such a transaction holds the store's write lock from
       ``begin`` to its end (SQLite): no other writer, in any process, writes meanwhile.
+    * ``concurrency_limits`` — claims keep each task's concurrency limit
+      (``contend.domain.limits``); False: a submission of a task with a limit raises
+      ConfigError and writes nothing.
     """
 
     atomic_submit: int | None = None
     transactions: bool = False
     exclusive_transactions: bool = False
+    concurrency_limits: bool = False
 
 
 class TaskTransaction(Protocol):
@@ -355,7 +359,11 @@ class Store(Protocol):
         starves the rest, at any level below it (seed 000 §6). Where there are fewer such
         tasks, the best take their places. Levels are found a few at a time: only the
         :data:`~contend.domain.task.LANE_LEVELS` highest base priorities of a queue below
-        its top take part."""
+        its top take part.
+
+        Concurrency limits (where ``promises.concurrency_limits``): a task with a limit key is
+        claimable only while fewer than its ``concurrency_limit`` tasks of that key are
+        claimed or running, this claim's included (``contend.domain.limits.admit``)."""
 
     async def steal(
         self,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from contend.domain import auction
 from contend.domain import transitions as rules
+from contend.domain.limits import admit
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState, next_promotion
@@ -56,7 +57,7 @@ class MemoryStore:
 
     #: One process: every submission is atomic. A task's transaction reads and writes the
     #: store's key-value space (``value()``), without a lock: a conflict is found at commit.
-    promises = Promises(transactions=True)
+    promises = Promises(transactions=True, concurrency_limits=True)
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class MemoryStore:
         self._seen = 0
         self._done_times: list[float] = []
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
+        self._keyed = 0  # tasks ever submitted with a limit key: none, and claims need not look
         self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
@@ -148,6 +150,7 @@ class MemoryStore:
             birth = rules.submitted(spec.depends_on, self._states_of(spec.depends_on))
             left = birth.waits_on
             row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
+            self._keyed += spec.limit_key is not None
             row.aged = spec.priority
             row.promote_at = next_promotion(spec.priority, spec.priority, now)
             row.error = birth.error_json
@@ -254,17 +257,22 @@ class MemoryStore:
         self._sessions.live(expert, session, now)
         index = self._index
         wanted = None if task_ids is None else set(task_ids)
+        held = self._limit_holders()
         chosen = index.claimable(
             queues,
             capabilities,
             now,
-            limit,
+            len(self._tasks) if held is not None else limit,
             low_lane,
             types,
             ids=wanted,
             tasks=self._tasks,
             without=self._held_back(expert, now),
         )
+        if held is not None:  # keyed tasks pending: keep their concurrency limits
+            rows = self._tasks
+            picks = ((t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen)
+            chosen = admit(picks, held, limit)
         outcome = rules.claimed(expert, start=start)
         return [
             self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)
@@ -340,6 +348,18 @@ class MemoryStore:
         if now < closes and (expert not in bids or bids[expert][0] != score):
             bids[expert] = (score, bids.get(expert, (score, now))[1])
         return Auction(task_id, now, closes, auction.rank_bids(bids), grace=grace)
+
+    def _limit_holders(self) -> dict[str, int] | None:
+        """Limit key -> its claimed and running tasks; None when no pending task has a key
+        (the claim need not look)."""
+        if not self._keyed:
+            return None
+        held: dict[str, int] = {}
+        for tid in self._index.held:
+            key = self._tasks[tid].spec.limit_key
+            if key is not None:
+                held[key] = held.get(key, 0) + 1
+        return held
 
     def _held_back(self, expert: str, now: float) -> set[str]:
         """The tasks whose auction does not let *expert* claim yet."""

@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from contend.domain import transitions as rules
+from contend.domain.limits import admit
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, MAX_PRIORITY, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
@@ -20,15 +21,21 @@ from contend.store.sqlite.sessions import check_session
 
 
 def _where(
-    queues: Sequence[str], with_ids: int | None, types: Collection[str] | None, without: int = 0
+    queues: Sequence[str],
+    with_ids: int | None,
+    types: Collection[str] | None,
+    without: int = 0,
+    full: int = 0,
 ) -> str:
-    """Claimable tasks (parameters: queues, now, [ids], [types], [ids held back])."""
+    """Claimable tasks (parameters: queues, now, [ids], [types], [ids held back], [limit
+    keys at their limit])."""
     qmarks = ",".join("?" * len(queues))
     ids = f" AND id IN ({','.join('?' * with_ids)})" if with_ids is not None else ""
     of_type = f" AND type IN ({','.join('?' * len(types))})" if types is not None else ""
     held = f" AND id NOT IN ({','.join('?' * without)})" if without else ""
+    keys = f" AND (limit_key IS NULL OR limit_key NOT IN ({','.join('?' * full)}))" if full else ""
     return (
-        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type}{held} "
+        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type}{held}{keys} "
         "AND (requirements IS NULL OR contend_fits(requirements))"
     )
 
@@ -39,11 +46,13 @@ def _claimable_sql(
     types: Collection[str] | None = None,
     lane: int = 0,
     without: int = 0,
+    full: int = 0,
 ) -> str:
     """A predicate on claimable tasks: the best by effective priority (parameters: queues,
-    now, [ids], [types], [*without* ids held back], limit), and the *lane* ids the low lane
-    chose (:func:`_lane`; parameters: their ids, then the limit of the best)."""
-    where = _where(queues, with_ids, types, without)
+    now, [ids], [types], [*without* ids held back], [*full* limit keys], limit), and the
+    *lane* ids the low lane chose (:func:`_lane`; parameters: their ids, then the limit of
+    the best)."""
+    where = _where(queues, with_ids, types, without, full)
     # INDEXED BY: left to itself the planner prefers the run_at range of tasks_oldest and
     # then sorts every pending task; walking the claim order's own index stops at LIMIT
     if not lane:
@@ -70,10 +79,11 @@ def _claimable_params(
     limit: int,
     lane: Sequence[str] = (),
     held: Sequence[str] = (),
+    full: Sequence[str] = (),
 ) -> tuple[Any, ...]:
     """The parameters of :func:`_claimable_sql`, in its order."""
     kinds = tuple(types or ())
-    where = (*queues, now, *(ids or ()), *kinds, *held)
+    where = (*queues, now, *(ids or ()), *kinds, *held, *full)
     if not lane:
         return (*where, limit)
     return (*lane, *where, limit - len(lane), *lane)
@@ -87,13 +97,14 @@ def _lane(
     types: Collection[str] | None,
     n: int,
     held: Sequence[str] = (),
+    full: Sequence[str] = (),
 ) -> list[str]:
     """The low lane's choice: the *n* claimable tasks due the longest among those below the
     highest base priority of the claimable ones. The levels of each queue are found by
     stepping down its ``tasks_lane`` index (a skip scan, one seek a level), then each level's
     first *n* claimable by due time: a few seeks per level, however long the backlog."""
     one = ["x"]
-    where = _where(one, None if ids is None else len(ids), types, len(held))
+    where = _where(one, None if ids is None else len(ids), types, len(held), len(full))
     pick = (
         f"SELECT run_at, id, priority FROM tasks INDEXED BY tasks_lane "
         f"WHERE priority = ? AND {where} ORDER BY run_at, id LIMIT ?"
@@ -102,7 +113,7 @@ def _lane(
         "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' AND queue = ? "
         "AND priority < ? ORDER BY priority DESC LIMIT 1"
     )
-    extra = (*(ids or ()), *(types or ()), *held)
+    extra = (*(ids or ()), *(types or ()), *held, *full)
     heads: list[tuple[float, str, int]] = []
     top: int | None = None
     for queue in dict.fromkeys(queues):
@@ -190,23 +201,88 @@ async def claim(
             return []
         db.caps = capabilities
         held = held_back(conn, expert, now)  # the auctions' order, kept here
-        lane = _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held) if low_lane else []
+        full = _full_keys(conn)  # limit keys at their concurrency limit
+        lane = (
+            _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held, full)
+            if low_lane
+            else []
+        )
         n = None if ids is None else len(ids)
-        inner = _claimable_sql(queues, n, kinds, len(lane), len(held))
-        params = _claimable_params(queues, now, ids, kinds, limit, lane, held)
-        rows = conn.execute(
+        inner = _claimable_sql(queues, n, kinds, len(lane), len(held), len(full))
+        params = _claimable_params(queues, now, ids, kinds, limit, lane, held, full)
+        update = (
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
-            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? "
-            f"WHERE {inner} "
-            "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
-            "checkpoint, timeout, priority, trace",
-            (str(outcome.state), expert, now + ttl, now, *params),
-        ).fetchall()
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE "
+        )
+        head = (str(outcome.state), expert, now + ttl, now)
+        conn.execute("SAVEPOINT contend_claim")
+        rows = conn.execute(update + inner + RETURNING, (*head, *params)).fetchall()
+        if any(r[12] is not None for r in rows) and _over(conn, rows):
+            # two of one key in this claim: take them again one key's room at a time
+            conn.execute("ROLLBACK TO contend_claim")
+            where = _where(queues, n, kinds, len(held), len(full))
+            picks = conn.execute(
+                f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY tasks_claimable "
+                f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
+                (*queues, now, *(ids or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
+            ).fetchall()
+            chosen = admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
+            rows = conn.execute(
+                update + f"id IN ({','.join('?' * len(chosen))}) " + RETURNING, (*head, *chosen)
+            ).fetchall()
+        conn.execute("RELEASE contend_claim")
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         return [claimed_from_row(r, now + ttl) for r in rows]
 
     return await db.tx(run)
+
+
+RETURNING = (
+    "RETURNING id, type, queue, args, kwargs, fence, attempts, max_attempts, "
+    "checkpoint, timeout, priority, trace, limit_key"
+)
+
+
+def _full_keys(conn: sqlite3.Connection) -> list[str]:
+    """The limit keys whose claimed and running tasks already number their limit."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT limit_key FROM tasks INDEXED BY tasks_limited WHERE limit_key IS NOT NULL "
+            "AND state IN ('claimed', 'running') GROUP BY limit_key "
+            "HAVING count(*) >= min(limit_max)"
+        )
+    ]
+
+
+def _holders(conn: sqlite3.Connection, keys: Collection[str]) -> dict[str, int]:
+    """Limit key -> its claimed and running tasks."""
+    if not keys:
+        return {}
+    marks = ",".join("?" * len(keys))
+    return dict(
+        conn.execute(
+            f"SELECT limit_key, count(*) FROM tasks INDEXED BY tasks_limited "
+            f"WHERE limit_key IN ({marks}) AND state IN ('claimed', 'running') "
+            "GROUP BY limit_key",
+            tuple(keys),
+        ).fetchall()
+    )
+
+
+def _over(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether the claim just made put a limit key over its limit."""
+    keys = {r[12] for r in rows if r[12] is not None}
+    marks = ",".join("?" * len(keys))
+    return bool(
+        conn.execute(
+            f"SELECT 1 FROM tasks INDEXED BY tasks_limited WHERE limit_key IN ({marks}) "
+            "AND state IN ('claimed', 'running') GROUP BY limit_key "
+            "HAVING count(*) > min(limit_max) LIMIT 1",
+            tuple(keys),
+        ).fetchone()
+    )
 
 
 async def steal(

@@ -39,11 +39,15 @@ CREATE TABLE tasks (
     eff_priority INTEGER NOT NULL,
     promote_at REAL NOT NULL,
     progress TEXT,
-    trace TEXT
+    trace TEXT,
+    limit_key TEXT,
+    limit_max INTEGER
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_limited ON tasks (limit_key)
+    WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running');
 CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
 CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
 CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
@@ -90,11 +94,16 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tasks ADD COLUMN progress TEXT",
         "ALTER TABLE tasks ADD COLUMN trace TEXT",
     ),
-    # the low lane's skip scan over base priority levels; the grace each auction keeps
+    # the low lane's skip scan over base priority levels; the grace each auction keeps;
+    # concurrency limits
     3: (
         "CREATE INDEX IF NOT EXISTS tasks_lane ON tasks (queue, priority DESC, run_at, id) "
         "WHERE state = 'pending'",
         "ALTER TABLE auctions ADD COLUMN grace REAL NOT NULL DEFAULT 0.5",
+        "ALTER TABLE tasks ADD COLUMN limit_key TEXT",
+        "ALTER TABLE tasks ADD COLUMN limit_max INTEGER",
+        "CREATE INDEX IF NOT EXISTS tasks_limited ON tasks (limit_key) "
+        "WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running')",
     ),
 }
 

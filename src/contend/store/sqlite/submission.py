@@ -86,14 +86,16 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 spec.priority,
                 next_promotion(spec.priority, spec.priority, now),
                 spec.trace,
+                spec.limit_key,
+                spec.concurrency_limit,
             )
         )
         dep_rows.extend((d, spec.id) for d in birth.waits_on)
     conn.executemany(
         "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
         "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
-        "deps_left, error, eff_priority, promote_at, trace) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
     if dep_rows:

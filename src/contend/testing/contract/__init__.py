@@ -22,6 +22,7 @@ A backend outside this repository runs it as this repository runs it on its own 
     from contend.testing.contract.fencing import *  # noqa: F403
     from contend.testing.contract.history import *  # noqa: F403
     from contend.testing.contract.leases import *  # noqa: F403
+    from contend.testing.contract.limits import *  # noqa: F403
     from contend.testing.contract.management import *  # noqa: F403
     from contend.testing.contract.sessions import *  # noqa: F403
     from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401
@@ -44,6 +45,7 @@ pytest.register_assert_rewrite(
     "contend.testing.contract.helpers",
     "contend.testing.contract.history",
     "contend.testing.contract.leases",
+    "contend.testing.contract.limits",
     "contend.testing.contract.management",
     "contend.testing.contract.sessions",
     "contend.testing.contract.stateful",
