@@ -39,7 +39,8 @@ CREATE TABLE tasks (
     eff_priority INTEGER NOT NULL,
     promote_at REAL NOT NULL,
     progress TEXT,
-    trace TEXT
+    trace TEXT,
+    if_failed TEXT
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
@@ -81,7 +82,7 @@ CREATE TABLE experts (
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on, progress, trace"
+    "checkpoint, depends_on, progress, trace, if_failed"
 )
 
 #: What each version adds to the one before it (a file of version 1 is upgraded on open).
@@ -90,11 +91,13 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tasks ADD COLUMN progress TEXT",
         "ALTER TABLE tasks ADD COLUMN trace TEXT",
     ),
-    # the low lane's skip scan over base priority levels; the grace each auction keeps
+    # the low lane's skip scan over base priority levels; the grace each auction keeps; what
+    # each dependency edge does when its dependency does not succeed (NULL: every edge fails)
     3: (
         "CREATE INDEX IF NOT EXISTS tasks_lane ON tasks (queue, priority DESC, run_at, id) "
         "WHERE state = 'pending'",
         "ALTER TABLE auctions ADD COLUMN grace REAL NOT NULL DEFAULT 0.5",
+        "ALTER TABLE tasks ADD COLUMN if_failed TEXT",
     ),
 }
 
