@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 
 from contend.domain.periodic import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW, Schedule
 from contend.domain.retry import RetryPolicy
-from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
+from contend.domain.task import JSON, IfFailed, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
 from contend.runtime import tracing
 from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
@@ -475,10 +475,13 @@ class App:
         delay: float = 0.0,
         requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
         timeout: float | None = None,
-        depends_on: Iterable[str | TaskHandle] = (),
+        depends_on: Iterable[str | TaskHandle | After] = (),
         trace: Mapping[str, str] | None = None,
     ) -> TaskSpec:
+        """A validated submission of *task*. *depends_on*: task ids or handles (the task dies
+        if one does not succeed), or :class:`After` items that choose otherwise per edge."""
         tt = self.task_type(task)
+        edges = [d if isinstance(d, After) else After(d) for d in depends_on]
         spec = TaskSpec.build(
             tt.name,
             args,
@@ -490,7 +493,8 @@ class App:
             delay=delay,
             max_attempts=tt.retry.max_attempts,
             timeout=tt.timeout if timeout is None else timeout,
-            depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
+            depends_on=[e.id for e in edges],
+            if_failed=[e.if_failed for e in edges],
             trace=trace,
         )
         tt.check_arguments(args, kwargs or {})  # once build() found them a JSON list and object
@@ -504,7 +508,7 @@ class App:
         **options: Any,
     ) -> TaskHandle:
         """Submit one task; options: queue, priority, key, delay, requirements, timeout,
-        depends_on. Returns a handle whose ``result()`` can be awaited."""
+        depends_on (ids, handles or :class:`After` items). Returns a handle whose ``result()`` can be awaited."""
         name = self.task_type(task).name
         with tracing.submit_span(name) as (span, carrier):
             spec = self.build_spec(task, args, kwargs, **options, trace=carrier)
@@ -535,6 +539,34 @@ class App:
 
     def handle(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    """One dependency of a task and what it does to the task if it does not succeed (fails,
+    dies or is cancelled): ``depends_on=[After(parent, if_failed="run")]``.
+
+    * ``"fail"`` (the default, as a bare id or handle): the task dies, its error naming it;
+    * ``"cancel"``: the task is cancelled, its history saying why;
+    * ``"run"``: the edge counts as done; the task runs once its other dependencies are, and
+      that parent's place in its ``parents`` holds None.
+    """
+
+    task: str | TaskHandle
+    if_failed: str = IfFailed.FAIL
+
+    def __post_init__(self) -> None:
+        if self.if_failed not in _CHOICES:
+            raise TaskError(
+                f"if_failed must be one of {', '.join(_CHOICES)}, got {shown(self.if_failed)}"
+            )
+
+    @property
+    def id(self) -> str:
+        return self.task.id if isinstance(self.task, TaskHandle) else self.task
+
+
+_CHOICES = tuple(str(c) for c in IfFailed)
 
 
 class TaskHandle:
