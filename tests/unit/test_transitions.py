@@ -101,6 +101,7 @@ def test_a_new_task_waits_on_unfinished_dependencies_and_is_dead_after_a_failed_
     born = rules.submitted(["a", "b"], {"a": CANCELLED})
     assert (born.state, born.waits_on) == (DEAD, ("b",))
     assert "dependency a did not succeed" in (born.error_json or "")
+    assert (born.event, born.detail) == (Event.DEAD, "dependency a ended cancelled")
 
 
 @pytest.mark.parametrize("state", [FAILED, DEAD, CANCELLED])

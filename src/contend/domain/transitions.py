@@ -8,9 +8,9 @@ the conditions it checked still hold. A rule written once cannot drift between b
 =====================  ==========================================  ==============  ===========
 event                  function                                    next state      history
 =====================  ==========================================  ==============  ===========
-submitted              :func:`submitted`                           pending,        cancelled
-                                                                   waiting, dead,  (else none)
-                                                                   cancelled
+submitted              :func:`submitted`                           pending,        dead,
+                                                                   waiting, dead,  cancelled
+                                                                   cancelled       (else none)
 claimed                :func:`claimed`                             running or      claimed
                                                                    claimed
 started                :func:`started`                             running         started
@@ -187,7 +187,8 @@ def submitted(
         if choice == IfFailed.CANCEL:
             why = f"dependency {d} ended {state} (if_failed=cancel)"
             return Birth(CANCELLED, waits_on, None, Event.CANCELLED, why)
-        return Birth(DEAD, waits_on, _dependency_error(f"dependency {d} did not succeed"))
+        error = _dependency_error(f"dependency {d} did not succeed")
+        return Birth(DEAD, waits_on, error, Event.DEAD, f"dependency {d} ended {state}")
     return Birth(W if waits_on else P, waits_on)
 
 

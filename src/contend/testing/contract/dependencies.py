@@ -73,7 +73,10 @@ async def test_a_dependency_that_had_ended_when_its_dependant_was_submitted(
         assert line.event == "cancelled" and a.id in (line.detail or "")
     if choice == "fail":
         assert task.error is not None and a.id in str(task.error)
+        (line,) = task.history
+        assert line.event == "dead" and a.id in (line.detail or "")
     if choice == "run":
+        assert task.history == ()
         e = await join(harness)
         assert (await e.claim_one()).id == b.id
 
