@@ -26,7 +26,7 @@ from contend.errors import (
     TransactionConflict,
     UnknownTaskType,
 )
-from contend.runtime.app import App, TaskHandle, TaskType
+from contend.runtime.app import After, App, TaskHandle, TaskType
 from contend.runtime.config import ExpertConfig
 from contend.runtime.context import TaskContext, current
 from contend.runtime.expert import Expert
@@ -35,6 +35,7 @@ from contend.runtime.hooks import Hook
 __version__ = "0.1.0"
 
 __all__ = [
+    "After",
     "App",
     "Capabilities",
     "ConfigError",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contend import App
+from contend import After, App
 from contend.domain.task import Capabilities, TaskSpec
 from contend.runtime.config import ExpertConfig
 from contend.store.port import ExpertInfo, Store
@@ -219,6 +219,7 @@ CASES: list[Case] = [
     cli("batch: a line that is not an object", "array.jsonl:2: each line must be a JSON object", "submit", APP, "echo", "--batch", "{dir}/array.jsonl", S, STORE),
     cli("batch: an empty queue in a line", "queue.jsonl:2: queue must be a non-empty string", "submit", APP, "echo", "--batch", "{dir}/queue.jsonl", S, STORE),
     cli("batch: no such file", "cannot read batch file", "submit", APP, "echo", "--batch", "{dir}/missing.jsonl", S, STORE),
+    cli("batch: a dependency edge with `if_failed` not a choice", "-:1: if_failed must be one of fail, cancel, run, got 'skip'", "submit", APP, "echo", "--batch", "-", S, STORE, stdin='{"depends_on": [{"id": "x", "if_failed": "skip"}]}\n'),
     cli("`--batch` with `--priority` (ignored before)", "--priority cannot be combined with --batch", "submit", APP, "echo", "--batch", "-", "--priority", "3", S, STORE, stdin='{"args": [1]}\n'),
     # -- absurd options
     cli("`--priority` of a billion", "--priority must be between -1000000 and 1000000", "submit", APP, "echo", "--priority", "1000000001", S, STORE),
@@ -280,6 +281,7 @@ CASES: list[Case] = [
     py("`app.submit(queue='')`", "queue must be a non-empty string", "TaskError", lambda env, app: _submit(app, "echo", queue="")),
     py("`app.submit` with a 100 KB key", "idempotency key must be at most 500", "TaskError", lambda env, app: _submit(app, "echo", key=HUGE)),
     py("`app.submit` with an unknown dependency", "no-such-task", "DependencyError", lambda env, app: _submit(app, "echo", depends_on=["no-such-task"])),
+    py("`After(id, if_failed='skip')` in `depends_on`", "if_failed must be one of fail, cancel, run, got 'skip'", "TaskError", lambda env, app: _submit(app, "echo", depends_on=[After("x", if_failed="skip")])),
     py("`app.submit_many`: one bad spec among good ones", "no-such-task", "DependencyError", _submit_many_one_bad),
     py("`app.submit` with args that do not fit", "arguments do not fit task type echo(value=None): too many positional arguments", "TaskError", lambda env, app: _submit(app, "echo", [1, 2])),
     py("`memory_limit` without `isolation='process'`", "needs isolation='process'", "ConfigError", lambda env, app: _call(app.task(name="hog", memory_limit="1GiB"), print)),

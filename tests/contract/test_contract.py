@@ -2,6 +2,7 @@
 
 from contend.testing.contract.claims import *  # noqa: F403
 from contend.testing.contract.competition import *  # noqa: F403
+from contend.testing.contract.dependencies import *  # noqa: F403
 from contend.testing.contract.fencing import *  # noqa: F403
 from contend.testing.contract.history import *  # noqa: F403
 from contend.testing.contract.leases import *  # noqa: F403

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from contend import App, TaskContext
+from contend import After, App, TaskContext, TaskFailed, TaskState
 from contend.errors import TaskError
 from tests.integration.test_runtime import expert
 
@@ -109,8 +109,71 @@ def test_tasks_show_prints_the_dependencies(tmp_path: Path) -> None:
         return done.stdout
 
     parent = json.loads(cli("submit", "show_app:app", "a", "--json"))["id"]
-    child = json.loads(cli("submit", "show_app:app", "b", "--depends-on", parent, "--json"))["id"]
+    other = json.loads(cli("submit", "show_app:app", "a", "--json"))["id"]
+    child = json.loads(
+        cli(
+            "submit",
+            "show_app:app",
+            "b",
+            "--depends-on",
+            parent,
+            "--depends-on",
+            f"{other}:run",
+            "--json",
+        )
+    )["id"]
     shown = cli("tasks", "show", child)
     assert "depends on" in shown and parent in shown and "pending" in shown
+    assert "if failed: fail" in shown and "if failed: run" in shown
     data = json.loads(cli("tasks", "show", child, "--json"))
-    assert data["parents"] == [{"id": parent, "type": "a", "state": "pending"}]
+    assert data["parents"] == [
+        {"id": parent, "type": "a", "state": "pending", "if_failed": "fail"},
+        {"id": other, "type": "a", "state": "pending", "if_failed": "run"},
+    ]
+    assert data["if_failed"] == ["fail", "run"]
+    # a batch line names its edges' choices as objects
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"depends_on": [{"id": parent, "if_failed": "cancel"}]}) + "\n")
+    (late,) = json.loads(cli("submit", "show_app:app", "b", "--batch", str(batch), "--json"))
+    assert json.loads(cli("tasks", "show", late["id"], "--json"))["if_failed"] == ["cancel"]
+
+
+async def test_a_run_edge_lets_the_child_run_with_none_for_the_failed_parent(
+    tmp_path: Path,
+) -> None:
+    app = App(f"sqlite:///{tmp_path / 'run.db'}")
+
+    @app.task
+    async def good(n: int) -> int:
+        return n
+
+    @app.task(retries=1)
+    async def bad() -> int:
+        raise RuntimeError("no luck")
+
+    @app.task
+    async def report(ctx: TaskContext, parents: list[int | None]) -> dict[str, Any]:
+        return {"parents": parents, "by_id": await ctx.parents()}
+
+    @app.task
+    async def strict(parents: list[int | None]) -> int:
+        return len(parents)
+
+    async with expert(app, concurrency=4):
+        ok = await app.submit(good, [5])
+        ko = await app.submit(bad)
+        child = await app.submit(report, depends_on=[After(ko, if_failed="run"), ok])
+        dropped = await app.submit(strict, depends_on=[After(ko.id, if_failed="cancel"), ok])
+        died = await app.submit(strict, depends_on=[ko, ok])
+        out = await child.result(timeout=20)
+        with pytest.raises(TaskFailed):
+            await dropped.result(timeout=20)
+        with pytest.raises(TaskFailed):
+            await died.result(timeout=20)
+    assert out == {"parents": [None, 5], "by_id": {ko.id: None, ok.id: 5}}
+    assert (await ko.get()).state in (TaskState.FAILED, TaskState.DEAD)
+    assert (await died.get()).state == TaskState.DEAD
+    gone = await (await app.store()).get(dropped.id, history=True)
+    assert gone.state == TaskState.CANCELLED
+    assert [e.event for e in gone.history] == ["cancelled"]
+    assert ko.id in (gone.history[0].detail or "")

@@ -28,6 +28,7 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db.execute("DROP INDEX tasks_limited")
     db.execute("ALTER TABLE tasks DROP COLUMN limit_key")
     db.execute("ALTER TABLE tasks DROP COLUMN limit_max")
+    db.execute("ALTER TABLE tasks DROP COLUMN if_failed")
     db.execute("UPDATE contend_meta SET value = '1' WHERE key = 'schema_version'")
     db.commit()
     db.close()
@@ -39,7 +40,9 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
         new = TaskSpec.build(
             "job", [2], trace={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
         )
-        await store.submit([new])
+        child = TaskSpec.build("job", depends_on=[old.id], if_failed=["run"])
+        await store.submit([new, child])
+        assert (await store.get(child.id)).if_failed == ("run",)
         assert (await store.get(new.id)).trace == {
             "traceparent": new.trace and "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
         }

@@ -141,3 +141,13 @@ def test_another_address_needs_a_token(host: str) -> None:
     check_bind(host, TOKEN)
     with pytest.raises(ConfigError, match="8 characters"):
         check_bind(host, "short")
+
+
+async def test_a_task_page_shows_each_dependency_s_choice(store: MemoryStore) -> None:
+    a, b = TaskSpec.build("a"), TaskSpec.build("b")
+    child = TaskSpec.build("c", depends_on=[a.id, b.id], if_failed=["fail", "run"])
+    await store.submit([a, b, child])
+    async with client(store) as c:
+        detail = (await c.get(f"/tasks/{child.id}")).text
+    assert f'href="/tasks/{a.id}"' in detail and f'href="/tasks/{b.id}"' in detail
+    assert detail.count("(if failed: run)") == 1 and "if failed: fail" not in detail

@@ -93,6 +93,11 @@ def test_build_accepts_tuples_and_unicode_and_makes_floats() -> None:
         ({"timeout": math.inf}, TaskError, "timeout"),
         ({"depends_on": [""]}, TaskError, "dependency"),
         ({"depends_on": [7]}, TaskError, "dependency"),
+        ({"depends_on": ["a"], "if_failed": ["ignore"]}, TaskError, "one of fail, cancel, run"),
+        ({"depends_on": ["a"], "if_failed": [None]}, TaskError, "one of fail, cancel, run"),
+        ({"depends_on": ["a"], "if_failed": ["run", "run"]}, TaskError, "one per dependency"),
+        ({"if_failed": ["run"]}, TaskError, "one per dependency"),
+        ({"depends_on": ["a", "a"], "if_failed": ["run", "fail"]}, TaskError, "given twice"),
         ({"requirements": {"tagz": ["gpu"]}}, TaskError, "unknown keys"),
         ({"requirements": {"resources": {"mem": -1}}}, TaskError, "must not be negative"),
         ({"requirements": {"resources": {"mem": "lots"}}}, TaskError, "finite number"),
@@ -355,3 +360,15 @@ def test_a_trace_context_must_be_a_small_map_of_strings() -> None:
     for bad in ({"a": 1}, {1: "a"}, {"a": "x" * MAX_TRACE_CHARS}):
         with pytest.raises(TaskError, match="trace context"):
             TaskSpec.build("t", trace=bad)  # type: ignore[arg-type]
+
+
+def test_if_failed_is_kept_aligned_and_empty_when_every_edge_fails() -> None:
+    s = TaskSpec.build("t", depends_on=["a", "b", "a"], if_failed=["run", "fail", "run"])
+    assert (s.depends_on, s.if_failed) == (("a", "b"), ("run", "fail"))
+    assert (s.if_failed_of("a"), s.if_failed_of("b"), s.if_failed_of("zz")) == (
+        "run",
+        "fail",
+        "fail",
+    )
+    assert TaskSpec.build("t", depends_on=["a"], if_failed=["fail"]).if_failed == ()
+    assert TaskSpec.build("t", depends_on=["a"]).if_failed == ()

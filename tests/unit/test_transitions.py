@@ -101,6 +101,32 @@ def test_a_new_task_waits_on_unfinished_dependencies_and_is_dead_after_a_failed_
     born = rules.submitted(["a", "b"], {"a": CANCELLED})
     assert (born.state, born.waits_on) == (DEAD, ("b",))
     assert "dependency a did not succeed" in (born.error_json or "")
+    assert (born.event, born.detail) == (Event.DEAD, "dependency a ended cancelled")
+
+
+@pytest.mark.parametrize("state", [FAILED, DEAD, CANCELLED])
+def test_each_edge_chooses_what_a_dependency_that_did_not_succeed_does(state: TaskState) -> None:
+    cancel = rules.dependency_ended("a", state, 2, "cancel")
+    assert cancel is not None and (cancel.state, cancel.event) == (CANCELLED, Event.CANCELLED)
+    assert cancel.detail == f"dependency a ended {state} (if_failed=cancel)"
+    assert cancel.error_json is None
+    assert rules.dependency_ended("a", state, 2, "run") is None  # one fewer to wait for
+    ready = rules.dependency_ended("a", state, 1, "run")
+    assert ready is not None and (ready.state, ready.event) == (P, Event.READY)
+    assert ready.detail == f"dependency a ended {state} (if_failed=run)"
+    dead = rules.dependency_ended("a", state, 1, "fail")
+    assert dead is not None and dead.state == DEAD
+    # the same choices at submission, for a dependency that had ended already
+    assert rules.submitted(["a", "b"], {"a": state}, ("run", "fail")) == rules.Birth(W, ("b",))
+    assert rules.submitted(["a"], {"a": state}, ("run",)) == rules.Birth(P, ())
+    born = rules.submitted(["a", "b"], {"a": state}, ("cancel", "fail"))
+    assert (born.state, born.event, born.error_json) == (CANCELLED, Event.CANCELLED, None)
+    assert born.detail == f"dependency a ended {state} (if_failed=cancel)"
+    # the first edge, in order, whose dependency did not succeed and that does not run decides
+    both = {"a": state, "b": state}
+    assert rules.submitted(["a", "b"], both, ("run", "cancel")).state == CANCELLED
+    assert rules.submitted(["a", "b"], both, ("fail", "cancel")).state == DEAD
+    assert rules.submitted(["a", "b"], both, ("run", "run")) == rules.Birth(P, ())
 
 
 @pytest.mark.parametrize("state", [P, W, C, R])

@@ -25,9 +25,9 @@ from contend.cli.common import (
     text_arg,
 )
 from contend.domain.payload import parse_json
-from contend.domain.task import Task, TaskState
+from contend.domain.task import IfFailed, Task, TaskState
 from contend.errors import ContendError, TaskError, TaskFailed, shown
-from contend.runtime.app import App, TaskHandle
+from contend.runtime.app import After, App, TaskHandle
 
 BATCH_FIELDS = {
     "args",
@@ -75,9 +75,10 @@ def add_parser(sub: Subcommands) -> None:
         "--depends-on",
         action="append",
         type=text_arg("--depends-on"),
-        metavar="ID",
+        metavar="ID[:IF_FAILED]",
         dest="depends_on",
-        help="a task that must succeed first; repeat for more",
+        help="a task that must end first; repeat for more. If it does not succeed, this task "
+        "dies (ID or ID:fail), is cancelled (ID:cancel) or runs anyway (ID:run)",
     )
     s.add_argument(
         "--batch",
@@ -205,7 +206,7 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
                     queue=item.get("queue"),
                     requirements=item.get("requirements"),
                     timeout=item.get("timeout"),
-                    depends_on=_ids(item.get("depends_on", [])),
+                    depends_on=_edges(item.get("depends_on", [])),
                 )
             )
         except TaskError as exc:
@@ -229,11 +230,34 @@ async def _submit_batch(app: App, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ids(value: Any) -> list[str]:
-    """A batch line's ``depends_on``: a list of task ids."""
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+def _edges(value: Any) -> list[str | After]:
+    """A batch line's ``depends_on``: a list of task ids, or of ``{"id": ID, "if_failed":
+    "fail" | "cancel" | "run"}`` objects."""
+    if not isinstance(value, list):
         raise TaskError(f"depends_on must be a list of task ids, got {shown(value)}")
+    out: list[str | After] = []
+    for v in value:
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict) and isinstance(v.get("id"), str) and set(v) <= {"id", "if_failed"}:
+            out.append(After(v["id"], v.get("if_failed", "fail")))
+        else:
+            raise TaskError(
+                "each of depends_on must be a task id or "
+                f'{{"id": ID, "if_failed": "fail" | "cancel" | "run"}}, got {shown(v)}'
+            )
+    return out
+
+
+def edge_arg(value: str) -> str | After:
+    """``--depends-on ID[:IF_FAILED]``: a dependency, with its choice when it ends in one."""
+    head, sep, tail = value.rpartition(":")
+    if sep and head and tail in IF_FAILED:
+        return After(head, tail)
     return value
+
+
+IF_FAILED = tuple(str(c) for c in IfFailed)
 
 
 class Progress:
@@ -320,7 +344,7 @@ async def _submit_one(app: App, args: argparse.Namespace) -> int:
         queue=args.queue,
         requirements=args.requirements,
         timeout=args.timeout,
-        depends_on=args.depends_on or (),
+        depends_on=[edge_arg(d) for d in args.depends_on or ()],
     )
     (handle,) = await app.submit_many([spec])
     if not args.wait:

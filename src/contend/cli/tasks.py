@@ -158,7 +158,7 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         task = await _get(store, args.id, history=True)
         data = task.to_json()
         why = await diagnose(store, task)
-        parents = [await _parent(store, pid) for pid in task.depends_on]
+        parents = [await _parent(store, task, pid) for pid in task.depends_on]
         if args.json:
             data["why_not_running"] = None if why is None else why.to_json()
             data["parents"] = parents
@@ -176,7 +176,10 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         if parents:
             print(f"{'depends on':>13}:")
             for p in parents:
-                print(f"               {p['id']}  {p['type'] or '?':<16} {p['state']}")
+                print(
+                    f"               {p['id']}  {p['type'] or '?':<16} {p['state']:<10}"
+                    f" if failed: {p['if_failed']}"
+                )
         if task.progress is not None:
             print(f"{'progress':>13}: {progress_text(task.progress)}")
         for k in ("result", "error", "checkpoint"):
@@ -195,13 +198,15 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
     return await with_store(args, run)
 
 
-async def _parent(store: Store, task_id: str) -> dict[str, str | None]:
-    """One dependency of a task as ``tasks show`` prints it (a pruned one is 'gone')."""
+async def _parent(store: Store, task: Task, task_id: str) -> dict[str, str | None]:
+    """One dependency of *task* as ``tasks show`` prints it (a pruned one is 'gone'), with
+    what it does to the task if it does not succeed."""
+    choice = task.if_failed_of(task_id)
     try:
         parent = await store.get(task_id)
     except TaskNotFound:
-        return {"id": task_id, "type": None, "state": "gone"}
-    return {"id": task_id, "type": parent.type, "state": str(parent.state)}
+        return {"id": task_id, "type": None, "state": "gone", "if_failed": choice}
+    return {"id": task_id, "type": parent.type, "state": str(parent.state), "if_failed": choice}
 
 
 async def _manage(args: argparse.Namespace, action: str) -> int:

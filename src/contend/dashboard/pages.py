@@ -19,7 +19,7 @@ from contend.dashboard.html import (
     tag,
 )
 from contend.domain.blocking import Blocker, Diagnosis
-from contend.domain.task import Task, TaskState
+from contend.domain.task import IfFailed, Task, TaskState
 from contend.store.port import ExpertRecord, StoreStats
 
 STATES = [str(s) for s in TaskState]
@@ -263,6 +263,15 @@ def _button(task_id: str, action: str, csrf: str) -> Safe:
     )
 
 
+def _edge(task: Task, dependency: str) -> Safe:
+    """A link to one dependency of *task*, with its edge's choice when it is not ``fail``."""
+    link = tag("a", dependency, href=f"/tasks/{dependency}", class_="mono")
+    choice = task.if_failed_of(dependency)
+    if choice == IfFailed.FAIL:
+        return link
+    return join([link, " ", tag("small", f"(if failed: {choice})")])
+
+
 def _progress(p: Mapping[str, Any]) -> Safe:
     done, total, note = p.get("done"), p.get("total"), p.get("note")
     parts: list[Any] = []
@@ -293,7 +302,7 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
     if task.lease_deadline is not None and task.state.owned:
         facts.append(("lease left", age(task.lease_deadline - now)))
     if task.depends_on:
-        links = join((tag("a", d, href=f"/tasks/{d}", class_="mono") for d in task.depends_on), " ")
+        links = join((_edge(task, d) for d in task.depends_on), " ")
         facts.append(("depends on", links))
     if isinstance(task.progress, dict):
         facts.append(("progress", _progress(task.progress)))

@@ -101,6 +101,47 @@ def can_move(src: TaskState, dst: TaskState) -> bool:
     return dst in TRANSITIONS[src]
 
 
+class IfFailed(StrEnum):
+    """What a dependency that ends without succeeding (failed, dead or cancelled) does to the
+    task waiting on it: one choice per edge."""
+
+    FAIL = "fail"  # the task dies, its error naming the dependency (the default)
+    CANCEL = "cancel"  # the task is cancelled, its history saying why
+    RUN = "run"  # the edge counts as done: the task runs once its other dependencies are
+
+
+def check_if_failed(depends_on: Sequence[str], if_failed: Iterable[object]) -> tuple[str, ...]:
+    """The per-edge choices of a task, aligned with *depends_on*, as a store keeps them: ``()``
+    when every edge is ``fail`` (the default needs no room). TaskError when one is not a choice
+    or they are not one per dependency."""
+    given = tuple(if_failed)
+    if not given:
+        return ()
+    if len(given) != len(depends_on):
+        raise TaskError(
+            f"if_failed gives {len(given)} choices for {len(depends_on)} dependencies: "
+            "give one per dependency"
+        )
+    for choice in given:
+        if choice not in _CHOICES:
+            raise TaskError(f"if_failed must be one of {', '.join(_CHOICES)}, got {shown(choice)}")
+    out = tuple(str(c) for c in given)
+    return () if all(c == IfFailed.FAIL for c in out) else out
+
+
+_CHOICES = tuple(str(c) for c in IfFailed)
+
+
+def if_failed_of(depends_on: Sequence[str], if_failed: Sequence[str], dependency: str) -> str:
+    """The choice of the edge to *dependency* (``fail`` for an edge without one)."""
+    if not if_failed:
+        return IfFailed.FAIL
+    try:
+        return if_failed[depends_on.index(dependency)]
+    except (ValueError, IndexError):
+        return IfFailed.FAIL
+
+
 _last_id = 0
 _last_id_lock = threading.Lock()
 
@@ -289,6 +330,9 @@ class TaskSpec:
     max_attempts: int = 3
     timeout: float | None = None
     depends_on: tuple[str, ...] = ()
+    #: What each dependency does to the task if it does not succeed (:class:`IfFailed`),
+    #: aligned with ``depends_on``; ``()``: every edge ``fail``.
+    if_failed: tuple[str, ...] = ()
     id: str = field(default_factory=new_task_id)
     #: The submitter's trace context (W3C ``traceparent``/``tracestate``) as JSON text, for
     #: the expert's spans to join the submitter's trace; None when there is none.
@@ -317,8 +361,10 @@ class TaskSpec:
         trace: Mapping[str, str] | None = None,
         limit_key: str | None = None,
         concurrency_limit: int | None = None,
+        if_failed: Iterable[str] = (),
     ) -> TaskSpec:
-        """Validate a submission; raises :class:`TaskError` naming the first problem."""
+        """Validate a submission; raises :class:`TaskError` naming the first problem.
+        *if_failed*: one :class:`IfFailed` choice per dependency (none: all ``fail``)."""
         check_name(type, "task type")
         if isinstance(args, str | bytes) or not isinstance(args, Sequence):
             raise PayloadError(f"args must be a JSON array (a list), got {shown(args)}")
@@ -346,10 +392,7 @@ class TaskSpec:
         if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
             raise TaskError(f"timeout must be a positive number of seconds, got {shown(timeout)}")
         lkey, climit = check_concurrency_limit(limit_key, concurrency_limit)
-        deps = tuple(dict.fromkeys(depends_on))
-        for dep in deps:
-            if not isinstance(dep, str) or not dep or text_problem(dep) is not None:
-                raise TaskError(f"a dependency must be a task id, got {shown(dep)}")
+        deps, choices = _edges(tuple(depends_on), tuple(if_failed))
         return cls(
             type=type,
             args_json=args_json,
@@ -362,10 +405,35 @@ class TaskSpec:
             max_attempts=max_attempts,
             timeout=None if timeout is None else float(timeout),
             depends_on=deps,
+            if_failed=choices,
             trace=check_trace(trace),
             limit_key=lkey,
             concurrency_limit=climit,
         )
+
+    def if_failed_of(self, dependency: str) -> str:
+        """The choice of the edge to *dependency*."""
+        return if_failed_of(self.depends_on, self.if_failed, dependency)
+
+
+def _edges(
+    deps: tuple[str, ...], choices: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The dependencies, each once, and their choices; a dependency named twice with two
+    different choices is refused."""
+    for dep in deps:
+        if not isinstance(dep, str) or not dep or text_problem(dep) is not None:
+            raise TaskError(f"a dependency must be a task id, got {shown(dep)}")
+    full = check_if_failed(deps, choices) or (str(IfFailed.FAIL),) * len(deps)
+    chosen: dict[str, str] = {}
+    for dep, choice in zip(deps, full, strict=True):
+        if chosen.setdefault(dep, choice) != choice:
+            raise TaskError(
+                f"dependency {shown(dep)} is given twice, with if_failed "
+                f"{shown(chosen[dep])} and {shown(choice)}"
+            )
+    unique = tuple(chosen)
+    return unique, check_if_failed(unique, chosen.values())
 
 
 #: The most a trace context may hold, characters of JSON.
@@ -466,6 +534,12 @@ class Task:
     #: The last ``ctx.progress()`` of a run: ``{"done", "total", "note"}``, or None.
     progress: JSON = None
     trace: dict[str, str] | None = None
+    #: The choice of each edge, aligned with ``depends_on`` (``()``: every edge ``fail``).
+    if_failed: tuple[str, ...] = ()
+
+    def if_failed_of(self, dependency: str) -> str:
+        """The choice of the edge to *dependency*."""
+        return if_failed_of(self.depends_on, self.if_failed, dependency)
 
     def to_json(self) -> dict[str, JSON]:
         return {
@@ -492,6 +566,7 @@ class Task:
             "checkpoint": self.checkpoint,
             "progress": self.progress,
             "depends_on": list(self.depends_on),
+            "if_failed": [self.if_failed_of(d) for d in self.depends_on],
             "history": [e.to_json() for e in self.history],
         }
 

@@ -8,8 +8,9 @@ the conditions it checked still hold. A rule written once cannot drift between b
 =====================  ==========================================  ==============  ===========
 event                  function                                    next state      history
 =====================  ==========================================  ==============  ===========
-submitted              :func:`submitted`                           pending,        (none)
-                                                                   waiting, dead
+submitted              :func:`submitted`                           pending,        dead,
+                                                                   waiting, dead,  cancelled
+                                                                   cancelled       (else none)
 claimed                :func:`claimed`                             running or      claimed
                                                                    claimed
 started                :func:`started`                             running         started
@@ -22,8 +23,14 @@ lease expired          :func:`expired`                             pending, dead
 session ended          :func:`expired` (``session_ended=True``)    pending, dead   expired
 cancelled              :func:`cancelled`                           cancelled       cancelled
 retried by hand        :func:`retried`                             pending         retried
-dependency ended       :func:`dependency_ended`                    pending, dead   ready, dead
+dependency ended       :func:`dependency_ended`                    pending, dead,  ready, dead,
+                                                                   cancelled       cancelled
 =====================  ==========================================  ==============  ===========
+
+What a dependency that did not succeed does to its dependant is the edge's choice
+(:class:`~contend.domain.task.IfFailed`): ``fail`` kills it, ``cancel`` cancels it, ``run``
+counts the edge as done. The same choice decides at submission, for a dependency that ended
+before its dependant was submitted, and later, for one that ends while it waits.
 
 A terminal outcome (:attr:`Outcome.ends`) settles the task's dependants: each waiting dependant
 gets :func:`dependency_ended`, and a dependant that dies in turn settles its own.
@@ -35,11 +42,18 @@ the task: :func:`refusal` is the one explanation of why it does not, used by eve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum, StrEnum
 from typing import NamedTuple
 
-from contend.domain.task import OWNED_STATES, TERMINAL_STATES, TaskState, can_move
+from contend.domain.task import (
+    OWNED_STATES,
+    TERMINAL_STATES,
+    IfFailed,
+    TaskState,
+    can_move,
+    if_failed_of,
+)
 from contend.errors import FencedOut, InvalidTransition
 
 P, W, C, R = TaskState.PENDING, TaskState.WAITING, TaskState.CLAIMED, TaskState.RUNNING
@@ -142,21 +156,39 @@ def error_json(kind: str, message: str) -> str:
 
 
 class Birth(NamedTuple):
-    """How a submitted task starts: its state, its error, and the dependencies it waits on."""
+    """How a submitted task starts: its state, its error, the dependencies it waits on, and the
+    history line of a task that ends at birth (``event`` None: it has none)."""
 
     state: TaskState
     waits_on: tuple[str, ...]
     error_json: str | None = None
+    event: Event | None = None
+    detail: str | None = None
 
 
-def submitted(depends_on: Iterable[str], dep_states: Mapping[str, TaskState]) -> Birth:
+def submitted(
+    depends_on: Sequence[str],
+    dep_states: Mapping[str, TaskState],
+    if_failed: Sequence[str] = (),
+) -> Birth:
     """A new task's first state. *dep_states* has the state of every dependency already in the
-    store; one absent from it is submitted in the same batch, so not finished."""
+    store; one absent from it is submitted in the same batch, so not finished. *if_failed*:
+    the choice of each edge, aligned with *depends_on* (``()``: all ``fail``); the first
+    dependency, in order, that did not succeed on an edge other than ``run`` decides."""
     deps = tuple(depends_on)
-    failed = next((d for d in deps if _did_not_succeed(dep_states.get(d))), None)
     waits_on = tuple(d for d in deps if not _finished(dep_states.get(d)))
-    if failed is not None:
-        return Birth(DEAD, waits_on, _dependency_error(f"dependency {failed} did not succeed"))
+    for d in deps:
+        state = dep_states.get(d)
+        if not _did_not_succeed(state):
+            continue
+        choice = if_failed_of(deps, if_failed, d)
+        if choice == IfFailed.RUN:
+            continue
+        if choice == IfFailed.CANCEL:
+            why = f"dependency {d} ended {state} (if_failed=cancel)"
+            return Birth(CANCELLED, waits_on, None, Event.CANCELLED, why)
+        error = _dependency_error(f"dependency {d} did not succeed")
+        return Birth(DEAD, waits_on, error, Event.DEAD, f"dependency {d} ended {state}")
     return Birth(W if waits_on else P, waits_on)
 
 
@@ -272,14 +304,24 @@ def expired(
 # -- dependants ------------------------------------------------------------------------------
 
 
-def dependency_ended(dependency: str, state: TaskState, deps_left: int) -> Outcome | None:
+def dependency_ended(
+    dependency: str, state: TaskState, deps_left: int, if_failed: str = IfFailed.FAIL
+) -> Outcome | None:
     """A waiting task's dependency *dependency* ended in *state*; *deps_left* counts its
-    unfinished dependencies, that one included. ``None``: it goes on waiting (one fewer)."""
-    if state == SUCCEEDED:
+    unfinished dependencies, that one included; *if_failed* is the choice of their edge.
+    ``None``: it goes on waiting (one fewer)."""
+    if state == SUCCEEDED or if_failed == IfFailed.RUN:
         if deps_left > 1:
             return None
-        return Outcome(P, Event.READY, None, f"dependency {dependency} succeeded", due_now=True)
+        why = (
+            f"dependency {dependency} succeeded"
+            if state == SUCCEEDED
+            else f"dependency {dependency} ended {state} (if_failed=run)"
+        )
+        return Outcome(P, Event.READY, None, why, due_now=True)
     why = f"dependency {dependency} ended {state}"
+    if if_failed == IfFailed.CANCEL:
+        return Outcome(CANCELLED, Event.CANCELLED, None, f"{why} (if_failed=cancel)")
     return Outcome(DEAD, Event.DEAD, None, why, error_json=_dependency_error(why))
 
 

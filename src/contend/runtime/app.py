@@ -19,7 +19,7 @@ from typing import Any, TypeVar, overload
 from contend.domain.limits import check_concurrency_limit
 from contend.domain.periodic import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW, Schedule
 from contend.domain.retry import RetryPolicy
-from contend.domain.task import JSON, Requirements, Task, TaskSpec, TaskState
+from contend.domain.task import JSON, IfFailed, Requirements, Task, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError, TaskFailed, UnknownTaskType, shown, shown_url
 from contend.runtime import tracing
 from contend.runtime.isolation import ISOLATIONS, can_limit_memory, import_path
@@ -519,10 +519,12 @@ class App:
         delay: float = 0.0,
         requirements: Requirements | Iterable[str] | Mapping[str, Any] | None = None,
         timeout: float | None = None,
-        depends_on: Iterable[str | TaskHandle] = (),
+        depends_on: Iterable[str | TaskHandle | After] = (),
         trace: Mapping[str, str] | None = None,
         limit_key: str | None = None,
     ) -> TaskSpec:
+        """A validated submission of *task*. *depends_on*: task ids or handles (the task dies
+        if one does not succeed), or :class:`After` items that choose otherwise per edge."""
         tt = self.task_type(task)
         if limit_key is not None and tt.concurrency_limit is None:
             raise TaskError(
@@ -530,6 +532,7 @@ class App:
                 "nothing for it"
             )
         lkey = limit_key if limit_key is not None else tt.limit_key_of(args, kwargs or {})
+        edges = [d if isinstance(d, After) else After(d) for d in depends_on]
         spec = TaskSpec.build(
             tt.name,
             args,
@@ -541,7 +544,8 @@ class App:
             delay=delay,
             max_attempts=tt.retry.max_attempts,
             timeout=tt.timeout if timeout is None else timeout,
-            depends_on=[d.id if isinstance(d, TaskHandle) else d for d in depends_on],
+            depends_on=[e.id for e in edges],
+            if_failed=[e.if_failed for e in edges],
             trace=trace,
             limit_key=lkey,
             concurrency_limit=tt.concurrency_limit,
@@ -557,7 +561,7 @@ class App:
         **options: Any,
     ) -> TaskHandle:
         """Submit one task; options: queue, priority, key, delay, requirements, timeout,
-        depends_on. Returns a handle whose ``result()`` can be awaited."""
+        depends_on (ids, handles or :class:`After` items). Returns a handle whose ``result()`` can be awaited."""
         name = self.task_type(task).name
         with tracing.submit_span(name) as (span, carrier):
             spec = self.build_spec(task, args, kwargs, **options, trace=carrier)
@@ -588,6 +592,34 @@ class App:
 
     def handle(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    """One dependency of a task and what it does to the task if it does not succeed (fails,
+    dies or is cancelled): ``depends_on=[After(parent, if_failed="run")]``.
+
+    * ``"fail"`` (the default, as a bare id or handle): the task dies, its error naming it;
+    * ``"cancel"``: the task is cancelled, its history saying why;
+    * ``"run"``: the edge counts as done; the task runs once its other dependencies are, and
+      that parent's place in its ``parents`` holds None.
+    """
+
+    task: str | TaskHandle
+    if_failed: str = IfFailed.FAIL
+
+    def __post_init__(self) -> None:
+        if self.if_failed not in _CHOICES:
+            raise TaskError(
+                f"if_failed must be one of {', '.join(_CHOICES)}, got {shown(self.if_failed)}"
+            )
+
+    @property
+    def id(self) -> str:
+        return self.task.id if isinstance(self.task, TaskHandle) else self.task
+
+
+_CHOICES = tuple(str(c) for c in IfFailed)
 
 
 class TaskHandle:

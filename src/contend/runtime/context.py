@@ -155,8 +155,9 @@ class TaskContext:
 
     async def parents(self) -> dict[str, JSON]:
         """The results of this task's dependencies (``depends_on``), by task id, in the order
-        they were given: a join task of a fan-out reads what each branch returned. Read from
-        the store once per run. (A parameter named ``parents`` gets the same as a list.)"""
+        they were given: a join task of a fan-out reads what each branch returned; None for a
+        dependency that did not succeed (its edge's ``if_failed="run"`` let the task run).
+        Read from the store once per run. (A parameter named ``parents`` gets the same as a list.)"""
         host = self._host
         if host is None:
             raise RuntimeError("this context is not attached to an expert")

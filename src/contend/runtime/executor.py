@@ -100,13 +100,15 @@ class Run:
     _parents: dict[str, JSON] | None = None  # read once, on first use
 
     async def parents(self) -> dict[str, JSON]:
-        """The results of the task's dependencies, by id in ``depends_on`` order (each has
-        succeeded: a task waits until all of its dependencies have)."""
+        """The results of the task's dependencies, by id in ``depends_on`` order: None for
+        one that did not succeed (an edge with ``if_failed="run"`` lets the task run
+        without it)."""
         if self._parents is None:
             me = await self._under_session("a read", lambda: self.store.get(self.claimed.id))
             out: dict[str, JSON] = {}
             for pid in me.depends_on:
-                out[pid] = (await self._under_session("a read", _getter(self.store, pid))).result
+                parent = await self._under_session("a read", _getter(self.store, pid))
+                out[pid] = parent.result if parent.state == TaskState.SUCCEEDED else None
             self._parents = out
         return self._parents
 

@@ -28,7 +28,7 @@ from contend.testing import FakeClock
 
 from .conftest import StoreFactory
 
-_DEP = re.compile(r"dependency \S+")
+_DEP = re.compile(r"dependency \S+( ended \w+)?")
 EXPERTS = ("e1", "e2", "e3")
 CAPS = {
     "e1": Capabilities(),
@@ -43,13 +43,21 @@ REQUIREMENTS: list[Any] = [
 ]
 
 
+def choices(rng: random.Random, n: int) -> list[str]:
+    """The if_failed choices of a task's *n* edges: run mixed with fail, or with cancel.
+    (Not fail and cancel on one task: when both of those dependencies die in one step, the
+    first the store tells decides, and the stores tell them in different orders.)"""
+    other = rng.choice(["fail", "fail", "cancel"])
+    return [rng.choice([other, other, "run"]) for _ in range(n)]
+
+
 def outcome(value: Any) -> Any:
     """A comparable form of an answer: errors by type and message, sessions left out."""
     if isinstance(value, FencedOut):
         return ("FencedOut", str(value))
     if isinstance(value, Task):
         # When several dependencies of a task die in one step, the stores may name different
-        # ones in its DependencyFailed error: both are right.
+        # ones (each with the state it ended in) in its DependencyFailed error: both are right.
         error = value.error
         if isinstance(error, dict) and error.get("type") == "DependencyFailed":
             error = {**error, "message": _DEP.sub("dependency <one of them>", error["message"])}
@@ -148,6 +156,7 @@ class Twin:
                         delay=rng.choice([0.0, 0.0, 2.5]),
                         max_attempts=rng.randint(1, 3),
                         depends_on=deps,
+                        if_failed=choices(rng, len(deps)),
                     )
                 )
             result = await self.both("submit", lambda s, n: s.submit(specs))

@@ -74,6 +74,7 @@ async def test_migrate_brings_an_old_schema_up(make_store: StoreFactory, pg_url:
     assert (old.info.id, old.metrics) == ("old", {})
     assert await store.expire() == 0  # ages the old task: it has waited since 1970
     assert [v.id for v in await store.peek(["default"], Capabilities(), 10)] == ["t1"]
+    assert (await store.get("t1")).if_failed == ()  # a row from before migration 8: all fail
 
 
 async def test_an_auction_open_during_the_upgrade_keeps_its_order(
@@ -99,7 +100,7 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
         f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
         f"('t1', 'b', 0.5, {close - 1})",
     )
-    assert await PostgresStore(pg_url).migrate() == [7]
+    assert await PostgresStore(pg_url).migrate() == [7, 8]
     clock = FakeClock(close + 0.25)
     store = await make_store(clock=clock)
     b = await store.register_expert(ExpertInfo("b"), 60.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskState
+from contend.domain.task import TaskState, if_failed_of
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.record import Record
@@ -70,7 +70,8 @@ class Dependants:
             now = self._clock()
             dies = False
             if rec.state == TaskState.WAITING:
-                outcome = rules.dependency_ended(task_id, TaskState(state), rec.deps_left)
+                choice = if_failed_of(rec.depends_on, rec.if_failed or (), task_id)
+                outcome = rules.dependency_ended(task_id, TaskState(state), rec.deps_left, choice)
                 rec.deps_left -= 1
                 if outcome is None:  # it waits on
                     rec.updated_at = now

@@ -62,6 +62,9 @@ class Record:
     # its order. Set by the bid that finds it unset, in the Txn that compares the record: so
     # a claim that read the record without it knows no auction opened before its Txn.
     auctioned: bool = False
+    # What each dependency edge does if its dependency does not succeed, aligned with
+    # depends_on (None: every edge fails, as every edge of an older record does).
+    if_failed: list[str] | None = None
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;
@@ -149,4 +152,5 @@ def task_of(
         history=tuple(TaskEvent(*e) for e in rec.history) if history else (),
         progress=_load(rec.progress),
         trace=load_trace(rec.trace),
+        if_failed=tuple(rec.if_failed or ()),
     )

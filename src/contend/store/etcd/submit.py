@@ -30,18 +30,18 @@ def births(fresh: Sequence[TaskSpec], deps: dict[str, Record]) -> dict[str, Birt
     states of its dependencies: those in the store (*deps*), and those of the batch, which
     are unfinished unless they are dead at birth themselves."""
     states = {d: TaskState(rec.state) for d, rec in deps.items()}
-    born = {spec.id: rules.submitted(spec.depends_on, states) for spec in fresh}
+    born = {spec.id: rules.submitted(spec.depends_on, states, spec.if_failed) for spec in fresh}
     inside = [spec for spec in fresh if any(d in born for d in spec.depends_on)]
     grew = True
-    while grew:  # a member of the batch dead at birth kills its dependants in the batch
+    while grew:  # a member of the batch ended at birth settles its dependants in the batch
         grew = False
         for tid, birth in born.items():
-            if birth.state == TaskState.DEAD and tid not in states:
-                states[tid] = TaskState.DEAD
+            if birth.state.terminal and tid not in states:
+                states[tid] = birth.state
                 grew = True
         if grew:
             for spec in inside:
-                born[spec.id] = rules.submitted(spec.depends_on, states)
+                born[spec.id] = rules.submitted(spec.depends_on, states, spec.if_failed)
     return born
 
 
@@ -69,6 +69,7 @@ def new_record(
         timeout=spec.timeout,
         error=error_json,
         depends_on=list(spec.depends_on),
+        if_failed=list(spec.if_failed) or None,
         deps_left=deps_left,
         has_waiters=False,
         indexed=False,
@@ -150,12 +151,14 @@ class Submitter:
         born = births(fresh, deps)
         groups: list[Group] = []
         touched: set[str] = set()
-        awaited = {d for s in fresh if born[s.id].state != TaskState.DEAD for d in s.depends_on}
+        awaited = {d for s in fresh if not born[s.id].state.terminal for d in s.depends_on}
         for spec in fresh:
             birth = born[spec.id]
-            dead = birth.state == TaskState.DEAD
-            left = () if dead else birth.waits_on  # a task dead at birth waits on nothing
+            dead = birth.state.terminal
+            left = () if dead else birth.waits_on  # a task ended at birth waits on nothing
             rec = new_record(spec, birth.state, birth.error_json, len(left), now)
+            if birth.event is not None:
+                rec.event(now, birth.event, None, birth.detail)
             cmp: list[Any] = []
             ops: list[Any] = []
             if spec.key is not None:

@@ -78,6 +78,7 @@ def task_of(tid: str, row: Row, history: bool = False) -> Task:
         error=_load(row.error),
         checkpoint=_load(row.checkpoint),
         depends_on=s.depends_on,
+        if_failed=s.if_failed,
         history=tuple(row.history) if history else (),
         progress=_load(row.progress),
         trace=load_trace(s.trace),

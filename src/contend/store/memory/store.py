@@ -14,7 +14,15 @@ from contend.domain import transitions as rules
 from contend.domain.limits import admit
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
-from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState, next_promotion
+from contend.domain.task import (
+    JSON,
+    Capabilities,
+    Task,
+    TaskEvent,
+    TaskSpec,
+    TaskState,
+    next_promotion,
+)
 from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut, TaskNotFound
 from contend.store._common import (
@@ -133,7 +141,8 @@ class MemoryStore:
                 row = self._tasks[dep_tid]
                 if row.state != W:
                     continue
-                outcome = rules.dependency_ended(tid, state, row.deps_left)
+                choice = row.spec.if_failed_of(tid)
+                outcome = rules.dependency_ended(tid, state, row.deps_left, choice)
                 row.deps_left -= 1
                 if outcome is not None:
                     self._apply(dep_tid, row, outcome, now, settle=False)
@@ -147,20 +156,23 @@ class MemoryStore:
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if i in self._tasks})
         born_dead: list[str] = []
         for spec in fresh:
-            birth = rules.submitted(spec.depends_on, self._states_of(spec.depends_on))
+            states = self._states_of(spec.depends_on)
+            birth = rules.submitted(spec.depends_on, states, spec.if_failed)
             left = birth.waits_on
             row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
             self._keyed += spec.limit_key is not None
             row.aged = spec.priority
             row.promote_at = next_promotion(spec.priority, spec.priority, now)
             row.error = birth.error_json
+            if birth.event is not None:
+                row.history.append(TaskEvent(now, birth.event, 0, None, birth.detail))
             self._tasks[spec.id] = row
             self._set_state(spec.id, row, birth.state)
             for dep in left:
                 self._dependents.setdefault(dep, set()).add(spec.id)
             if spec.key is not None:
                 self._keys[spec.key] = spec.id
-            if row.state == TaskState.DEAD:
+            if row.state.terminal:
                 born_dead.append(spec.id)
         for tid in born_dead:  # batch members that wait on it were inserted before it
             self._settle_dependents(tid, now)

@@ -6,9 +6,10 @@ in turn. The caller wakes the listeners (every caller that ends a task notifies)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskState
+from contend.domain.task import TaskState, if_failed_of
 from contend.store.postgres.apply import LOCKED, Decided, apply
 from contend.store.postgres.database import Cursor, Database
 
@@ -26,8 +27,19 @@ async def settle_dependents(db: Database, cur: Cursor, ended: Sequence[tuple[str
         todo = [(tid, o.state) for tid, _, o in decided if o.ends]
 
 
-# dependant -> (its fence, its dependencies left, which of the ended ones it waited on)
-Waiting = dict[str, tuple[int, int, list[str]]]
+class Waiter(NamedTuple):
+    """A dependant still waiting: its fence, its dependencies left, which of the ended ones it
+    waited on, and the choice of each of its edges (:func:`~contend.domain.task.if_failed_of`
+    of its ``depends_on`` and ``if_failed``)."""
+
+    fence: int
+    left: int
+    ended: list[str]
+    depends_on: list[str]
+    if_failed: list[str]
+
+
+Waiting = dict[str, Waiter]
 
 
 async def _waiting_on(db: Database, cur: Cursor, ended: list[str]) -> Waiting:
@@ -39,15 +51,17 @@ async def _waiting_on(db: Database, cur: Cursor, ended: list[str]) -> Waiting:
         db.sql(
             "WITH gone AS ("
             "  DELETE FROM {s}.task_deps WHERE dep_id = ANY(%(ids)s) RETURNING dep_id, task_id"
-            ") SELECT g.dep_id, t.id, t.fence, t.deps_left"
+            ") SELECT g.dep_id, t.id, t.fence, t.deps_left, t.depends_on, t.if_failed"
             " FROM gone g JOIN {s}.tasks t ON t.id = g.task_id"
             " WHERE t.state = 'waiting' ORDER BY t.id FOR UPDATE OF t"
         ),
         db.params(ids=ended),
     )
     waiting: Waiting = {}
-    for dep, tid, fence, left in await cur.fetchall():
-        waiting.setdefault(tid, (fence, left, []))[2].append(dep)
+    for dep, tid, fence, left, deps, choices in await cur.fetchall():
+        waiting.setdefault(tid, Waiter(fence, left, [], deps or [], choices or [])).ended.append(
+            dep
+        )
     return waiting
 
 
@@ -60,17 +74,19 @@ def _decide(
     how = dict(ended)
     decided: list[Decided] = []
     still: list[tuple[str, int]] = []
-    for tid, (fence, left, deps) in waiting.items():
+    for tid, w in waiting.items():
         outcome = None
-        for dep in sorted(deps, key=order.__getitem__):
-            outcome = rules.dependency_ended(dep, how[dep], left)
+        left = w.left
+        for dep in sorted(w.ended, key=order.__getitem__):
+            choice = if_failed_of(w.depends_on, w.if_failed, dep)
+            outcome = rules.dependency_ended(dep, how[dep], left, choice)
             left -= 1
             if outcome is not None:
                 break
         if outcome is None:
             still.append((tid, left))
         else:
-            decided.append((tid, fence, outcome))
+            decided.append((tid, w.fence, outcome))
     return decided, still
 
 

@@ -163,6 +163,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE {s}.auctions ALTER COLUMN grace DROP DEFAULT",
         ),
     ),
+    Migration(
+        8,
+        "what each dependency edge does when its dependency does not succeed",
+        # aligned with depends_on; NULL: every edge fails, as every edge did before
+        ("ALTER TABLE {s}.tasks ADD COLUMN if_failed text[]",),
+    ),
 )
 
 #: The version this contend understands.

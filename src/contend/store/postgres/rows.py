@@ -21,7 +21,7 @@ from contend.store.port import Claimed
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on, progress, trace"
+    "checkpoint, depends_on, progress, trace, if_failed"
 )
 
 #: What a claim or a steal returns of each task it takes (read by :func:`claimed`).
@@ -76,6 +76,7 @@ def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
         history=history,
         progress=load(r[22]),
         trace=load_trace(r[23]),
+        if_failed=tuple(r[24] or ()),
     )
 
 

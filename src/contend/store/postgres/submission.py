@@ -39,6 +39,9 @@ _SUBMIT_COLUMNS = {
     "error": "text",
     "promote_in": "float8",
     "trace": "text",
+    "if_failed": "text",
+    "born_event": "text",
+    "born_detail": "text",
 }
 
 
@@ -129,7 +132,7 @@ def _columns(
     # for a task that will never finish.
     for spec in _dependencies_first(fresh):
         known = {d: TaskState(states[d]) for d in spec.depends_on if d in states}
-        birth = rules.submitted(spec.depends_on, known)
+        birth = rules.submitted(spec.depends_on, known, spec.if_failed)
         state, error, left = birth.state, birth.error_json, birth.waits_on
         row = (
             spec.id,
@@ -149,6 +152,9 @@ def _columns(
             error,
             next_promotion(spec.priority, spec.priority, 0.0),  # after creation
             spec.trace,
+            json.dumps(list(spec.if_failed)) if spec.if_failed else None,
+            None if birth.event is None else str(birth.event),
+            birth.detail,
         )
         for name, value in zip(_SUBMIT_COLUMNS, row, strict=True):
             cols[name].append(value)
@@ -158,20 +164,29 @@ def _columns(
 
 
 def _submit_sql(db: Database) -> str:
-    # one statement: the tasks, their dependency edges and the notification
+    # one statement: the tasks, the history line of those that end at birth, their dependency
+    # edges and the notification
     types = ", ".join(f"%({n})s::{t}[]" for n, t in _SUBMIT_COLUMNS.items())
     return db.sql(
         "WITH ins AS ("
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
         "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
-        "   deps_left, error, eff_priority, promote_at, trace)"
+        "   deps_left, error, eff_priority, promote_at, trace, if_failed)"
         "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
         "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
         "   CASE WHEN r.deps IS NULL THEN NULL"
         "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
-        "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace"
+        "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace,"
+        "   CASE WHEN r.if_failed IS NULL THEN NULL"
+        "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.if_failed::jsonb)) END"
         f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
         "  ON CONFLICT (id) DO NOTHING RETURNING id"
+        "), born AS ("
+        "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
+        "  SELECT b.id, {now}, b.event, 0, NULL, b.detail"
+        "  FROM unnest(%(id)s::text[], %(born_event)s::text[], %(born_detail)s::text[])"
+        "   AS b(id, event, detail)"
+        "  WHERE b.event IS NOT NULL AND b.id IN (SELECT id FROM ins)"
         "), deps AS ("
         "  INSERT INTO {s}.task_deps (dep_id, task_id)"
         "  SELECT * FROM unnest(%(dep_ids)s::text[], %(dep_tasks)s::text[])"

@@ -8,11 +8,12 @@ rulebook for each task's :class:`~contend.domain.transitions.Outcome`, and hands
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from functools import lru_cache
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskState
+from contend.domain.task import TaskState, if_failed_of
 from contend.domain.transitions import Attempts, Event, Outcome
 from contend.store.sqlite.rows import EventRow, insert_events
 
@@ -130,11 +131,18 @@ def settle_dependants(
         for dep_id, dep_tid in sorted(edges):
             row = conn.execute(
                 "UPDATE tasks SET deps_left = deps_left - 1, updated_at = ? "
-                "WHERE id = ? AND state = ? RETURNING deps_left + 1, fence, attempts, run_at",
+                "WHERE id = ? AND state = ? "
+                "RETURNING deps_left + 1, fence, attempts, run_at, depends_on, if_failed",
                 (now, dep_tid, TaskState.WAITING),
             ).fetchone()
             if row is None:
                 continue  # it no longer waits (cancelled, or dead of another dependency)
-            outcome = rules.dependency_ended(dep_id, state_of[dep_id], row[0])
+            choice = if_failed_of(_listed(row[4]), _listed(row[5]), dep_id)
+            outcome = rules.dependency_ended(dep_id, state_of[dep_id], row[0], choice)
             if outcome is not None:
                 todo += _write(conn, now, [(dep_tid, row[1], outcome, row[2], row[3])])
+
+
+def _listed(text: str | None) -> list[str]:
+    """A JSON list of strings kept in a column (NULL: none)."""
+    return json.loads(text) if text else []

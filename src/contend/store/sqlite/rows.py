@@ -44,6 +44,7 @@ def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...]
         history=history,
         progress=load(r[22]),
         trace=load_trace(r[23]),
+        if_failed=tuple(load(r[24]) or ()),
     )
 
 

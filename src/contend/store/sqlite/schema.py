@@ -41,7 +41,8 @@ CREATE TABLE tasks (
     progress TEXT,
     trace TEXT,
     limit_key TEXT,
-    limit_max INTEGER
+    limit_max INTEGER,
+    if_failed TEXT
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
@@ -85,7 +86,7 @@ CREATE TABLE experts (
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on, progress, trace"
+    "checkpoint, depends_on, progress, trace, if_failed"
 )
 
 #: What each version adds to the one before it (a file of version 1 is upgraded on open).
@@ -94,8 +95,9 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tasks ADD COLUMN progress TEXT",
         "ALTER TABLE tasks ADD COLUMN trace TEXT",
     ),
-    # the low lane's skip scan over base priority levels; the grace each auction keeps;
-    # concurrency limits
+    # the low lane's skip scan over base priority levels; the grace each auction keeps; what
+    # each dependency edge does when its dependency does not succeed (NULL: every edge
+    # fails); concurrency limits
     3: (
         "CREATE INDEX IF NOT EXISTS tasks_lane ON tasks (queue, priority DESC, run_at, id) "
         "WHERE state = 'pending'",
@@ -104,6 +106,7 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "ALTER TABLE tasks ADD COLUMN limit_max INTEGER",
         "CREATE INDEX IF NOT EXISTS tasks_limited ON tasks (limit_key) "
         "WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running')",
+        "ALTER TABLE tasks ADD COLUMN if_failed TEXT",
     ),
 }
 

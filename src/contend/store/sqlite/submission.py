@@ -14,7 +14,14 @@ from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import settle_dependants
-from contend.store.sqlite.rows import chunks, dep_states, existing_ids, req_json
+from contend.store.sqlite.rows import (
+    EventRow,
+    chunks,
+    dep_states,
+    existing_ids,
+    insert_events,
+    req_json,
+)
 
 
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -60,10 +67,17 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
     rows = []
     dep_rows: list[tuple[str, str]] = []
     born_dead: list[tuple[str, TaskState]] = []
+    events: list[EventRow] = []
     for spec in fresh:
-        birth = rules.submitted(spec.depends_on, deps_state) if spec.depends_on else free
+        birth = (
+            rules.submitted(spec.depends_on, deps_state, spec.if_failed)
+            if spec.depends_on
+            else free
+        )
         if birth.state.terminal:
             born_dead.append((spec.id, birth.state))
+        if birth.event is not None:
+            events.append((spec.id, now, birth.event, 0, None, birth.detail or ""))
         rows.append(
             (
                 spec.id,
@@ -88,16 +102,18 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 spec.trace,
                 spec.limit_key,
                 spec.concurrency_limit,
+                json.dumps(list(spec.if_failed)) if spec.if_failed else None,
             )
         )
         dep_rows.extend((d, spec.id) for d in birth.waits_on)
     conn.executemany(
         "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
         "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
-        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max, if_failed) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
+    insert_events(conn, events)
     if dep_rows:
         conn.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
     # A task dead at birth (a dependency had failed) settles batch members that wait on it.

@@ -19,6 +19,7 @@ A backend outside this repository runs it as this repository runs it on its own 
 
     from contend.testing.contract.claims import *  # noqa: F403
     from contend.testing.contract.competition import *  # noqa: F403
+    from contend.testing.contract.dependencies import *  # noqa: F403
     from contend.testing.contract.fencing import *  # noqa: F403
     from contend.testing.contract.history import *  # noqa: F403
     from contend.testing.contract.leases import *  # noqa: F403
@@ -41,6 +42,7 @@ import pytest
 pytest.register_assert_rewrite(
     "contend.testing.contract.claims",
     "contend.testing.contract.competition",
+    "contend.testing.contract.dependencies",
     "contend.testing.contract.fencing",
     "contend.testing.contract.helpers",
     "contend.testing.contract.history",

@@ -83,6 +83,7 @@ class ModelTask:
     checkpoint: Any = None
     result: Any = None
     deps_open: set[str] = field(default_factory=set)  # while waiting: deps not yet succeeded
+    if_failed: dict[str, str] = field(default_factory=dict)  # dependency -> its edge's choice
     created: float = 0.0
     aged: int = 0  # effective priority: stores raise it in expire() as the task waits
     promote_at: float = 0.0
@@ -170,12 +171,13 @@ class StoreMachine(RuleBasedStateMachine):
             for t in self.tasks.values():
                 if t.state != W or done.id not in t.deps_open:
                     continue
-                if done.state == OK:
+                choice = t.if_failed.get(done.id, "fail")
+                if done.state == OK or choice == "run":
                     t.deps_open.discard(done.id)
                     if not t.deps_open:
                         t.state, t.run_at = P, max(t.run_at, self.now)
                 else:
-                    t.state, t.deps_open = DEAD, set()
+                    t.state, t.deps_open = (CANCELLED if choice == "cancel" else DEAD), set()
                     todo.append(t.id)
 
     # -- rules -------------------------------------------------------------------------------
@@ -209,8 +211,13 @@ class StoreMachine(RuleBasedStateMachine):
         for k in range(n):
             known = sorted(self.tasks) + [x.id for x in specs]  # earlier members of the batch too
             deps: list[str] = []
+            choices: list[str] = []
             if with_deps and known:
                 deps = data.draw(st.lists(st.sampled_from(known), max_size=2, unique=True))
+                # run mixed with fail or with cancel, not fail and cancel on one task: when both
+                # of those dependencies die in one step, the first a store tells decides
+                other = data.draw(st.sampled_from(["fail", "cancel"]))
+                choices = [data.draw(st.sampled_from([other, "run"])) for _ in deps]
             specs.append(
                 TaskSpec.build(
                     "job",
@@ -219,13 +226,20 @@ class StoreMachine(RuleBasedStateMachine):
                     max_attempts=max_attempts,
                     delay=delay,
                     depends_on=deps,
+                    if_failed=choices,
                 )
             )
-            bad = [d for d in deps if self.tasks[d].state in (FAILED, DEAD, CANCELLED)]
+            edges = dict(zip(deps, choices, strict=True))
+            bad = [
+                d
+                for d in deps
+                if self.tasks[d].state in (FAILED, DEAD, CANCELLED) and edges[d] != "run"
+            ]
             waits = {d for d in deps if not self.tasks[d].state.terminal}
             t = ModelTask(specs[-1].id, priority, max_attempts, self.now + delay, created=self.now)
+            t.if_failed = edges
             if bad:
-                t.state = DEAD
+                t.state = CANCELLED if edges[bad[0]] == "cancel" else DEAD
             elif waits:
                 t.state, t.deps_open = W, waits
             self.tasks[t.id] = t
@@ -523,7 +537,12 @@ class StoreMachine(RuleBasedStateMachine):
             if x.state == W:  # it waits on something that can still succeed
                 deps = [stored[d].state for d in x.depends_on]
                 assert any(not d.terminal for d in deps), (x.id, deps)
-                assert all(d == OK for d in deps if d.terminal), (x.id, deps)
+                # ... and every one that ended succeeded, or its edge lets the task run anyway
+                ended = [d for d in x.depends_on if stored[d].state.terminal]
+                assert all(stored[d].state == OK or x.if_failed_of(d) == "run" for d in ended), (
+                    x.id,
+                    deps,
+                )
 
     def one_owner_and_fences_only_grow(self, stored: dict[str, Task]) -> None:  # I3
         for x in stored.values():
