@@ -548,12 +548,13 @@ def discussion(report: dict[str, Any]) -> str:
     lower = sum(1 for t in ts if t["jitter_lowers_lost_races"])
     where = "in every scenario" if lower == len(ts) else f"in {lower} of {len(ts)} scenarios"
     out.append(
-        f"**Lost races and jitter.** Jitter lowers lost races {where} ({t_jit}). It "
-        "cannot separate experts that are *equally and perfectly* fit: `race_delay` returns 0 "
-        "for fitness 1 whatever the jitter, and relative fitness gives the best expert exactly "
-        "1, so two identical free specialists go for the same task at the same instant; the "
-        "jitter only spreads the others. In the stream the lost races are a herd: every idle "
-        "expert wakes for each arrival and all but one lose, hence several claims per task.\n"
+        f"**Lost races and jitter.** Jitter lowers lost races {where} ({t_jit}). Experts "
+        "tied at the top wait a random share of `window × jitter` (without jitter they all "
+        "go at once), and the others' delays are spread by it. Since the specialist's edge "
+        "stopped being capped away, a busier specialist no longer ties with an idle one: it "
+        "waits, and claims on a staler view, which is where most lost races of the batch come "
+        "from now. In the stream the lost races are a herd: every idle expert wakes for each "
+        "arrival and all but one lose, hence several claims per task.\n"
     )
     out.append(
         "**The auction.** It has no lost races (an expert claims only what it is entitled to), "
