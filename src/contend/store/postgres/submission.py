@@ -15,7 +15,7 @@ import psycopg.errors
 from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import req_json
