@@ -12,7 +12,15 @@ transfer of another expert's claimed, unstarted task, one Txn per task.
 
 A task someone bid on keeps its auction's order (auctions.py): one more read, of the
 auctions of such candidates only, leaves out those whose auction holds the expert back, and
-the Txn compares the auction of each of the others as read (two compares a task)."""
+the Txn compares the auction of each of the others as read (two compares a task).
+
+A task with a concurrency limit (``contend.domain.limits``) is tried only while its limit
+key has room: the round that reads the records also counts the holder keys of their limit
+keys (``n/{limit key}/``, one per task of the key claimed or running), ``admit`` keeps the
+tries the counts allow, the Txn puts a holder key for each keyed task and compares, once per
+limit key, that none of its holder keys was put since the count (so of two claims counting
+the same last place, the second fails), and its failure branch counts them again for the
+next try. Tasks without a limit cost nothing more: no count, no compare."""
 
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
+from contend.domain.limits import admit
 from contend.domain.task import Capabilities, Requirements, TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
@@ -37,7 +46,7 @@ from contend.store.etcd.payloads import Args, read_payloads
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
-from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is
+from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is, written_before
 from contend.store.port import Claimed
 
 #: The most operations one task's claim puts in a transaction (3 puts, the index delete); its
@@ -47,6 +56,9 @@ CLAIM_OPS = 4
 CONTENDED_FOR = 2.0
 #: How many times one claim reads an auctioned task again when its auction moved under it.
 AUCTION_RETRIES = 3
+#: How many times one claim tries again, on fresh counts, tasks whose limit key's holders
+#: changed under it.
+LIMIT_RETRIES = 8
 
 #: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
 Try = tuple[str, Any, Any, Any]
@@ -300,6 +312,8 @@ class _ClaimRun:
         "claim_head",
         "claimant",
         "claims",
+        "counts",
+        "limit_retries",
         "lost",
         "now",
         "orders",
@@ -334,17 +348,21 @@ class _ClaimRun:
         self.parsed: dict[str, Record] = {}  # records parsed by the round's check, used once
         self.turns: dict[str, Turn] = {}  # auctioned task id -> the auction its claim compares
         self.retries = 0  # the tries read again after their auction moved
+        self.counts: dict[str, tuple[int, int]] = {}  # limit key -> (holders, counted at rev)
+        self.limit_retries = 0  # the tries made again after their limit key's holders moved
 
     async def run(self, cands: list[str], limit: int) -> list[Claimed]:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
         were won or the candidates ran out. The tries of a round are grouped into as few
         transactions as etcd's operation limit allows, committed concurrently."""
-        per_txn = max(1, (self.claims.etcd.max_ops - 1 - RISE_OPS) // CLAIM_OPS)
+        room = self.claims.etcd.max_ops - 1 - RISE_OPS
         won = self.won
         rest = cands
         while rest and len(won) < limit and not self.lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
             tries = await self._ready(batch)
+            keyed = any(self._limit_key(t) is not None for t in tries)
+            per_txn = max(1, room // (CLAIM_OPS + keyed))  # a keyed task's holder key
             await asyncio.gather(
                 *(self._group(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
             )
@@ -369,10 +387,13 @@ class _ClaimRun:
                 ready.append((tid, t, rec))
         tries: list[Try] = []
         recs = [rec for _, _, rec in ready]
-        payloads, turn = await asyncio.gather(
+        limited = list(dict.fromkeys(k for k in (rec.limit_key for rec in recs) if k is not None))
+        payloads, turn, counted = await asyncio.gather(
             read_payloads(etcd, keys, recs, result=False),
             turns(etcd, keys, self.claimant.expert, now, recs),
+            etcd.counts([keys.holders(k) for k in limited]),
         )
+        self.counts.update(zip(limited, counted, strict=True))
         for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
             if a is None:  # not written yet: the submission is still going on
                 continue
@@ -383,7 +404,41 @@ class _ClaimRun:
                 self.turns[tid] = mine
             tries.append((tid, t, a, c))
             self.parsed[tid] = rec
-        return tries
+        return self._admit(tries) if limited else tries
+
+    def _limit_key(self, t: Try) -> str | None:
+        rec = self.parsed.get(t[0]) or Record.loads(t[1].value)
+        return rec.limit_key
+
+    def _admit(self, tries: list[Try]) -> list[Try]:
+        """The tries, in order, that their limit keys have room for, by the last counts."""
+        picks = []
+        for tid, t, _, _ in tries:
+            rec = self.parsed.get(tid) or Record.loads(t.value)
+            lim = rec.limit
+            picks.append((tid, None, None) if lim is None else (tid, str(lim[0]), int(lim[1])))
+        held = {k: n for k, (n, _) in self.counts.items()}
+        ok = set(admit(picks, held, len(tries)))
+        for tid, _, _, _ in tries:
+            if tid not in ok:
+                self.parsed.pop(tid, None)
+        return [g for g in tries if g[0] in ok]
+
+    def _limits(self, recs: Sequence[Record]) -> tuple[list[Op], list[Op], list[str]]:
+        """For a claim Txn of *recs*: the compares that their limit keys' holders are as
+        counted (none was put since), the failure reads that count them again, and those
+        keys."""
+        limited = list(dict.fromkeys(k for k in (r.limit_key for r in recs) if k is not None))
+        keys = self.claims.keys
+        cmp = [written_before(keys.holders(k), self.counts[k][1] + 1) for k in limited]
+        again = [get(keys.holders(k), prefix=True, count_only=True) for k in limited]
+        return cmp, again, limited
+
+    def _recount(self, resp: Any, limited: list[str]) -> None:
+        """Take the counts a failed claim Txn's failure branch read (after the session's)."""
+        rev = int(resp.header.revision)
+        for k, r in zip(limited, resp.responses[1:], strict=True):
+            self.counts[k] = (int(r.response_range.count), rev)
 
     def _prepare(self, tid: str, t: Any) -> tuple[list[Op], list[Op], Record]:
         """(compares, operations, new record) that claim one task read as *t*."""
@@ -430,14 +485,21 @@ class _ClaimRun:
         cmp, ops, rec = self._prepare(tid, t)
         levels = self.claims.levels
         up = levels.rises([tid], self.reads)
+        room, recount, limited = self._limits([rec])
         resp = await self.claims.etcd.commit(
-            [*cmp, value_is(self.session_key, self.claimant.value)],
+            [*cmp, *room, value_is(self.session_key, self.claimant.value)],
             [*ops, *up],
-            [get(self.session_key)],
+            [get(self.session_key), *recount],
         )
         if resp is not None and not resp.succeeded:
             if self._session_lost(resp):
                 self.lost = True
+                return
+            if limited and self.limit_retries < LIMIT_RETRIES:
+                # a rival took a place of its key, or the task: the task read again tells
+                self.limit_retries += 1
+                for again in await self._ready([tid]):
+                    await self._one(*again)
                 return
             if tid in self.turns and self.retries < AUCTION_RETRIES:
                 # a bid landed, or a rival won it: which one, the task read again tells
@@ -463,13 +525,15 @@ class _ClaimRun:
                 return
             plans = [self._prepare(tid, t) for tid, t, _, _ in group]
             up = levels.rises([g[0] for g in group], self.reads)
+            room, recount, limited = self._limits([p[2] for p in plans])
             resp = await self.claims.etcd.commit(
                 [
                     *(x for p in plans for x in p[0]),
+                    *room,
                     value_is(self.session_key, self.claimant.value),
                 ],
                 [*(x for p in plans for x in p[1]), *up],
-                [get(self.session_key)],
+                [get(self.session_key), *recount],
             )
             if resp is None or resp.succeeded:
                 levels.risen(up)
@@ -482,6 +546,13 @@ class _ClaimRun:
                 return
             still = await self._still_as_read(group)
             self._contended()
+            if limited:  # what the failure branch counted: the places left now
+                self._recount(resp, limited)
+                still = self._admit(still)
+                if len(still) == len(group) and self.limit_retries < LIMIT_RETRIES:
+                    self.limit_retries += 1  # a key's holders moved, maybe: again, together
+                    group = still
+                    continue
             if len(still) == len(group):  # cannot tell what moved: one at a time
                 await asyncio.gather(*(self._one(*g) for g in group))
                 return

@@ -65,6 +65,10 @@ class Record:
     # What each dependency edge does if its dependency does not succeed, aligned with
     # depends_on (None: every edge fails, as every edge of an older record does).
     if_failed: list[str] | None = None
+    # Its concurrency limit, [limit key, limit] (contend.domain.limits), as submitted; None:
+    # none (every record written before limits were kept). While the task is claimed or
+    # running it has a holder key n/{limit key}/{id} (outcomes.py), which claims count.
+    limit: list[Any] | None = None
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;
@@ -81,6 +85,10 @@ class Record:
             return cls(*orjson.loads(data))
         except orjson.JSONDecodeError:
             return cls(*json.loads(data))
+
+    @property
+    def limit_key(self) -> str | None:
+        return None if self.limit is None else str(self.limit[0])
 
     def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
         self.history.append([now, event, self.fence, expert, detail])
