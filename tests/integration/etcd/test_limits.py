@@ -10,10 +10,13 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.store.etcd import EtcdStore
+from contend.store.etcd.record import Record
+from contend.store.etcd.submit import new_record
 from contend.store.port import Completion, ExpertInfo, Failure
 from contend.testing import FakeClock
 
@@ -25,6 +28,13 @@ Q = ["default"]
 
 def limited(key: str, limit: int, n: int) -> TaskSpec:
     return TaskSpec.build("job", [n], limit_key=key, concurrency_limit=limit)
+
+
+def test_a_record_written_before_limits_reads_as_one_without_a_limit() -> None:
+    rec = new_record(limited("k", 3, 0), TaskState.PENDING, None, 0, 1.0)
+    assert Record.loads(rec.dumps()).limit == ["k", 3]
+    older = orjson.dumps(orjson.loads(rec.dumps())[:-1])  # the array before the field came
+    assert Record.loads(older).limit is None and Record.loads(older).limit_key is None
 
 
 async def holders(store: EtcdStore, key: str) -> int:
