@@ -216,3 +216,28 @@ async def test_a_rival_taking_the_last_place_fails_the_claim_and_it_counts_again
     monkeypatch.setattr(etcd, "commit", rival_first)
     assert await store.claim("a", a, Q, ANY, limit=1, lease_ttl=10) == []
     assert await holders(store, "k") == 1 and await held(store) == 1
+
+
+async def test_a_claim_reads_past_a_head_of_tasks_whose_key_is_full(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100 tasks of one key limited to 1 stand first in the queue, more than a claim's page
+    crowd = await store.submit([limited("t:a", 1, i) for i in range(100)])
+    rest = await store.submit([limited("t:b", 5, i) for i in range(3)])
+    rest += await store.submit([TaskSpec.build("job", [i]) for i in range(2)])
+    s = await store.register_expert(ExpertInfo("e"), 10)
+    etcd, read_many = store._etcd, store._etcd.read_many
+    records: list[bytes] = []
+
+    async def reading(keys: Any) -> Any:
+        records.extend(k for k in keys if k.startswith(store._keys.k("t", "")))
+        return await read_many(keys)
+
+    monkeypatch.setattr(etcd, "read_many", reading)
+    got = await store.claim("e", s, Q, ANY, limit=5, lease_ttl=10)
+    ids = [c.id for c in got]
+    assert ids[0] == crowd[0].id and ids[1:] == [t.id for t in rest[:4]]
+    # the other tasks of t:a are passed over by their index values, their records unread
+    assert len(records) < 20, len(records)
+    (last,) = await store.claim("e", s, Q, ANY, limit=5, lease_ttl=10)
+    assert last.id == rest[4].id

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
@@ -62,6 +62,8 @@ LIMIT_RETRIES = 8
 
 #: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
 Try = tuple[str, Any, Any, Any]
+#: The candidates read again, without the tasks of these limit keys.
+Refill = Callable[[set[str]], Awaitable[list[str]]]
 
 
 class Claimant(NamedTuple):
@@ -135,6 +137,8 @@ class Claims:
         now = self._clock()
         cands: list[str]  # task ids, best first
         reads: dict[str, LevelRead] = {}  # task id -> the read of its level
+        keyed: dict[str, str] = {}  # task id -> its limit key, as the index holds it
+        refill: Refill | None = None
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             spread = time.monotonic() < self.contended_until
@@ -150,8 +154,26 @@ class Claims:
                     spread,
                     reads=reads,
                     types=types,
+                    limits=keyed,
                 ),
             )
+
+            async def without(hidden: set[str]) -> list[str]:
+                """The candidates once more, without the tasks of the limit keys *hidden*."""
+                return await choose(
+                    self.levels,
+                    queues,
+                    capabilities,
+                    limit,
+                    low_lane,
+                    now,
+                    reads=reads,
+                    types=types,
+                    hidden=hidden,
+                    limits=keyed,
+                )
+
+            refill = without
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
@@ -159,7 +181,8 @@ class Claims:
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
-        return await _ClaimRun(self, claimant, now, start, reads).run(cands, limit)
+        run = _ClaimRun(self, claimant, now, start, reads, keyed, refill)
+        return await run.run(cands, limit)
 
     async def _named(
         self,
@@ -309,10 +332,12 @@ class _ClaimRun:
     enough were won or the candidates ran out."""
 
     __slots__ = (
+        "blocked",
         "claim_head",
         "claimant",
         "claims",
         "counts",
+        "keyed",
         "limit_retries",
         "lost",
         "now",
@@ -320,6 +345,7 @@ class _ClaimRun:
         "outcome",
         "parsed",
         "reads",
+        "refill",
         "retries",
         "session_key",
         "turns",
@@ -333,6 +359,8 @@ class _ClaimRun:
         now: float,
         start: bool,
         reads: dict[str, LevelRead],
+        keyed: dict[str, str] | None = None,
+        refill: Refill | None = None,
     ) -> None:
         self.claims = claims
         self.claimant = claimant
@@ -350,6 +378,9 @@ class _ClaimRun:
         self.retries = 0  # the tries read again after their auction moved
         self.counts: dict[str, tuple[int, int]] = {}  # limit key -> (holders, counted at rev)
         self.limit_retries = 0  # the tries made again after their limit key's holders moved
+        self.keyed = keyed or {}  # candidate id -> its limit key, from the index
+        self.blocked: set[str] = set()  # limit keys found with no room left in this claim
+        self.refill = refill  # the candidates without the blocked keys' tasks (once)
 
     async def run(self, cands: list[str], limit: int) -> list[Claimed]:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
@@ -358,14 +389,22 @@ class _ClaimRun:
         room = self.claims.etcd.max_ops - 1 - RISE_OPS
         won = self.won
         rest = cands
+        tried: set[str] = set()
         while rest and len(won) < limit and not self.lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
+            tried.update(batch)
             tries = await self._ready(batch)
             keyed = any(self._limit_key(t) is not None for t in tries)
             per_txn = max(1, room // (CLAIM_OPS + keyed))  # a keyed task's holder key
             await asyncio.gather(
                 *(self._group(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
             )
+            if self.blocked:  # pass over the other tasks of keys at their limit, unread
+                rest = [t for t in rest if self.keyed.get(t) not in self.blocked]
+                if not rest and len(won) < limit and self.refill is not None and not self.lost:
+                    # the head of a level may be all tasks of such keys: read past them, once
+                    refill, self.refill = self.refill, None
+                    rest = [t for t in await refill(set(self.blocked)) if t not in tried]
         if self.lost:
             # Claims won in the same round vanished with the lease; expire() returns them.
             raise self.claims.lost_session(self.claimant)
@@ -419,9 +458,11 @@ class _ClaimRun:
             picks.append((tid, None, None) if lim is None else (tid, str(lim[0]), int(lim[1])))
         held = {k: n for k, (n, _) in self.counts.items()}
         ok = set(admit(picks, held, len(tries)))
-        for tid, _, _, _ in tries:
+        for tid, key, _ in picks:
             if tid not in ok:
                 self.parsed.pop(tid, None)
+                assert key is not None  # admit() takes every try without a key
+                self.blocked.add(key)
         return [g for g in tries if g[0] in ok]
 
     def _limits(self, recs: Sequence[Record]) -> tuple[list[Op], list[Op], list[str]]:
@@ -485,11 +526,11 @@ class _ClaimRun:
         cmp, ops, rec = self._prepare(tid, t)
         levels = self.claims.levels
         up = levels.rises([tid], self.reads)
-        room, recount, limited = self._limits([rec])
+        room, _, limited = self._limits([rec])
         resp = await self.claims.etcd.commit(
             [*cmp, *room, value_is(self.session_key, self.claimant.value)],
             [*ops, *up],
-            [get(self.session_key), *recount],
+            [get(self.session_key)],
         )
         if resp is not None and not resp.succeeded:
             if self._session_lost(resp):
