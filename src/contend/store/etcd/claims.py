@@ -413,10 +413,17 @@ class _ClaimRun:
 
     async def _ready(self, batch: list[str]) -> list[Try]:
         """The tasks of *batch* still pending and due, and not held back by an auction, with
-        their payloads, as read now."""
+        their payloads, as read now; of those with a concurrency limit, the ones their limit
+        keys have room for. The holders of the limit keys the index told are counted beside
+        the read of the records, those of other keys (a named claim) beside the payloads'."""
         now = self.now
         etcd, keys = self.claims.etcd, self.claims.keys
-        records = await etcd.read_many([keys.task(tid) for tid in batch])
+        early = list(dict.fromkeys(self.keyed[t] for t in batch if t in self.keyed))
+        records, counted = await asyncio.gather(
+            etcd.read_many([keys.task(tid) for tid in batch]),
+            etcd.counts([keys.holders(k) for k in early]),
+        )
+        self.counts.update(zip(early, counted, strict=True))
         ready: list[tuple[str, Any, Record]] = []
         for tid, t in zip(batch, records, strict=True):
             if t is None:
@@ -427,12 +434,13 @@ class _ClaimRun:
         tries: list[Try] = []
         recs = [rec for _, _, rec in ready]
         limited = list(dict.fromkeys(k for k in (rec.limit_key for rec in recs) if k is not None))
+        late = [k for k in limited if k not in early]
         payloads, turn, counted = await asyncio.gather(
             read_payloads(etcd, keys, recs, result=False),
             turns(etcd, keys, self.claimant.expert, now, recs),
-            etcd.counts([keys.holders(k) for k in limited]),
+            etcd.counts([keys.holders(k) for k in late]),
         )
-        self.counts.update(zip(limited, counted, strict=True))
+        self.counts.update(zip(late, counted, strict=True))
         for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
             if a is None:  # not written yet: the submission is still going on
                 continue
