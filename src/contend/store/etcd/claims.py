@@ -547,6 +547,7 @@ class _ClaimRun:
             if limited and self.limit_retries < LIMIT_RETRIES:
                 # a rival took a place of its key, or the task: the task read again tells
                 self.limit_retries += 1
+                self._contended()
                 for again in await self._ready([tid]):
                     await self._one(*again)
                 return
