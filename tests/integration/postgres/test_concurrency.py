@@ -175,3 +175,66 @@ async def test_concurrent_first_bids_open_one_auction_and_its_order_holds(
     assert await everyone_claims(but=top) == []  # the winner's grace is not over
     clock.value = auction.closes_at + auction.grace
     assert await everyone_claims(but=top) == [second]
+
+
+async def test_racing_claimers_keep_a_concurrency_limit(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    """Eight store instances, two claimers each, claim at once from 30 tasks of one key with
+    limit 3 (and 10 without a key): never more than 3 of the key are claimed or running, as
+    counted by the claimers and by the database itself, and every task is done once."""
+    stores = [await make_store(pool_size=2) for _ in range(8)]
+    keyed = [TaskSpec.build("t", [n], limit_key="tenant:a", concurrency_limit=3) for n in range(30)]
+    await stores[0].submit([*keyed, *(TaskSpec.build("t", [n]) for n in range(10))])
+    key_of = {s.id: s.limit_key for s in keyed}
+    holding: set[str] = set()
+    peaks = {"claimers": 0, "database": 0}
+    got: dict[str, list[str]] = collections.defaultdict(list)
+    start, finished = asyncio.Event(), asyncio.Event()
+
+    async def claimer(store: PostgresStore, name: str) -> None:
+        session = await store.register_expert(ExpertInfo(name), 60)
+        await start.wait()
+        idle = 0
+        while idle < 20:
+            claimed = await store.claim(
+                name, session, ["default"], Capabilities(), limit=2, lease_ttl=60
+            )
+            idle = 0 if claimed else idle + 1
+            mine = [c.id for c in claimed if key_of.get(c.id)]
+            holding.update(mine)
+            peaks["claimers"] = max(peaks["claimers"], len(holding))
+            for c in claimed:
+                got[c.id].append(name)
+            await asyncio.sleep(0.005 if claimed else 0.01)  # hold them a while
+            holding.difference_update(mine)
+            res = await store.complete(name, [Completion(c.id, c.fence, "null") for c in claimed])
+            assert res == [None] * len(claimed)
+
+    async def watch(url: str) -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            while not finished.is_set():
+                cur = await conn.execute(
+                    "SELECT count(*) FROM contend.tasks WHERE limit_key = 'tenant:a'"
+                    " AND state IN ('claimed', 'running')"
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                peaks["database"] = max(peaks["database"], int(row[0]))
+                await asyncio.sleep(0.001)
+
+    watcher = asyncio.create_task(watch(pg_url))
+    workers = [
+        asyncio.create_task(claimer(store, f"s{i}-c{j}"))
+        for i, store in enumerate(stores)
+        for j in range(2)
+    ]
+    start.set()
+    await asyncio.wait_for(asyncio.gather(*workers), 60)
+    finished.set()
+    await watcher
+
+    assert peaks["claimers"] <= 3 and peaks["database"] <= 3, peaks
+    assert peaks["database"] == 3, peaks  # the limit was reached: the claims really raced
+    assert len(got) == 40 and all(len(names) == 1 for names in got.values())
+    assert len({names[0] for names in got.values()}) > 1

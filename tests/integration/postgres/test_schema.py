@@ -100,7 +100,7 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
         f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
         f"('t1', 'b', 0.5, {close - 1})",
     )
-    assert await PostgresStore(pg_url).migrate() == [7, 8]
+    assert await PostgresStore(pg_url).migrate() == [7, 8, 9]
     clock = FakeClock(close + 0.25)
     store = await make_store(clock=clock)
     b = await store.register_expert(ExpertInfo("b"), 60.0)

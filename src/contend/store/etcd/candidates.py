@@ -19,7 +19,14 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, Capabilities, Requirements, aged_priority
 from contend.store.etcd.keys import PRIORITY_BASE, enc, micros, unenc
 from contend.store.etcd.levels import LevelRead, Levels
-from contend.store.etcd.record import COMPACT_JSON, REQ_NONE, Record, index_json
+from contend.store.etcd.record import (
+    COMPACT_JSON,
+    LIM,
+    REQ_NONE,
+    Record,
+    index_json,
+    index_limit_key,
+)
 
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
 SPREAD_DEPTH = 6
@@ -50,6 +57,8 @@ async def choose(
     views: Views | None = None,
     reads: dict[str, LevelRead] | None = None,
     types: Collection[str] | None = None,
+    hidden: Collection[str] = (),
+    limits: dict[str, str] | None = None,
 ) -> list[str]:
     """Ids of the tasks to try, in claim order: *limit* of them as :func:`pick` chooses, then
     more of the best, to try when rivals win some. With *spread* (rivals have been winning
@@ -57,9 +66,12 @@ async def choose(
     candidates read, so that experts reading the same head of the index do not all reach
     for the same tasks. *views* receives what the priority index holds of the candidates it
     read, *reads* the read of each one's level. *types*: only tasks of these types (None:
-    any)."""
+    any). *hidden*: leave out the tasks of these limit keys (a claim found them at their
+    limit); *limits* receives the limit key of each candidate that has one."""
     want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
-    best = await candidates(levels, queues, caps, limit, now, want, views, reads, types)
+    best = await candidates(
+        levels, queues, caps, limit, now, want, views, reads, types, hidden, limits
+    )
     if spread and best:
         top = best[0][1][0]
         level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
@@ -112,18 +124,21 @@ async def candidates(
     views: Views | None = None,
     reads: dict[str, LevelRead] | None = None,
     types: Collection[str] | None = None,
+    hidden: Collection[str] = (),
+    limits: dict[str, str] | None = None,
 ) -> list[Found]:
     """(task id, rank, level) of due tasks *caps* can run (of *types*, when given), best
     first: at least *limit* (or *want*) of each priority level of each queue where there are
     that many, the first in key order (due time, then id), so each level's longest waiting
     among them. *views*, if given, receives what the index holds of each: (queue, priority,
-    index value); *reads* the read of its level."""
+    index value); *reads* the read of its level; *hidden* and *limits* as :func:`choose`
+    says."""
     want = max(want, limit)
     # A claim reads twice what it wants, to have others to try when rivals win some; a
     # peek (which fills *views*) only what it returns.
     page = max(64, limit if views is not None else 2 * limit, want)
-    keep = _runnable_now(caps, micros(now), types)
-    search = _Search(levels, keep, now, page, want, views, reads)
+    keep = _runnable_now(caps, micros(now), types, hidden)
+    search = _Search(levels, keep, now, page, want, views, reads, limits)
     found = [
         f
         for r in await asyncio.gather(*(search.queue(q) for q in dict.fromkeys(queues)))
@@ -140,11 +155,19 @@ def type_heads(types: Collection[str]) -> tuple[bytes, ...]:
 
 
 def _runnable_now(
-    caps: Capabilities, now_us: int, types: Collection[str] | None = None
+    caps: Capabilities,
+    now_us: int,
+    types: Collection[str] | None = None,
+    hidden: Collection[str] = (),
 ) -> Callable[[Any], bool]:
     """Whether an index key is of a task due by *now_us* whose requirements *caps* meets and,
-    when *types* is given, of one of those types (told from the value without parsing it)."""
+    when *types* is given, of one of those types (told from the value without parsing it),
+    and not of a limit key in *hidden*."""
     heads = None if types is None else type_heads(types)
+    if hidden:
+        hide = set(hidden)
+        runnable = _runnable_now(caps, now_us, types)
+        return lambda kv: index_limit_key(kv.value) not in hide and runnable(kv)
 
     def keep(kv: Any) -> bool:
         due = int(kv.key.rsplit(b"/", 2)[1])  # the due time is in the key
@@ -161,7 +184,7 @@ def _runnable_now(
 class _Search:
     """One candidates() read: the levels of each queue, read with the same bounds."""
 
-    __slots__ = ("keep", "levels", "now", "page", "reads", "views", "want")
+    __slots__ = ("keep", "levels", "limits", "now", "page", "reads", "views", "want")
 
     def __init__(
         self,
@@ -172,9 +195,11 @@ class _Search:
         want: int,
         views: Views | None,
         reads: dict[str, LevelRead] | None,
+        limits: dict[str, str] | None = None,
     ) -> None:
         self.levels, self.keep, self.now = levels, keep, now
         self.page, self.want, self.views, self.reads = page, want, views, reads
+        self.limits = limits
 
     async def queue(self, queue: str) -> list[Found]:
         """Read every level v/ lists, from its floor. The levels seen last time are read
@@ -212,7 +237,7 @@ class _Search:
         aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
         out = []
         kvs, read = await self.levels.read(prefix, prefix + floor, self.page, self.want, self.keep)
-        now, views = self.now, self.views
+        now, views, limits = self.now, self.views, self.limits
         for kv in kvs:
             due, tid = kv.key[len(prefix) :].decode().split("/")
             tid = unenc(tid) if "%" in tid else tid
@@ -223,4 +248,8 @@ class _Search:
             out.append((tid, (-step, due, tid), level))  # as rank_of
             if views is not None:
                 views[tid] = (queue, priority, kv.value)
+            if limits is not None and LIM in kv.value:
+                key = index_limit_key(kv.value)
+                if key is not None:
+                    limits[tid] = key
         return read, out

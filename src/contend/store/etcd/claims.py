@@ -12,17 +12,26 @@ transfer of another expert's claimed, unstarted task, one Txn per task.
 
 A task someone bid on keeps its auction's order (auctions.py): one more read, of the
 auctions of such candidates only, leaves out those whose auction holds the expert back, and
-the Txn compares the auction of each of the others as read (two compares a task)."""
+the Txn compares the auction of each of the others as read (two compares a task).
+
+A task with a concurrency limit (``contend.domain.limits``) is tried only while its limit
+key has room: the round that reads the records also counts the holder keys of their limit
+keys (``n/{limit key}/``, one per task of the key claimed or running), ``admit`` keeps the
+tries the counts allow, the Txn puts a holder key for each keyed task and compares, once per
+limit key, that none of its holder keys was put since the count (so of two claims counting
+the same last place, the second fails), and its failure branch counts them again for the
+next try. Tasks without a limit cost nothing more: no count, no compare."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
+from contend.domain.limits import admit
 from contend.domain.task import Capabilities, Requirements, TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
@@ -37,7 +46,7 @@ from contend.store.etcd.payloads import Args, read_payloads
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
-from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is
+from contend.store.etcd.txn import Op, delete, get, mod_is, put, value_is, written_before
 from contend.store.port import Claimed
 
 #: The most operations one task's claim puts in a transaction (3 puts, the index delete); its
@@ -47,9 +56,14 @@ CLAIM_OPS = 4
 CONTENDED_FOR = 2.0
 #: How many times one claim reads an auctioned task again when its auction moved under it.
 AUCTION_RETRIES = 3
+#: How many times one claim tries again, on fresh counts, tasks whose limit key's holders
+#: changed under it.
+LIMIT_RETRIES = 8
 
 #: A task to claim: (id, its record's KeyValue as read, its args, its checkpoint).
 Try = tuple[str, Any, Any, Any]
+#: The candidates read again, without the tasks of these limit keys.
+Refill = Callable[[set[str]], Awaitable[list[str]]]
 
 
 class Claimant(NamedTuple):
@@ -123,6 +137,8 @@ class Claims:
         now = self._clock()
         cands: list[str]  # task ids, best first
         reads: dict[str, LevelRead] = {}  # task id -> the read of its level
+        keyed: dict[str, str] = {}  # task id -> its limit key, as the index holds it
+        refill: Refill | None = None
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             spread = time.monotonic() < self.contended_until
@@ -138,8 +154,26 @@ class Claims:
                     spread,
                     reads=reads,
                     types=types,
+                    limits=keyed,
                 ),
             )
+
+            async def without(hidden: set[str]) -> list[str]:
+                """The candidates once more, without the tasks of the limit keys *hidden*."""
+                return await choose(
+                    self.levels,
+                    queues,
+                    capabilities,
+                    limit,
+                    low_lane,
+                    now,
+                    reads=reads,
+                    types=types,
+                    hidden=hidden,
+                    limits=keyed,
+                )
+
+            refill = without
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
@@ -147,7 +181,8 @@ class Claims:
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
-        return await _ClaimRun(self, claimant, now, start, reads).run(cands, limit)
+        run = _ClaimRun(self, claimant, now, start, reads, keyed, refill)
+        return await run.run(cands, limit)
 
     async def _named(
         self,
@@ -297,15 +332,20 @@ class _ClaimRun:
     enough were won or the candidates ran out."""
 
     __slots__ = (
+        "blocked",
         "claim_head",
         "claimant",
         "claims",
+        "counts",
+        "keyed",
+        "limit_retries",
         "lost",
         "now",
         "orders",
         "outcome",
         "parsed",
         "reads",
+        "refill",
         "retries",
         "session_key",
         "turns",
@@ -319,6 +359,8 @@ class _ClaimRun:
         now: float,
         start: bool,
         reads: dict[str, LevelRead],
+        keyed: dict[str, str] | None = None,
+        refill: Refill | None = None,
     ) -> None:
         self.claims = claims
         self.claimant = claimant
@@ -334,20 +376,35 @@ class _ClaimRun:
         self.parsed: dict[str, Record] = {}  # records parsed by the round's check, used once
         self.turns: dict[str, Turn] = {}  # auctioned task id -> the auction its claim compares
         self.retries = 0  # the tries read again after their auction moved
+        self.counts: dict[str, tuple[int, int]] = {}  # limit key -> (holders, counted at rev)
+        self.limit_retries = 0  # the tries made again after their limit key's holders moved
+        self.keyed = keyed or {}  # candidate id -> its limit key, from the index
+        self.blocked: set[str] = set()  # limit keys found with no room left in this claim
+        self.refill = refill  # the candidates without the blocked keys' tasks (once)
 
     async def run(self, cands: list[str], limit: int) -> list[Claimed]:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
         were won or the candidates ran out. The tries of a round are grouped into as few
         transactions as etcd's operation limit allows, committed concurrently."""
-        per_txn = max(1, (self.claims.etcd.max_ops - 1 - RISE_OPS) // CLAIM_OPS)
+        room = self.claims.etcd.max_ops - 1 - RISE_OPS
         won = self.won
         rest = cands
+        tried: set[str] = set()
         while rest and len(won) < limit and not self.lost:
             batch, rest = rest[: limit - len(won)], rest[limit - len(won) :]
+            tried.update(batch)
             tries = await self._ready(batch)
+            keyed = any(self._limit_key(t) is not None for t in tries)
+            per_txn = max(1, room // (CLAIM_OPS + keyed))  # a keyed task's holder key
             await asyncio.gather(
                 *(self._group(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
             )
+            if self.blocked:  # pass over the other tasks of keys at their limit, unread
+                rest = [t for t in rest if self.keyed.get(t) not in self.blocked]
+                if not rest and len(won) < limit and self.refill is not None and not self.lost:
+                    # the head of a level may be all tasks of such keys: read past them, once
+                    refill, self.refill = self.refill, None
+                    rest = [t for t in await refill(set(self.blocked)) if t not in tried]
         if self.lost:
             # Claims won in the same round vanished with the lease; expire() returns them.
             raise self.claims.lost_session(self.claimant)
@@ -356,10 +413,17 @@ class _ClaimRun:
 
     async def _ready(self, batch: list[str]) -> list[Try]:
         """The tasks of *batch* still pending and due, and not held back by an auction, with
-        their payloads, as read now."""
+        their payloads, as read now; of those with a concurrency limit, the ones their limit
+        keys have room for. The holders of the limit keys the index told are counted beside
+        the read of the records, those of other keys (a named claim) beside the payloads'."""
         now = self.now
         etcd, keys = self.claims.etcd, self.claims.keys
-        records = await etcd.read_many([keys.task(tid) for tid in batch])
+        early = list(dict.fromkeys(self.keyed[t] for t in batch if t in self.keyed))
+        records, counted = await asyncio.gather(
+            etcd.read_many([keys.task(tid) for tid in batch]),
+            etcd.counts([keys.holders(k) for k in early]),
+        )
+        self.counts.update(zip(early, counted, strict=True))
         ready: list[tuple[str, Any, Record]] = []
         for tid, t in zip(batch, records, strict=True):
             if t is None:
@@ -369,10 +433,14 @@ class _ClaimRun:
                 ready.append((tid, t, rec))
         tries: list[Try] = []
         recs = [rec for _, _, rec in ready]
-        payloads, turn = await asyncio.gather(
+        limited = list(dict.fromkeys(k for k in (rec.limit_key for rec in recs) if k is not None))
+        late = [k for k in limited if k not in early]
+        payloads, turn, counted = await asyncio.gather(
             read_payloads(etcd, keys, recs, result=False),
             turns(etcd, keys, self.claimant.expert, now, recs),
+            etcd.counts([keys.holders(k) for k in late]),
         )
+        self.counts.update(zip(late, counted, strict=True))
         for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
             if a is None:  # not written yet: the submission is still going on
                 continue
@@ -383,7 +451,43 @@ class _ClaimRun:
                 self.turns[tid] = mine
             tries.append((tid, t, a, c))
             self.parsed[tid] = rec
-        return tries
+        return self._admit(tries) if limited else tries
+
+    def _limit_key(self, t: Try) -> str | None:
+        rec = self.parsed.get(t[0]) or Record.loads(t[1].value)
+        return rec.limit_key
+
+    def _admit(self, tries: list[Try]) -> list[Try]:
+        """The tries, in order, that their limit keys have room for, by the last counts."""
+        picks = []
+        for tid, t, _, _ in tries:
+            rec = self.parsed.get(tid) or Record.loads(t.value)
+            lim = rec.limit
+            picks.append((tid, None, None) if lim is None else (tid, str(lim[0]), int(lim[1])))
+        held = {k: n for k, (n, _) in self.counts.items()}
+        ok = set(admit(picks, held, len(tries)))
+        for tid, key, _ in picks:
+            if tid not in ok:
+                self.parsed.pop(tid, None)
+                assert key is not None  # admit() takes every try without a key
+                self.blocked.add(key)
+        return [g for g in tries if g[0] in ok]
+
+    def _limits(self, recs: Sequence[Record]) -> tuple[list[Op], list[Op], list[str]]:
+        """For a claim Txn of *recs*: the compares that their limit keys' holders are as
+        counted (none was put since), the failure reads that count them again, and those
+        keys."""
+        limited = list(dict.fromkeys(k for k in (r.limit_key for r in recs) if k is not None))
+        keys = self.claims.keys
+        cmp = [written_before(keys.holders(k), self.counts[k][1] + 1) for k in limited]
+        again = [get(keys.holders(k), prefix=True, count_only=True) for k in limited]
+        return cmp, again, limited
+
+    def _recount(self, resp: Any, limited: list[str]) -> None:
+        """Take the counts a failed claim Txn's failure branch read (after the session's)."""
+        rev = int(resp.header.revision)
+        for k, r in zip(limited, resp.responses[1:], strict=True):
+            self.counts[k] = (int(r.response_range.count), rev)
 
     def _prepare(self, tid: str, t: Any) -> tuple[list[Op], list[Op], Record]:
         """(compares, operations, new record) that claim one task read as *t*."""
@@ -430,14 +534,22 @@ class _ClaimRun:
         cmp, ops, rec = self._prepare(tid, t)
         levels = self.claims.levels
         up = levels.rises([tid], self.reads)
+        room, _, limited = self._limits([rec])
         resp = await self.claims.etcd.commit(
-            [*cmp, value_is(self.session_key, self.claimant.value)],
+            [*cmp, *room, value_is(self.session_key, self.claimant.value)],
             [*ops, *up],
             [get(self.session_key)],
         )
         if resp is not None and not resp.succeeded:
             if self._session_lost(resp):
                 self.lost = True
+                return
+            if limited and self.limit_retries < LIMIT_RETRIES:
+                # a rival took a place of its key, or the task: the task read again tells
+                self.limit_retries += 1
+                self._contended()
+                for again in await self._ready([tid]):
+                    await self._one(*again)
                 return
             if tid in self.turns and self.retries < AUCTION_RETRIES:
                 # a bid landed, or a rival won it: which one, the task read again tells
@@ -463,13 +575,15 @@ class _ClaimRun:
                 return
             plans = [self._prepare(tid, t) for tid, t, _, _ in group]
             up = levels.rises([g[0] for g in group], self.reads)
+            room, recount, limited = self._limits([p[2] for p in plans])
             resp = await self.claims.etcd.commit(
                 [
                     *(x for p in plans for x in p[0]),
+                    *room,
                     value_is(self.session_key, self.claimant.value),
                 ],
                 [*(x for p in plans for x in p[1]), *up],
-                [get(self.session_key)],
+                [get(self.session_key), *recount],
             )
             if resp is None or resp.succeeded:
                 levels.risen(up)
@@ -482,6 +596,13 @@ class _ClaimRun:
                 return
             still = await self._still_as_read(group)
             self._contended()
+            if limited:  # what the failure branch counted: the places left now
+                self._recount(resp, limited)
+                still = self._admit(still)
+                if len(still) == len(group) and self.limit_retries < LIMIT_RETRIES:
+                    self.limit_retries += 1  # a key's holders moved, maybe: again, together
+                    group = still
+                    continue
             if len(still) == len(group):  # cannot tell what moved: one at a time
                 await asyncio.gather(*(self._one(*g) for g in group))
                 return

@@ -62,6 +62,15 @@ class Keys:
         """``a/{expert}/{task}``: the ownership key, without a lease."""
         return self.k("a", enc(expert), enc(tid))
 
+    def holders(self, limit_key: str) -> bytes:
+        """``n/{limit key}/``: the prefix of the holder keys of a limit key, one
+        ``n/{limit key}/{task}`` per task of it claimed or running."""
+        return self.k("n", enc(limit_key), "")
+
+    def holder(self, limit_key: str, tid: str) -> bytes:
+        """``n/{limit key}/{task}``: *tid* holds one of its limit key's places."""
+        return self.k("n", enc(limit_key), enc(tid))
+
     def auction(self, tid: str) -> bytes:
         """``u/{task}``: the task's auction (its close and grace), put by the first bid."""
         return self.k("u", enc(tid))

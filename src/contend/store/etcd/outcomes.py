@@ -2,13 +2,14 @@
 
 The store decides nothing here: an :class:`~contend.domain.transitions.Outcome` says what the
 task becomes, and apply_outcome() writes it into the record and returns the operations on the
-other keys the move touches (the priority index, the ownership keys, a result too big for the
-record, the end marker its waiters are told by). The caller puts the record, in the one Txn
-that also compares what it checked (fence, owner, claim)."""
+other keys the move touches (the priority index, the ownership keys, the holder key of a task
+with a concurrency limit, a result too big for the record, the end marker its waiters are told
+by). The caller puts the record, in the one Txn that also compares what it checked (fence,
+owner, claim)."""
 
 from __future__ import annotations
 
-from contend.domain.task import TaskState
+from contend.domain.task import OWNED_STATES, TaskState
 from contend.domain.transitions import Attempts, Outcome
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending, leave_pending
@@ -30,12 +31,28 @@ def ended_marker(keys: Keys, rec: Record) -> list[Op]:
     return [put(keys.k("s", enc(rec.id)), rec.state)] if rec.has_waiters else []
 
 
+def holding(keys: Keys, rec: Record, held: bool) -> list[Op]:
+    """The operation on *rec*'s holder key (``n/{limit key}/{task}``) when it starts to hold
+    a place of its limit key (*held*) or stops: none for a task without a limit. Only a claim
+    makes a task held, under a compare that the key's holders are as it counted them
+    (claims.py); every way out of claimed and running comes through :func:`apply_outcome`,
+    which deletes it in the same Txn."""
+    key = rec.limit_key
+    if key is None:
+        return []
+    holder = keys.holder(key, rec.id)
+    return [put(holder, b"") if held else delete(holder)]
+
+
 def apply_outcome(keys: Keys, rec: Record, outcome: Outcome, now: float) -> list[Op]:
     """Make *rec* what *outcome* says, at *now*; the operations on keys other than the record.
     The owner, fence and lease of a claim are the caller's to set first (the history line
     carries the fence)."""
     ops: list[Op] = []
     state = outcome.state
+    was_held = rec.state in OWNED_STATES
+    if rec.limit is not None and was_held != (state in OWNED_STATES):
+        ops += holding(keys, rec, not was_held)
     if not outcome.owned and rec.owner is not None:
         ops += unown(keys, rec, rec.owner)
     if rec.indexed and state != P:

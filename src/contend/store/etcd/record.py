@@ -18,6 +18,8 @@ HISTORY_LIMIT = 50
 INLINE_MAX = 1024
 #: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 REQ_NONE = b'"req":null'
+#: What the JSON of an index value of a task with a concurrency limit holds, before its key.
+LIM = b'"lim":'
 
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -65,6 +67,10 @@ class Record:
     # What each dependency edge does if its dependency does not succeed, aligned with
     # depends_on (None: every edge fails, as every edge of an older record does).
     if_failed: list[str] | None = None
+    # Its concurrency limit, [limit key, limit] (contend.domain.limits), as submitted; None:
+    # none (every record written before limits were kept). While the task is claimed or
+    # running it has a holder key n/{limit key}/{id} (outcomes.py), which claims count.
+    limit: list[Any] | None = None
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;
@@ -81,6 +87,10 @@ class Record:
             return cls(*orjson.loads(data))
         except orjson.JSONDecodeError:
             return cls(*json.loads(data))
+
+    @property
+    def limit_key(self) -> str | None:
+        return None if self.limit is None else str(self.limit[0])
 
     def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
         self.history.append([now, event, self.fence, expert, detail])
@@ -101,15 +111,28 @@ class KV:
 
 
 def index_value(rec: Record) -> bytes:
-    """``{created_at} {"type", "req"}``: the value of a pending task's priority-index key, the
-    creation time first, where a claim ranking candidates reads it without parsing JSON."""
-    return f"{rec.created_at!r} {COMPACT_JSON.encode({'type': rec.type, 'req': rec.req})}".encode()
+    """``{created_at} {"type", "req"[, "lim"]}``: the value of a pending task's priority-index
+    key, the creation time first, where a claim ranking candidates reads it without parsing
+    JSON; ``lim``, the limit key, only for a task with a concurrency limit (so that a claim
+    can pass over the tasks of a key it found at its limit without reading their records)."""
+    d: dict[str, Any] = {"type": rec.type, "req": rec.req}
+    if rec.limit is not None:
+        d["lim"] = rec.limit[0]
+    return f"{rec.created_at!r} {COMPACT_JSON.encode(d)}".encode()
 
 
 def index_json(value: bytes) -> dict[str, Any]:
     """The JSON part of a priority-index value (after the creation time)."""
     parsed: dict[str, Any] = json.loads(value[value.index(b" ") + 1 :])
     return parsed
+
+
+def index_limit_key(value: bytes) -> str | None:
+    """The limit key a priority-index value holds, if any (parsed only when it may)."""
+    if LIM not in value:
+        return None
+    key = index_json(value).get("lim")
+    return None if key is None else str(key)
 
 
 def _load(text: str | None) -> JSON:

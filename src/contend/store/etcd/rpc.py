@@ -178,6 +178,22 @@ class Etcd:
         resp = await self.call("a count", lambda: self.kv.Range(req, timeout=self.timeout))
         return int(resp.count)
 
+    async def counts(self, prefixes: Sequence[bytes]) -> list[tuple[int, int]]:
+        """(keys under it, the revision they were counted at) for each of *prefixes*: one
+        read-only transaction per ``max_ops`` of them where the server is sound, else a
+        plain count range each, at once (no pinned revision: each range's own revision is
+        the one it counted at)."""
+        ops = [get(p, prefix=True, count_only=True) for p in prefixes]
+        if not self.read_txns:
+            got = await asyncio.gather(*(self._range_op(op, 0) for op in ops))
+            return [(int(r.count), int(r.header.revision)) for r in got]
+        out: list[tuple[int, int]] = []
+        for i in range(0, len(ops), self.max_ops):
+            resp = await self.txn([], ops[i : i + self.max_ops])
+            rev = int(resp.header.revision)
+            out += [(int(r.response_range.count), rev) for r in resp.responses]
+        return out
+
     async def scan(self, prefix: bytes, *, keys_only: bool = False, page: int = 1000) -> list[Any]:
         """Every key under *prefix*, in key order, read in pages."""
         out: list[Any] = []

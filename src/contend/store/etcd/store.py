@@ -41,8 +41,9 @@ class EtcdStore:
 
     #: A submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in
     #: tasks without dependencies); only a single task is promised to be written all or none.
-    #: A task's own transaction is one Txn with its completion (transactions.py).
-    promises = Promises(atomic_submit=1, transactions=True)
+    #: A task's own transaction is one Txn with its completion (transactions.py). Claims keep
+    #: concurrency limits (claims.py, holder keys n/).
+    promises = Promises(atomic_submit=1, transactions=True, concurrency_limits=True)
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState
 from contend.domain.transitions import Birth
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending
 from contend.store.etcd.record import INLINE_MAX, Record
@@ -75,6 +75,7 @@ def new_record(
         indexed=False,
         history=[],
         trace=spec.trace,
+        limit=None if spec.limit_key is None else [spec.limit_key, spec.concurrency_limit],
     )
 
 
@@ -88,7 +89,6 @@ class Submitter:
         self._touch = touch
 
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
-        refuse_limits(specs, "etcd")
         landed: set[str] = set()
         for _ in range(WRITE_RETRIES):
             out = await self._try(specs, landed)

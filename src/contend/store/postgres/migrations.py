@@ -169,6 +169,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         # aligned with depends_on; NULL: every edge fails, as every edge did before
         ("ALTER TABLE {s}.tasks ADD COLUMN if_failed text[]",),
     ),
+    Migration(
+        9,
+        "concurrency limits: a task's limit key and limit, and an index of each key's holders",
+        (
+            # NULL: no limit, as every task had before
+            "ALTER TABLE {s}.tasks ADD COLUMN limit_key text, ADD COLUMN limit_max integer",
+            # the claimed and running tasks of a key, counted by every claim that meets it
+            "CREATE INDEX tasks_limited ON {s}.tasks (limit_key) "
+            "WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running')",
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -35,7 +35,7 @@ class PostgresStore:
 
     #: One transaction per submission, whatever its size; a task's own transaction on a
     #: connection of the same database (transactions.py).
-    promises = Promises(transactions=True)
+    promises = Promises(transactions=True, concurrency_limits=True)
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ import psycopg.errors
 from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
+from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import req_json
@@ -40,6 +40,8 @@ _SUBMIT_COLUMNS = {
     "promote_in": "float8",
     "trace": "text",
     "if_failed": "text",
+    "limit_key": "text",
+    "limit_max": "int",
     "born_event": "text",
     "born_detail": "text",
 }
@@ -48,8 +50,6 @@ _SUBMIT_COLUMNS = {
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
     if not specs:
         return []
-    refuse_limits(specs, "PostgreSQL")
-
     # A batch with no keys and no dependencies reads nothing first: its one statement is
     # atomic on its own, without the round trips of an explicit transaction.
     simple = all(s.key is None and not s.depends_on for s in specs)
@@ -153,6 +153,8 @@ def _columns(
             next_promotion(spec.priority, spec.priority, 0.0),  # after creation
             spec.trace,
             json.dumps(list(spec.if_failed)) if spec.if_failed else None,
+            spec.limit_key,
+            spec.concurrency_limit,
             None if birth.event is None else str(birth.event),
             birth.detail,
         )
@@ -171,14 +173,16 @@ def _submit_sql(db: Database) -> str:
         "WITH ins AS ("
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
         "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
-        "   deps_left, error, eff_priority, promote_at, trace, if_failed)"
+        "   deps_left, error, eff_priority, promote_at, trace, if_failed, limit_key,"
+        "   limit_max)"
         "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
         "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
         "   CASE WHEN r.deps IS NULL THEN NULL"
         "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.deps::jsonb)) END,"
         "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace,"
         "   CASE WHEN r.if_failed IS NULL THEN NULL"
-        "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.if_failed::jsonb)) END"
+        "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.if_failed::jsonb)) END,"
+        "   r.limit_key, r.limit_max"
         f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
         "  ON CONFLICT (id) DO NOTHING RETURNING id"
         "), born AS ("
