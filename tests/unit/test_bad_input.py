@@ -4,16 +4,20 @@ error naming the problem, and a refused submission leaves the store unchanged.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contend import App
 from contend.cli.submit import batch_digest, batch_key, read_batch
 from contend.domain.payload import (
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
+    _nesting,
     check_queue,
     encode_json,
     parse_json,
@@ -261,3 +265,28 @@ def test_read_batch_skips_blank_lines_and_a_bom_and_counts_lines(tmp_path: Path)
     lines, data = read_batch(str(path))
     assert [(line.number, line.fields) for line in lines] == [(1, {"args": [1]}), (4, {"key": "k"})]
     assert data == path.read_bytes()
+
+
+@given(
+    st.recursive(
+        st.none() | st.text(alphabet='[]{}"\\ab', max_size=6),
+        lambda kids: (
+            st.lists(kids, max_size=3)
+            | st.dictionaries(st.text(alphabet='[]{}"ab', max_size=3), kids, max_size=3)
+        ),
+        max_leaves=60,
+    )
+)
+def test_the_depth_check_measures_what_the_json_nests(value: object) -> None:
+    # brackets and quotes inside strings must not count; the depth is that of the value
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+    def depth(v: object) -> int:
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        return 0
+
+    for limit in range(0, 6):
+        assert _nesting(text, limit) == (depth(value) > limit), (text, limit)
