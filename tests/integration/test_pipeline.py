@@ -11,7 +11,7 @@ import pytest
 
 from contend import App, TaskState
 from contend.errors import ConfigError
-from tests.integration.test_runtime import expert
+from tests.integration.test_runtime import eventually, expert
 
 
 def _logs(n: int) -> list[str]:
@@ -40,10 +40,13 @@ async def test_records_flow_through_every_stage_once(tmp_path: Path) -> None:
     assert logs.stages == ("logs.extract", "logs.transform", "logs.load")
     await logs.feed(_logs(5_000), key="run-1")
     await logs.feed(_logs(5_000), key="run-1")  # fed again: nothing more
+    store = await app.store()
+
+    async def loaded_all() -> bool:
+        return (await store.stats()).counts.get("logs.load", {}).get("succeeded", 0) >= 20
+
     async with expert(app, concurrency=4):
-        store = await app.store()
-        while (await store.stats()).counts.get("logs.load", {}).get("succeeded", 0) < 20:
-            await asyncio.sleep(0.05)
+        await eventually(loaded_all, timeout=30)
     assert len(loaded) == 5_000
     assert sorted(r["path"] for r in loaded) == sorted(f"/page/{i}" for i in range(5_000))
     assert sum(r["error"] for r in loaded) == 1_000
