@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from benchmarks import commit
+
 ROOT = Path(__file__).resolve().parent.parent
 APP = "benchmarks.idle_app:app"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -189,15 +191,6 @@ async def run_etcd(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
 
 RUNS = {"sqlite": run_sqlite, "postgresql": run_postgresql, "etcd": run_etcd}
 STATES = ("idle", "down", "hung")
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    except OSError:
-        return "?"
 
 
 def markdown(figures: dict[str, dict[str, float]], meta: dict[str, object]) -> str:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import commit
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED_RATE = 250_000
 
@@ -82,9 +84,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def write(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> None:
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    sha = commit()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = {"date": when, "commit": sha, "experts": args.experts, "results": results}
     (ROOT / "docs" / "pipeline.json").write_text(json.dumps(doc, indent=2) + "\n")

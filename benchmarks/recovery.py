@@ -33,6 +33,7 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks import commit
 from contend.domain.task import TaskSpec, TaskState
 from contend.store.port import Store
 from contend.store.registry import open_store
@@ -155,15 +156,6 @@ async def backend(name: str, tmp: Path) -> AsyncIterator[str]:
             yield f"{server.url}/recovery"
         finally:
             server.close()
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    except OSError:
-        return "?"
 
 
 def markdown(figures: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:

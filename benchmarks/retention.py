@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from benchmarks import commit
 from contend import App, Expert
 from contend.domain.task import Capabilities, TaskSpec
 from contend.store.port import Completion, ExpertInfo, Store
@@ -168,9 +168,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def write(results: list[dict[str, Any]]) -> None:
-    sha = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    sha = commit()
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     doc = {"date": when, "commit": sha, "results": results}
     (ROOT / "docs" / "retention.json").write_text(json.dumps(doc, indent=2) + "\n")
