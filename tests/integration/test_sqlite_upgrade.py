@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from contend.domain.limits import Rate
 from contend.domain.task import TaskSpec
 from contend.store.sqlite import SQLiteStore
 from contend.store.sqlite.schema import SCHEMA_VERSION
@@ -29,6 +30,11 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db.execute("ALTER TABLE tasks DROP COLUMN limit_key")
     db.execute("ALTER TABLE tasks DROP COLUMN limit_max")
     db.execute("ALTER TABLE tasks DROP COLUMN if_failed")
+    db.execute("DROP INDEX tasks_fair")
+    db.execute("ALTER TABLE tasks DROP COLUMN rate_interval")
+    db.execute("ALTER TABLE tasks DROP COLUMN rate_burst")
+    db.execute("ALTER TABLE tasks DROP COLUMN fair_key")
+    db.execute("DROP TABLE rate_keys")
     db.execute("UPDATE contend_meta SET value = '1' WHERE key = 'schema_version'")
     db.commit()
     db.close()
@@ -41,7 +47,8 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
             "job", [2], trace={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
         )
         child = TaskSpec.build("job", depends_on=[old.id], if_failed=["run"])
-        await store.submit([new, child])
+        rated = TaskSpec.build("job", limit_key="k", rate_limit=Rate.of("5/s"), fair=True)
+        await store.submit([new, child, rated])
         assert (await store.get(child.id)).if_failed == ("run",)
         assert (await store.get(new.id)).trace == {
             "traceparent": new.trace and "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
@@ -51,6 +58,8 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db = sqlite3.connect(path)
     (version,) = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
     lane = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks_lane'").fetchall()
+    rate = db.execute("SELECT key, interval FROM rate_keys").fetchall()
     db.close()
-    assert int(version) == SCHEMA_VERSION == 3
+    assert int(version) == SCHEMA_VERSION == 4
     assert lane  # the low lane's index came with version 3
+    assert rate == [("k", 0.2)]  # rate limits came with version 4

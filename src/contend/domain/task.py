@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from contend.domain.limits import check_concurrency_limit
+from contend.domain.limits import Rate, check_limits
 
 # The payload and name rules live in domain.payload; code and tests have long imported them here.
 from contend.domain.payload import JSON as JSON
@@ -341,6 +341,10 @@ class TaskSpec:
     #: (``contend.domain.limits``); None: no limit.
     limit_key: str | None = None
     concurrency_limit: int | None = None
+    #: Starts of ``limit_key`` at most at this rate (``contend.domain.limits.Rate``).
+    rate_limit: Rate | None = None
+    #: Claims share the slots fairly among the keys of a queue (``fair_order``).
+    fair: bool = False
 
     @classmethod
     def build(
@@ -362,6 +366,8 @@ class TaskSpec:
         limit_key: str | None = None,
         concurrency_limit: int | None = None,
         if_failed: Iterable[str] = (),
+        rate_limit: Rate | None = None,
+        fair: bool = False,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem.
         *if_failed*: one :class:`IfFailed` choice per dependency (none: all ``fail``)."""
@@ -391,7 +397,7 @@ class TaskSpec:
             raise TaskError(f"max_attempts must be between 1 and 1000, got {max_attempts}")
         if timeout is not None and (not _finite_nonneg(timeout) or timeout == 0):
             raise TaskError(f"timeout must be a positive number of seconds, got {shown(timeout)}")
-        lkey, climit = check_concurrency_limit(limit_key, concurrency_limit)
+        lkey, climit, rate, fair = check_limits(limit_key, concurrency_limit, rate_limit, fair)
         deps, choices = _edges(tuple(depends_on), tuple(if_failed))
         return cls(
             type=type,
@@ -409,6 +415,8 @@ class TaskSpec:
             trace=check_trace(trace),
             limit_key=lkey,
             concurrency_limit=climit,
+            rate_limit=rate,
+            fair=fair,
         )
 
     def if_failed_of(self, dependency: str) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from contend.domain.limits import check_concurrency_limit
+from contend.domain.limits import Rate, check_limits
 from contend.domain.periodic import DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW, Schedule
 from contend.domain.retry import RetryPolicy
 from contend.domain.task import JSON, IfFailed, Requirements, Task, TaskSpec, TaskState
@@ -60,6 +60,10 @@ class TaskType:
     #: is *limit_key* formatted with the task's arguments (default: the type's name).
     concurrency_limit: int | None = None
     limit_key: str | None = None
+    #: Its tasks of one limit key start at most at this rate, across all experts.
+    rate_limit: Rate | None = None
+    #: Claims share the slots of its queue fairly among its limit keys.
+    fair: bool = False
 
     signature: inspect.Signature | None = field(default=None, compare=False, repr=False)
 
@@ -84,9 +88,14 @@ class TaskType:
             shape = f"{self.name}({', '.join(str(p) for p in bare)})"
             raise TaskError(f"arguments do not fit task type {shape}: {exc}") from None
 
+    @property
+    def limited(self) -> bool:
+        """Whether its tasks carry a limit key: a concurrency limit, a rate limit or fair share."""
+        return self.concurrency_limit is not None or self.rate_limit is not None or self.fair
+
     def limit_key_of(self, args: Sequence[JSON], kwargs: Mapping[str, JSON]) -> str | None:
         """The limit key of a task of this type with these arguments (None: no limit)."""
-        if self.concurrency_limit is None:
+        if not self.limited:
             return None
         template = self.limit_key or self.name
         if "{" not in template:
@@ -269,6 +278,9 @@ class App:
         memory_limit: int | str | None = None,
         concurrency_limit: int | None = None,
         limit_key: str | None = None,
+        rate_limit: str | tuple[float, float] | None = None,
+        rate_burst: int = 1,
+        fair: bool = False,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -288,6 +300,9 @@ class App:
         memory_limit: int | str | None = None,
         concurrency_limit: int | None = None,
         limit_key: str | None = None,
+        rate_limit: str | tuple[float, float] | None = None,
+        rate_burst: int = 1,
+        fair: bool = False,
     ) -> F | Callable[[F], F]:
         """Register a sync or async function as a task type (named after the function).
 
@@ -301,7 +316,13 @@ class App:
         ``concurrency_limit=K`` lets at most K tasks of this type run at once across all
         experts, per *limit_key*: a template formatted with the task's arguments, such as
         ``"tenant:{tenant}"`` (default: the type's name, one limit for the whole type). The
-        store keeps it at claim time (``contend.domain.limits``)."""
+        store keeps it at claim time (``contend.domain.limits``).
+
+        ``rate_limit="100/s"`` (or ``"600/m"``, ``"5/h"``, a pair ``(count, seconds)``) lets the
+        tasks of one limit key start at most that often across all experts, evenly spaced,
+        with up to ``rate_burst`` back to back. ``fair=True`` shares the claims of its queue
+        fairly among its limit keys: one tenant's burst does not hold back another's tasks
+        beyond its share of the slots."""
 
         def register(f: F) -> F:
             type_name = name or f.__name__
@@ -326,8 +347,9 @@ class App:
                 except ValueError as exc:
                     raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
             limit = _memory_limit(type_name, memory_limit, isolation)
-            if concurrency_limit is not None or limit_key is not None:
-                check_concurrency_limit(limit_key or type_name, concurrency_limit)
+            rate = None if rate_limit is None else Rate.of(rate_limit, rate_burst)
+            if concurrency_limit is not None or limit_key is not None or rate or fair:
+                check_limits(limit_key or type_name, concurrency_limit, rate, fair)
             # validate queue and priority the same way a submission will
             TaskSpec.build(type_name, queue=queue, priority=priority)
             self.tasks[type_name] = TaskType(
@@ -345,6 +367,8 @@ class App:
                 signature=_signature(f),
                 concurrency_limit=concurrency_limit,
                 limit_key=limit_key,
+                rate_limit=rate,
+                fair=fair,
             )
             return f
 
@@ -526,10 +550,10 @@ class App:
         """A validated submission of *task*. *depends_on*: task ids or handles (the task dies
         if one does not succeed), or :class:`After` items that choose otherwise per edge."""
         tt = self.task_type(task)
-        if limit_key is not None and tt.concurrency_limit is None:
+        if limit_key is not None and not tt.limited:
             raise TaskError(
-                f"task type {shown(tt.name)} has no concurrency_limit, so a limit key means "
-                "nothing for it"
+                f"task type {shown(tt.name)} has no concurrency_limit, rate_limit or fair "
+                "share, so a limit key means nothing for it"
             )
         lkey = limit_key if limit_key is not None else tt.limit_key_of(args, kwargs or {})
         edges = [d if isinstance(d, After) else After(d) for d in depends_on]
@@ -549,6 +573,8 @@ class App:
             trace=trace,
             limit_key=lkey,
             concurrency_limit=tt.concurrency_limit,
+            rate_limit=tt.rate_limit,
+            fair=tt.fair,
         )
         tt.check_arguments(args, kwargs or {})  # once build() found them a JSON list and object
         return spec

@@ -9,7 +9,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from contend.domain.auction import check_grace
 from contend.domain.task import TaskSpec, find_cycle
 from contend.errors import ConfigError, DependencyError, ExpertConflict, LeaseLost, TaskError
-from contend.store.port import Submitted
+from contend.store.port import Promises, Submitted
 
 
 def check_batch_dependencies(
@@ -127,13 +127,28 @@ def bind(
     return operation
 
 
-def refuse_limits(specs: Sequence[TaskSpec], backend: str) -> None:
-    """For a backend that does not keep concurrency limits yet: refuse, before anything is
-    written, a submission with a task that has one (``Promises.concurrency_limits``)."""
+def refuse_limits(
+    specs: Sequence[TaskSpec], backend: str, promises: Promises | None = None
+) -> None:
+    """For a backend that does not keep some kind of limit yet: refuse, before anything is
+    written, a submission with a task that has one (``Promises.concurrency_limits``,
+    ``rate_limits``, ``fair_share``; *promises* None: it keeps none)."""
+    keeps = promises or Promises()
     for spec in specs:
-        if spec.limit_key is not None:
+        if spec.limit_key is None:
+            continue
+        missing = (
+            "concurrency limits"
+            if spec.concurrency_limit is not None and not keeps.concurrency_limits
+            else "rate limits"
+            if spec.rate_limit is not None and not keeps.rate_limits
+            else "fair share"
+            if spec.fair and not keeps.fair_share
+            else None
+        )
+        if missing is not None:
             raise ConfigError(
-                f"the {backend} store does not keep concurrency limits yet (task type "
+                f"the {backend} store does not keep {missing} yet (task type "
                 f"{spec.type!r}, limit key {spec.limit_key!r}); use SQLite, or submit "
-                "without a limit"
+                "without it"
             )

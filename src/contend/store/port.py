@@ -247,12 +247,18 @@ class Promises:
     * ``concurrency_limits`` — claims keep each task's concurrency limit
       (``contend.domain.limits``); False: a submission of a task with a limit raises
       ConfigError and writes nothing.
+    * ``rate_limits`` — claims keep each limit key's rate (``contend.domain.limits.Rate``);
+      False: a submission of a task with a rate limit raises ConfigError, writing nothing.
+    * ``fair_share`` — claims share slots fairly among the limit keys of fair tasks
+      (``contend.domain.limits.fair_order``); False: such a submission is refused the same way.
     """
 
     atomic_submit: int | None = None
     transactions: bool = False
     exclusive_transactions: bool = False
     concurrency_limits: bool = False
+    rate_limits: bool = False
+    fair_share: bool = False
 
 
 class TaskTransaction(Protocol):
@@ -363,7 +369,15 @@ class Store(Protocol):
 
         Concurrency limits (where ``promises.concurrency_limits``): a task with a limit key is
         claimable only while fewer than its ``concurrency_limit`` tasks of that key are
-        claimed or running, this claim's included (``contend.domain.limits.admit``)."""
+        claimed or running, this claim's included (``contend.domain.limits.admit``).
+
+        Rate limits (where ``promises.rate_limits``): a task with a rate is claimable only while
+        its key's rate has room (``Rate.room``); each claim of one spends it (``spend``).
+
+        Fair share (where ``promises.fair_share``): among tasks of equal base priority, the
+        claim takes fair tasks so as to even out their keys' claimed and running counts
+        (``contend.domain.limits.fair_order``), looking at the heads of up to ``FAIR_KEYS``
+        keys of a queue per claim. ``peek`` shows the same order."""
 
     async def steal(
         self,

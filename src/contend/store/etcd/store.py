@@ -21,11 +21,11 @@ from contend.store.etcd.owner import Owned, OwnerWrites
 from contend.store.etcd.retention import Retention
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
-from contend.store.etcd.submit import Submitter
+from contend.store.etcd.submit import PROMISES, Submitter
 from contend.store.etcd.transactions import Transactions
 from contend.store.etcd.txn import absent, get, put
 from contend.store.etcd.watch import Changes
-from contend.store.port import Promises, Store
+from contend.store.port import Store
 
 #: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
 SCHEMA_VERSION = 4
@@ -39,11 +39,7 @@ class EtcdStore:
     is the method of the part that does it (the table at the end of ``__init__``); the parts
     share one connection (``_etcd``), the key layout (``_keys``) and the clock."""
 
-    #: A submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in
-    #: tasks without dependencies); only a single task is promised to be written all or none.
-    #: A task's own transaction is one Txn with its completion (transactions.py). Claims keep
-    #: concurrency limits (claims.py, holder keys n/).
-    promises = Promises(atomic_submit=1, transactions=True, concurrency_limits=True)
+    promises = PROMISES  # submit.py
 
     def __init__(
         self,

@@ -13,13 +13,13 @@ from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState
 from contend.domain.transitions import Birth
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, sort_out
+from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending
 from contend.store.etcd.record import INLINE_MAX, Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import WRITE_RETRIES, absent, mod_is, put
-from contend.store.port import Submitted
+from contend.store.port import Promises, Submitted
 
 #: One task's part of a submission: (its id, compares, operations).
 Group = tuple[str, list[Any], list[Any]]
@@ -79,6 +79,14 @@ def new_record(
     )
 
 
+#: What this backend keeps (``Store.promises``); submit refuses what it does not. A
+#: submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in tasks
+#: without dependencies); only a single task is promised to be written all or none. A task's
+#: own transaction is one Txn with its completion (transactions.py). Claims keep
+#: concurrency limits (claims.py, holder keys n/).
+PROMISES = Promises(atomic_submit=1, transactions=True, concurrency_limits=True)
+
+
 class Submitter:
     def __init__(
         self, etcd: Etcd, keys: Keys, clock: Callable[[], float], touch: Callable[[], None]
@@ -89,6 +97,7 @@ class Submitter:
         self._touch = touch
 
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
+        refuse_limits(specs, "etcd", PROMISES)
         landed: set[str] = set()
         for _ in range(WRITE_RETRIES):
             out = await self._try(specs, landed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from contend.domain.task import (
@@ -148,11 +148,14 @@ class TaskIndex:
         ids: Collection[str] | None = None,
         tasks: Mapping[str, Row] | None = None,
         without: Collection[str] = (),
+        order: Callable[[list[str]], list[str]] | None = None,
     ) -> list[str]:
         """Up to *limit* ids of due pending tasks *caps* can run, of *types* (None: any) and
-        among *ids* (None: any) and not in *without*: best first by (−effective priority, run_at, id), except that
-        up to *low_lane* of them are the low lane's (the due longest below the top base
-        priority: Store.claim; that part scans every due task, and needs *tasks*)."""
+        among *ids* (None: any) and not in *without*: best first by (−effective priority,
+        run_at, id), except that up to *low_lane* of them are the low lane's (the due longest
+        below the top base priority: Store.claim; that part scans every due task, and needs
+        *tasks*). *order*, given, reorders the best (fair share) and puts the lane's first, so
+        that a caller who admits only some (limits) still gives the lane its share."""
         groups = self._runnable(queues, caps, types)
         if limit <= 0 or not groups:
             return []
@@ -162,6 +165,11 @@ class TaskIndex:
             merged = (key for key in merged if key[2] in ids)
         if without:
             merged = (key for key in merged if key[2] not in without)
+        if order is not None:
+            everything = list(merged)
+            lane = _lane(everything, tasks, min(low_lane, limit)) if low_lane and tasks else set()
+            rest = order([key[2] for key in everything if key not in lane])
+            return [*(key[2] for key in sorted(lane)), *rest][:limit]
         if not low_lane or tasks is None:
             return [key[2] for _, key in zip(range(limit), merged, strict=False)]
         everything = list(merged)

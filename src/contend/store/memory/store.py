@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 
 from contend.domain import auction
 from contend.domain import transitions as rules
-from contend.domain.limits import admit
+from contend.domain.limits import FairCandidate, Rate, admit, fair_order, rooms, spend
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
@@ -65,7 +65,9 @@ class MemoryStore:
 
     #: One process: every submission is atomic. A task's transaction reads and writes the
     #: store's key-value space (``value()``), without a lock: a conflict is found at commit.
-    promises = Promises(transactions=True, concurrency_limits=True)
+    promises = Promises(
+        transactions=True, concurrency_limits=True, rate_limits=True, fair_share=True
+    )
 
     def __init__(
         self,
@@ -87,6 +89,8 @@ class MemoryStore:
         self._done_times: list[float] = []
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
         self._keyed = 0  # tasks ever submitted with a limit key: none, and claims need not look
+        self._fair = 0  # of them, with fair share
+        self._rates: dict[str, tuple[Rate, float | None]] = {}  # rate key -> (rate, its tat)
         self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
@@ -161,6 +165,11 @@ class MemoryStore:
             left = birth.waits_on
             row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
             self._keyed += spec.limit_key is not None
+            self._fair += spec.fair
+            if spec.rate_limit is not None and spec.limit_key is not None:
+                # a key's rate is the one its latest submission declared; its state stays
+                known = self._rates.get(spec.limit_key)
+                self._rates[spec.limit_key] = (spec.rate_limit, known[1] if known else None)
             row.aged = spec.priority
             row.promote_at = next_promotion(spec.priority, spec.priority, now)
             row.error = birth.error_json
@@ -244,8 +253,9 @@ class MemoryStore:
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
+        order = self._fair_order(self._limit_holders() or {}) if self._fair else None
         chosen = self._index.claimable(
-            queues, capabilities, now, limit, low_lane, types, tasks=self._tasks
+            queues, capabilities, now, limit, low_lane, types, tasks=self._tasks, order=order
         )
         return [view_of(tid, self._tasks[tid]) for tid in chosen]
 
@@ -280,11 +290,17 @@ class MemoryStore:
             ids=wanted,
             tasks=self._tasks,
             without=self._held_back(expert, now),
+            order=None if held is None else self._fair_order(held),
         )
-        if held is not None:  # keyed tasks pending: keep their concurrency limits
+        if held is not None:  # keyed tasks pending: keep their limits
             rows = self._tasks
             picks = ((t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen)
-            chosen = admit(picks, held, limit)
+            # a key's rate holds back every task of the key, as its concurrency limit does
+            keys = {rows[t].spec.limit_key for t in chosen}
+            rated = {k: v for k, v in self._rates.items() if k in keys}
+            chosen = admit(picks, held, limit, rooms(rated, now))
+            spent = spend((rows[t].spec.limit_key for t in chosen), rated, now)
+            self._rates.update((k, (rated[k][0], tat)) for k, tat in spent.items())
         outcome = rules.claimed(expert, start=start)
         return [
             self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)
@@ -372,6 +388,27 @@ class MemoryStore:
             if key is not None:
                 held[key] = held.get(key, 0) + 1
         return held
+
+    def _fair_order(self, held: dict[str, int]) -> Callable[[list[str]], list[str]]:
+        """Claim order with fair share among the keys of fair tasks (None: no fair task)."""
+        if not self._fair:
+            return lambda ids: ids
+        rows = self._tasks
+
+        def order(ids: list[str]) -> list[str]:
+            heads = (
+                FairCandidate(
+                    t,
+                    rows[t].spec.limit_key if rows[t].spec.fair else None,
+                    rows[t].spec.priority,
+                    rows[t].aged,
+                    rows[t].run_at,
+                )
+                for t in ids
+            )
+            return fair_order(heads, held, len(ids))
+
+        return order
 
     def _held_back(self, expert: str, now: float) -> set[str]:
         """The tasks whose auction does not let *expert* claim yet."""

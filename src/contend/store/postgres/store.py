@@ -8,7 +8,6 @@ from collections.abc import Callable
 from contend.domain.task import Task
 from contend.store._common import bind
 from contend.store.port import (
-    Promises,
     Store,
 )
 from contend.store.postgres import (
@@ -35,7 +34,7 @@ class PostgresStore:
 
     #: One transaction per submission, whatever its size; a task's own transaction on a
     #: connection of the same database (transactions.py).
-    promises = Promises(transactions=True, concurrency_limits=True)
+    promises = submission.PROMISES
 
     def __init__(
         self,

@@ -15,8 +15,8 @@ import psycopg.errors
 from contend.domain import transitions as rules
 from contend.domain.task import TaskSpec, TaskState, next_promotion
 from contend.errors import StoreError
-from contend.store._common import check_batch_dependencies, sort_out
-from contend.store.port import Submitted
+from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
+from contend.store.port import Promises, Submitted
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.rows import req_json
 
@@ -46,10 +46,14 @@ _SUBMIT_COLUMNS = {
     "born_detail": "text",
 }
 
+#: What this backend keeps (``Store.promises``); submit refuses what it does not.
+PROMISES = Promises(transactions=True, concurrency_limits=True)
+
 
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
     if not specs:
         return []
+    refuse_limits(specs, "PostgreSQL", PROMISES)
     # A batch with no keys and no dependencies reads nothing first: its one statement is
     # atomic on its own, without the round trips of an explicit transaction.
     simple = all(s.key is None and not s.depends_on for s in specs)

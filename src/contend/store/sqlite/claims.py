@@ -8,13 +8,20 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from contend.domain import transitions as rules
-from contend.domain.limits import admit
+from contend.domain.limits import FairCandidate, admit, fair_order, rooms
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, MAX_PRIORITY, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.sqlite.auctions import held_back
 from contend.store.sqlite.connection import Database
+from contend.store.sqlite.limits import (
+    fair_heads,
+    has_fair,
+    rate_states,
+    spend_rates,
+    throttled,
+)
 from contend.store.sqlite.outcomes import attempts_sql
 from contend.store.sqlite.rows import claimed_from_row, insert_events, load
 from contend.store.sqlite.sessions import check_session
@@ -137,6 +144,45 @@ def _lane(
     return [tid for _, tid, p in sorted(h for h in heads if h[2] < top)[:n]]
 
 
+def _fair(
+    db: Database,
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    types: Collection[str] | None,
+    want: int,
+    without: Sequence[str] = (),
+    full: Sequence[str] = (),
+) -> list[str] | None:
+    """Where *queues* hold fair tasks, the *want* ids a claim takes, in fair order: each fair
+    key's heads (:func:`~contend.store.sqlite.limits.fair_heads`) and the best of the tasks
+    without a fair key (looked for among the best few, so that a long fair backlog costs no
+    scan), ranked by ``contend.domain.limits.fair_order``. None: no fair task, plain order."""
+    conn = db.conn
+    if want <= 0 or not has_fair(conn, queues):
+        return None
+    n = None if ids is None else len(ids)
+    extra = (now, *(ids or ()), *(types or ()), *without, *full)
+    one = _where(["x"], n, types, len(without), len(full))
+    heads = [
+        h
+        for queue in dict.fromkeys(queues)
+        for h in fair_heads(conn, queue, one, extra, want, db.fair_cursor)
+    ]
+    where = _where(queues, n, types, len(without), len(full))
+    heads += (
+        FairCandidate(r[0], None, r[1], r[2], r[3])
+        for r in conn.execute(
+            f"SELECT id, priority, eff_priority, run_at FROM (SELECT id, fair_key, priority, "
+            f"eff_priority, run_at FROM tasks INDEXED BY tasks_claimable WHERE {where} "
+            "ORDER BY eff_priority DESC, run_at, id LIMIT ?) WHERE fair_key IS NULL",
+            (*queues, *extra, want + 64),
+        )
+    )
+    running = _holders(conn, {h.key for h in heads if h.key is not None})
+    return fair_order(heads, running, want)
+
+
 def _types(types: Collection[str] | None) -> list[str] | None:
     return None if types is None else list(dict.fromkeys(types))
 
@@ -160,8 +206,10 @@ async def peek(
     def run() -> list[TaskView]:
         db.caps = capabilities
         chosen = _lane(db.conn, queues, now, None, kinds, lane) if lane else []
-        inner = _claimable_sql(queues, None, kinds, len(chosen))
-        params = _claimable_params(queues, now, None, kinds, limit, chosen)
+        fair = _fair(db, queues, now, None, kinds, limit - len(chosen), chosen)
+        n = None if fair is None else len(fair)
+        inner = _claimable_sql(queues, n, kinds, len(chosen))
+        params = _claimable_params(queues, now, fair, kinds, limit, chosen)
         rows = db.conn.execute(
             f"SELECT id, type, queue, priority, requirements, created_at FROM tasks "
             f"WHERE {inner} ORDER BY eff_priority DESC, run_at, id",
@@ -201,15 +249,18 @@ async def claim(
             return []
         db.caps = capabilities
         held = held_back(conn, expert, now)  # the auctions' order, kept here
-        full = _full_keys(conn)  # limit keys at their concurrency limit
+        # limit keys at their concurrency limit, and rate keys with no room now
+        full = list(dict.fromkeys([*_full_keys(conn), *throttled(conn, now)]))
         lane = (
             _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held, full)
             if low_lane
             else []
         )
-        n = None if ids is None else len(ids)
+        fair = _fair(db, queues, now, ids, kinds, limit - len(lane), [*held, *lane], full)
+        named = ids if fair is None else fair
+        n = None if named is None else len(named)
         inner = _claimable_sql(queues, n, kinds, len(lane), len(held), len(full))
-        params = _claimable_params(queues, now, ids, kinds, limit, lane, held, full)
+        params = _claimable_params(queues, now, named, kinds, limit, lane, held, full)
         update = (
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE "
@@ -217,20 +268,30 @@ async def claim(
         head = (str(outcome.state), expert, now + ttl, now)
         conn.execute("SAVEPOINT contend_claim")
         rows = conn.execute(update + inner + RETURNING, (*head, *params)).fetchall()
-        if any(r[12] is not None for r in rows) and _over(conn, rows):
+        rates = rate_states(conn, {r[12] for r in rows})
+        if any(r[12] is not None for r in rows) and (
+            _over(conn, rows) or _over_rate(rows, rates, now)
+        ):
             # two of one key in this claim: take them again one key's room at a time
             conn.execute("ROLLBACK TO contend_claim")
             where = _where(queues, n, kinds, len(held), len(full))
             picks = conn.execute(
                 f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY tasks_claimable "
                 f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
-                (*queues, now, *(ids or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
+                (*queues, now, *(named or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
             ).fetchall()
-            chosen = admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
+            if lane or fair is not None:  # keep the lane's and the fair order
+                first = {tid: i for i, tid in enumerate([*lane, *(fair or ())])}
+                picks.sort(key=lambda p: first.get(p[0], len(first)))
+            keys = {p[1] for p in picks if p[1]}
+            rates = rate_states(conn, keys)
+            chosen = admit(picks, _holders(conn, keys), limit, rooms(rates, now))
             rows = conn.execute(
                 update + f"id IN ({','.join('?' * len(chosen))}) " + RETURNING, (*head, *chosen)
             ).fetchall()
         conn.execute("RELEASE contend_claim")
+        if rates:
+            spend_rates(conn, rates, (r[12] for r in rows), now)
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         return [claimed_from_row(r, now + ttl) for r in rows]
@@ -269,6 +330,20 @@ def _holders(conn: sqlite3.Connection, keys: Collection[str]) -> dict[str, int]:
             tuple(keys),
         ).fetchall()
     )
+
+
+def _over_rate(
+    rows: Sequence[tuple[Any, ...]], rates: dict[str, tuple[Any, float | None]], now: float
+) -> bool:
+    """Whether the claim just made took more of a rate key than its rate has room for."""
+    if not rates:
+        return False
+    room = rooms(rates, now)
+    taken: dict[str, int] = {}
+    for r in rows:
+        if r[12] in room:
+            taken[r[12]] = taken.get(r[12], 0) + 1
+    return any(n > room[k] for k, n in taken.items())
 
 
 def _over(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> bool:

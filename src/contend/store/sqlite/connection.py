@@ -53,6 +53,7 @@ class Database:
         self.clock = clock
         self.busy_deadline = busy_deadline
         self.caps = Capabilities()
+        self.fair_cursor: dict[str, str] = {}  # queue -> the fair key a fair claim ended at
         self._where = os.path.abspath(path)  # the same file if the process changes directory
         self.wakeups = Wakeups(idle_poll, f"{self._where}-wal")
         self._db: sqlite3.Connection | None = None

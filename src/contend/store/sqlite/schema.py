@@ -7,7 +7,7 @@ import sqlite3
 from contend.errors import SchemaError
 from contend.store.sqlite.connection import is_busy, not_yet
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
 
 SCHEMA = """
@@ -42,13 +42,18 @@ CREATE TABLE tasks (
     trace TEXT,
     limit_key TEXT,
     limit_max INTEGER,
-    if_failed TEXT
+    if_failed TEXT,
+    rate_interval REAL,
+    rate_burst INTEGER,
+    fair_key TEXT
 );
 CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_limited ON tasks (limit_key)
     WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running');
+CREATE INDEX tasks_fair ON tasks (queue, fair_key, eff_priority DESC, run_at, id)
+    WHERE state = 'pending' AND fair_key IS NOT NULL;
 CREATE INDEX tasks_ageing ON tasks (promote_at) WHERE state = 'pending';
 CREATE INDEX tasks_owned ON tasks (owner) WHERE state IN ('claimed', 'running');
 CREATE INDEX tasks_lease ON tasks (lease_deadline) WHERE state IN ('claimed', 'running');
@@ -68,6 +73,11 @@ CREATE TABLE bids (
     task_id TEXT NOT NULL, expert TEXT NOT NULL, score REAL NOT NULL, at REAL NOT NULL,
     PRIMARY KEY (task_id, expert)
 ) WITHOUT ROWID;
+CREATE TABLE rate_keys (
+    key TEXT PRIMARY KEY, interval REAL NOT NULL, burst INTEGER NOT NULL, tat REAL,
+    full_until REAL
+) WITHOUT ROWID;
+CREATE INDEX rate_keys_full ON rate_keys (full_until) WHERE full_until IS NOT NULL;
 CREATE TABLE experts (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
@@ -107,6 +117,19 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS tasks_limited ON tasks (limit_key) "
         "WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running')",
         "ALTER TABLE tasks ADD COLUMN if_failed TEXT",
+    ),
+    # rate limits (each key's GCRA state in rate_keys) and fair share among limit keys
+    4: (
+        "ALTER TABLE tasks ADD COLUMN rate_interval REAL",
+        "ALTER TABLE tasks ADD COLUMN rate_burst INTEGER",
+        "ALTER TABLE tasks ADD COLUMN fair_key TEXT",
+        "CREATE INDEX IF NOT EXISTS tasks_fair ON tasks "
+        "(queue, fair_key, eff_priority DESC, run_at, id) "
+        "WHERE state = 'pending' AND fair_key IS NOT NULL",
+        "CREATE TABLE IF NOT EXISTS rate_keys (key TEXT PRIMARY KEY, interval REAL NOT NULL, "
+        "burst INTEGER NOT NULL, tat REAL, full_until REAL) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS rate_keys_full ON rate_keys (full_until) "
+        "WHERE full_until IS NOT NULL",
     ),
 }
 

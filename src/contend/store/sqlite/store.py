@@ -37,7 +37,13 @@ class SQLiteStore:
 
     #: One write transaction per submission, whatever its size. A task's transaction holds the
     #: write lock from begin to end (transactions.py).
-    promises = Promises(transactions=True, exclusive_transactions=True, concurrency_limits=True)
+    promises = Promises(
+        transactions=True,
+        exclusive_transactions=True,
+        concurrency_limits=True,
+        rate_limits=True,
+        fair_share=True,
+    )
 
     def __init__(
         self,

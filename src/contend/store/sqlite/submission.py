@@ -103,16 +103,29 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 spec.limit_key,
                 spec.concurrency_limit,
                 json.dumps(list(spec.if_failed)) if spec.if_failed else None,
+                None if spec.rate_limit is None else spec.rate_limit.interval,
+                None if spec.rate_limit is None else spec.rate_limit.burst,
+                spec.limit_key if spec.fair else None,
             )
         )
         dep_rows.extend((d, spec.id) for d in birth.waits_on)
     conn.executemany(
         "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
         "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
-        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max, if_failed) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max, if_failed, "
+        "rate_interval, rate_burst, fair_key) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
+    rates = {s.limit_key: s.rate_limit for s in fresh if s.rate_limit and s.limit_key}
+    if rates:
+        # a key's rate is the one its latest submission declared; its state (tat) stays
+        conn.executemany(
+            "INSERT INTO rate_keys (key, interval, burst) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET interval = excluded.interval, "
+            "burst = excluded.burst, full_until = tat - (excluded.burst - 1) * excluded.interval",
+            [(k, r.interval, r.burst) for k, r in rates.items()],
+        )
     insert_events(conn, events)
     if dep_rows:
         conn.executemany("INSERT INTO task_deps (dep_id, task_id) VALUES (?, ?)", dep_rows)
