@@ -262,12 +262,20 @@ async def with_store(
     """Open the store that ``--store``/``--app`` name, run ``fn`` on it, close it. These
     commands read or manage what is there: a store that does not exist yet is not created
     (a 0-byte file stays 0 bytes), it is refused with SchemaError."""
+    return await with_app_store(args, lambda store, _app: fn(store))
+
+
+async def with_app_store(
+    args: argparse.Namespace, fn: Callable[[Store, App | None], Coroutine[Any, Any, int]]
+) -> int:
+    """:func:`with_store` for a command that also reads the ``--app`` it was given (None
+    without one): ``status`` shows that app's pipelines."""
     from contend.store.registry import open_store
 
     app = load_app(args.app) if getattr(args, "app", None) else None
     store = await open_store(resolve_store_url(args, app), create=False)
     try:
-        return await fn(store)
+        return await fn(store, app)
     finally:
         await store.close()
 

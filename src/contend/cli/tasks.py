@@ -25,6 +25,8 @@ from contend.store.port import Store
 
 #: How long a task id is (``contend.domain.task.new_task_id``).
 ID_LENGTH = 28
+#: The most dependants ``tasks show`` lists (a fan-out of thousands would bury the rest).
+CHILDREN_SHOWN = 100
 
 # The fields of a task in ``list --json`` and in the answer of ``retry``/``cancel --json``.
 SUMMARY_FIELDS = (
@@ -159,9 +161,13 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         data = task.to_json()
         why = await diagnose(store, task)
         parents = [await _parent(store, task, pid) for pid in task.depends_on]
+        found = await store.dependants(task.id, limit=CHILDREN_SHOWN + 1)
+        children = [_child(t, task.id) for t in found[:CHILDREN_SHOWN]]
         if args.json:
             data["why_not_running"] = None if why is None else why.to_json()
             data["parents"] = parents
+            data["children"] = children
+            data["more_children"] = len(found) > CHILDREN_SHOWN
             print_json(data)
             return 0
         now = await store.now()
@@ -180,6 +186,7 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
                     f"               {p['id']}  {p['type'] or '?':<16} {p['state']:<10}"
                     f" if failed: {p['if_failed']}"
                 )
+        _print_children(children, more=len(found) > CHILDREN_SHOWN)
         if task.progress is not None:
             print(f"{'progress':>13}: {progress_text(task.progress)}")
         for k in ("result", "error", "checkpoint"):
@@ -207,6 +214,29 @@ async def _parent(store: Store, task: Task, task_id: str) -> dict[str, str | Non
     except TaskNotFound:
         return {"id": task_id, "type": None, "state": "gone", "if_failed": choice}
     return {"id": task_id, "type": parent.type, "state": str(parent.state), "if_failed": choice}
+
+
+def _child(child: Task, task_id: str) -> dict[str, str | None]:
+    """A task that depends on *task_id*, and what its edge does if *task_id* does not succeed."""
+    return {
+        "id": child.id,
+        "type": child.type,
+        "state": str(child.state),
+        "if_failed": child.if_failed_of(task_id),
+    }
+
+
+def _print_children(children: list[dict[str, str | None]], *, more: bool) -> None:
+    if not children:
+        return
+    print(f"{'needed by':>13}:")
+    for c in children:
+        print(
+            f"               {c['id']}  {c['type']:<16} {c['state']:<10}"
+            f" if this fails: {c['if_failed']}"
+        )
+    if more:
+        print(f"               (the first {CHILDREN_SHOWN} by id; more depend on it)")
 
 
 async def _manage(args: argparse.Namespace, action: str) -> int:

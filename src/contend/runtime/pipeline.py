@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from contend.domain.task import JSON, TaskSpec
+from contend.domain.task import JSON, TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError, shown
 from contend.runtime.clock import Clock
-from contend.store.port import Store
+from contend.store.port import Store, StoreStats
 
 if TYPE_CHECKING:
     from contend.runtime.app import App, TaskHandle, TaskType
@@ -237,3 +237,68 @@ class Gate:
                 self.closed.add(up)
                 log.info("back-pressure: %s waits (%s holds %d > %d)", up, down, pending, limit)
         self._read_at = self.clock.monotonic()
+
+
+#: The window of a stage's rate, seconds: what ``StoreStats.done_by_queue`` counts.
+RATE_WINDOW = 60.0
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage as ``contend status`` shows it: its backlog and its rate, read from one
+    :meth:`Store.stats` (no store call of its own, so every backend gives it)."""
+
+    pipeline: str
+    stage: str  # the stage's task type
+    queue: str
+    pending: int  # in its queue, due or not
+    running: int  # claimed or running
+    done_last_minute: int  # succeeded in the last RATE_WINDOW seconds
+    failed: int  # failed or dead, ever (until pruned)
+    held: bool  # the next stage's queue holds more than the limit: back-pressure
+
+    @property
+    def rate(self) -> float:
+        """Tasks done a second over the last minute."""
+        return self.done_last_minute / RATE_WINDOW
+
+    @property
+    def backlog(self) -> int:
+        return self.pending + self.running
+
+    def to_json(self) -> dict[str, JSON]:
+        return {
+            "stage": self.stage,
+            "queue": self.queue,
+            "pending": self.pending,
+            "running": self.running,
+            "backlog": self.backlog,
+            "done_last_minute": self.done_last_minute,
+            "rate_per_s": self.rate,
+            "failed": self.failed,
+            "held": self.held,
+        }
+
+
+def stage_stats(pipeline: Pipeline, stats: StoreStats) -> list[StageStats]:
+    """Each stage of *pipeline*, first to last, from *stats*. ``held`` reads the next queue's
+    pending count against the limit: the gate's own test, without its hysteresis."""
+    queues = pipeline.queues
+    counts = [stats.counts.get(q, {}) for q in queues]
+    out = []
+    for n, (stage, queue) in enumerate(zip(pipeline.stages, queues, strict=True)):
+        c = counts[n]
+        nxt = counts[n + 1] if n + 1 < len(queues) else {}
+        out.append(
+            StageStats(
+                pipeline=pipeline.name,
+                stage=stage,
+                queue=queue,
+                pending=c.get(TaskState.PENDING, 0),
+                running=c.get(TaskState.CLAIMED, 0) + c.get(TaskState.RUNNING, 0),
+                done_last_minute=stats.done_by_queue.get(queue, 0),
+                failed=c.get(TaskState.FAILED, 0) + c.get(TaskState.DEAD, 0),
+                held=nxt.get(TaskState.PENDING, 0) > pipeline.limit,
+            )
+        )
+    return out

@@ -216,6 +216,9 @@ class StoreStats:
     experts: list[ExpertRecord]
     done_last_minute: int
     oldest_pending_age: float | None
+    #: queue -> tasks that succeeded in the last minute (the split of ``done_last_minute``),
+    #: so that each stage of a pipeline has its own rate; queues without any are left out.
+    done_by_queue: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JSON]:
         attempts = sum(e.claim_attempts for e in self.experts)
@@ -225,6 +228,7 @@ class StoreStats:
             "queues": self.counts,
             "experts": [e.to_json() for e in self.experts],
             "throughput_per_s": self.done_last_minute / 60.0,
+            "done_last_minute_by_queue": dict(self.done_by_queue),
             "oldest_pending_age": self.oldest_pending_age,
             "competition": {
                 "claim_attempts": attempts,
@@ -315,6 +319,12 @@ class Store(Protocol):
         queue: str | None = None,
         limit: int = 100,
     ) -> list[Task]: ...
+
+    async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
+        """The tasks that name *task_id* among their dependencies, whatever their state (the
+        edges a task waits on are gone once that dependency ends; ``depends_on`` keeps them),
+        by id, at most *limit*. ``[]`` for a task that none depends on, or that is not there.
+        For people and tools (``contend tasks show``): it may read every task."""
 
     async def stats(self) -> StoreStats: ...
 

@@ -55,14 +55,28 @@ class Inspection:
         self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
     ) -> list[Task]:
         check_limit(limit)
+        want = None if state is None else str(TaskState(state))
+        return await self._tasks_where(
+            lambda rec: (
+                (want is None or rec.state == want) and (queue is None or rec.queue == queue)
+            ),
+            limit,
+        )
+
+    async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
+        """A scan: the ``w/`` edges name a task's waiters only until it ends."""
+        check_limit(limit)
+        return await self._tasks_where(lambda rec: task_id in rec.depends_on, limit)
+
+    async def _tasks_where(self, keep: Callable[[Record], bool], limit: int) -> list[Task]:
+        """The first *limit* tasks by id whose record *keep* accepts, payloads read."""
         if not limit:
             return []
-        want = None if state is None else str(TaskState(state))
-        recs: list[Record] = []
-        for kv in await self._etcd.scan(self._keys.k("t", "")):
-            rec = Record.loads(kv.value)
-            if (want is None or rec.state == want) and (queue is None or rec.queue == queue):
-                recs.append(rec)
+        recs = [
+            rec
+            for kv in await self._etcd.scan(self._keys.k("t", ""))
+            if keep(rec := Record.loads(kv.value))
+        ]
         recs.sort(key=lambda r: r.id)
         recs = recs[:limit]
         data = await read_payloads(self._etcd, self._keys, recs)
@@ -95,17 +109,18 @@ class Inspection:
     async def stats(self) -> StoreStats:
         now = self._clock()
         counts: dict[str, dict[str, int]] = {}
-        done = 0
+        done: dict[str, int] = {}
         oldest: float | None = None
         for _, queue, state, updated_at, run_at in await self._stat_rows():
             q = counts.setdefault(queue, {})
             q[state] = q.get(state, 0) + 1
             if state == TaskState.SUCCEEDED and updated_at > now - 60:
-                done += 1
+                done[queue] = done.get(queue, 0) + 1
             elif state == TaskState.PENDING and run_at <= now:
                 age = now - run_at
                 oldest = age if oldest is None else max(oldest, age)
-        return StoreStats(now, counts, await self._sessions.experts(), done, oldest)
+        experts = await self._sessions.experts()
+        return StoreStats(now, counts, experts, sum(done.values()), oldest, done)
 
     async def _stat_rows(self) -> list[_Row]:
         """(revisions, queue, state, updated_at, run_at) of every task, for stats(). Polled

@@ -80,6 +80,7 @@ class EtcdStore:
         self.submit = Submitter(etcd, keys, clock, touch).submit  # submit.py
         self.get = inspection.get  # inspection.py
         self.list_tasks = inspection.list_tasks
+        self.dependants = inspection.dependants
         self.stats = inspection.stats
         self.peek = inspection.peek
         self.next_due = inspection.next_due

@@ -86,7 +86,7 @@ class MemoryStore:
         self._changed = asyncio.Event()
         self._version = 0
         self._seen = 0
-        self._done_times: list[float] = []
+        self._done_times: list[tuple[float, str]] = []  # (when, queue) of each success
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
         self._keyed = 0  # tasks ever submitted with a limit key: none, and claims need not look
         self._fair = 0  # of them, with fair share
@@ -131,7 +131,7 @@ class MemoryStore:
         row.updated_at = now
         record_event(row, now, outcome, row.fence)
         if outcome.state == TaskState.SUCCEEDED:
-            self._done_times.append(now)
+            self._done_times.append((now, row.spec.queue))
         if outcome.ends and settle:
             self._settle_dependents(tid, now)
 
@@ -211,6 +211,11 @@ class MemoryStore:
                 out.append(task_of(tid, row))
         return out
 
+    async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
+        check_limit(limit)
+        found = sorted(tid for tid, row in self._tasks.items() if task_id in row.spec.depends_on)
+        return [task_of(tid, self._tasks[tid]) for tid in found[:limit]]
+
     async def stats(self) -> StoreStats:
         now = self._clock()
         counts: dict[str, dict[str, int]] = {}
@@ -221,8 +226,12 @@ class MemoryStore:
             if row.state == P and row.run_at <= now:
                 age = now - row.run_at
                 oldest = age if oldest is None else max(oldest, age)
-        self._done_times = [t for t in self._done_times if t > now - 60]
-        return StoreStats(now, counts, await self.list_experts(), len(self._done_times), oldest)
+        self._done_times = [(t, q) for t, q in self._done_times if t > now - 60]
+        done: dict[str, int] = {}
+        for _, queue in self._done_times:
+            done[queue] = done.get(queue, 0) + 1
+        experts = await self.list_experts()
+        return StoreStats(now, counts, experts, len(self._done_times), oldest, done)
 
     async def list_experts(self) -> list[ExpertRecord]:
         now = self._clock()

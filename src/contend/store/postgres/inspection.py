@@ -58,29 +58,52 @@ async def list_tasks(
     return await db.run(run, tx=False)
 
 
+async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Task]:
+    """A scan: no index names a task's dependants once its edges (``task_deps``) are gone."""
+    check_limit(limit)
+    sql = db.sql(
+        f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks WHERE %s = ANY(depends_on) ORDER BY id LIMIT %s"
+    )
+
+    async def run(cur: Cursor) -> list[Task]:
+        await cur.execute(sql, (task_id, limit))
+        return [row_to_task(r) for r in await cur.fetchall()]
+
+    return await db.run(run, tx=False)
+
+
 async def stats(db: Database) -> StoreStats:
-    async def run(cur: Cursor) -> tuple[float, dict[str, dict[str, int]], int, float | None]:
+    async def run(
+        cur: Cursor,
+    ) -> tuple[float, dict[str, dict[str, int]], dict[str, int], float | None]:
         await cur.execute(
             db.sql(
                 "SELECT {now}, "
-                "(SELECT count(*) FROM {s}.tasks WHERE state = 'succeeded' "
-                " AND updated_at > {now} - 60), "
                 "(SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending' "
                 " AND run_at <= {now})"
             ),
             db.params(),
         )
-        now, done, oldest = one(await cur.fetchone())
+        now, oldest = one(await cur.fetchone())
+        await cur.execute(
+            db.sql(
+                "SELECT queue, count(*) FROM {s}.tasks WHERE state = 'succeeded' "
+                "AND updated_at > {now} - 60 GROUP BY queue"
+            ),
+            db.params(),
+        )
+        done = {queue: int(n) for queue, n in await cur.fetchall()}
         await cur.execute(
             db.sql("SELECT queue, state, count(*) FROM {s}.tasks GROUP BY queue, state")
         )
         counts: dict[str, dict[str, int]] = {}
         for queue, state, n in await cur.fetchall():
             counts.setdefault(queue, {})[state] = int(n)
-        return now, counts, int(done), (None if oldest is None else now - oldest)
+        return now, counts, done, (None if oldest is None else now - oldest)
 
     now, counts, done, oldest = await db.run(run)
-    return StoreStats(now, counts, await list_experts(db), done, oldest)
+    experts = await list_experts(db)
+    return StoreStats(now, counts, experts, sum(done.values()), oldest, done)
 
 
 async def list_experts(db: Database) -> list[ExpertRecord]:

@@ -52,8 +52,23 @@ async def list_tasks(
     return [row_to_task(r) for r in rows]
 
 
+async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Task]:
+    """A scan of the tasks that have dependencies (no index names a task's dependants once
+    the edges are gone); ``instr`` skips most rows before their JSON is parsed."""
+    check_limit(limit)
+    sql = (
+        f"SELECT {TASK_COLUMNS} FROM tasks WHERE depends_on IS NOT NULL "
+        "AND instr(depends_on, ?) > 0 "
+        "AND EXISTS (SELECT 1 FROM json_each(tasks.depends_on) WHERE value = ?) "
+        "ORDER BY id LIMIT ?"
+    )
+    needle = json.dumps(task_id)[1:-1]
+    rows = await db.retry(lambda: db.conn.execute(sql, (needle, task_id, limit)).fetchall())
+    return [row_to_task(r) for r in rows]
+
+
 async def stats(db: Database) -> StoreStats:
-    def run() -> tuple[float, dict[str, dict[str, int]], int, float | None]:
+    def run() -> tuple[float, dict[str, dict[str, int]], dict[str, int], float | None]:
         conn = db.conn
         now = db.clock()
         counts: dict[str, dict[str, int]] = {}
@@ -61,17 +76,21 @@ async def stats(db: Database) -> StoreStats:
             "SELECT queue, state, count(*) FROM tasks GROUP BY queue, state"
         ):
             counts.setdefault(queue, {})[state] = n
-        done = conn.execute(
-            "SELECT count(*) FROM tasks WHERE state = 'succeeded' AND updated_at > ?",
-            (now - 60,),
-        ).fetchone()[0]
+        done = dict(
+            conn.execute(
+                "SELECT queue, count(*) FROM tasks WHERE state = 'succeeded' AND updated_at > ? "
+                "GROUP BY queue",
+                (now - 60,),
+            ).fetchall()
+        )
         oldest = conn.execute(
             "SELECT min(run_at) FROM tasks WHERE state = 'pending' AND run_at <= ?", (now,)
         ).fetchone()[0]
         return now, counts, done, (None if oldest is None else now - oldest)
 
     now, counts, done, oldest = await db.retry(run)
-    return StoreStats(now, counts, await list_experts(db), done, oldest)
+    experts = await list_experts(db)
+    return StoreStats(now, counts, experts, sum(done.values()), oldest, done)
 
 
 async def list_experts(db: Database) -> list[ExpertRecord]:

@@ -71,6 +71,7 @@ class SQLiteStore:
         self.submit = bind(submission.submit, db)  # submission.py
         self.get = bind(inspection.get, db)  # inspection.py
         self.list_tasks = bind(inspection.list_tasks, db)
+        self.dependants = bind(inspection.dependants, db)
         self.stats = bind(inspection.stats, db)
         self.list_experts = bind(inspection.list_experts, db)
         self.backlog = bind(inspection.backlog, db)

@@ -152,3 +152,32 @@ async def test_edges_without_a_choice_fail(harness: Harness) -> None:
     task = await s.get(b.id)
     assert task.if_failed == () and task.if_failed_of(a.id) == "fail"
     assert task.to_json()["if_failed"] == ["fail"]
+
+
+async def test_dependants_lists_the_tasks_that_name_a_task_before_and_after_it_ends(
+    harness: Harness,
+) -> None:
+    """A diamond a -> (b, c) -> d, and e on both a and d: a task's dependants are found
+    whatever their state, and still after the dependency ended and its edges were settled."""
+    s = harness.store
+    a = spec("a")
+    b = spec("b", depends_on=[a.id], if_failed=["run"])
+    c = spec("c", depends_on=[a.id])
+    d = spec("d", depends_on=[b.id, c.id], if_failed=["fail", "cancel"])
+    e = spec("e", depends_on=[d.id, a.id])
+    await s.submit([a, b, c, d, e])
+    found = await s.dependants(a.id)
+    assert [t.id for t in found] == sorted([b.id, c.id, e.id])
+    assert {t.id: t.state for t in found} == {b.id: W, c.id: W, e.id: W}
+    assert {t.id: t.if_failed_of(a.id) for t in found} == {b.id: "run", c.id: "fail", e.id: "fail"}
+    assert [t.id for t in await s.dependants(a.id, limit=2)] == sorted([b.id, c.id, e.id])[:2]
+    assert [t.id for t in await s.dependants(d.id)] == [e.id]
+    assert await s.dependants(e.id) == []
+    assert await s.dependants("no-such-task") == []
+    ex = await join(harness)
+    ca = await ex.claim_one(task_ids=[a.id])
+    assert await ex.write("complete", a.id, ca.fence) is None
+    after = await s.dependants(a.id)
+    assert {t.id: t.state for t in after} == {b.id: P, c.id: P, e.id: W}
+    assert {t.id for t in await s.dependants(c.id)} == {d.id}
+    assert (await s.dependants(c.id))[0].if_failed_of(c.id) == "cancel"

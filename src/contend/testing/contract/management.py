@@ -125,6 +125,30 @@ async def test_stats_counts_tasks_by_queue_and_state(harness: Harness) -> None:
     assert stats.now == harness.at(await s.now())
 
 
+async def test_stats_splits_the_last_minute_by_queue(harness: Harness) -> None:
+    """``done_by_queue`` is ``done_last_minute`` queue by queue (a pipeline stage's rate)."""
+    s = harness.store
+    a1, a2, b1, b2 = spec(queue="a"), spec(queue="a"), spec(queue="b"), spec(queue="b")
+    await s.submit([a1, a2, b1, b2, spec(queue="c")])
+    e = await join(harness)
+    for t in (a1, a2, b1):
+        c = await e.claim_one(queues=[t.queue], task_ids=[t.id])
+        assert await e.write("complete", t.id, c.fence) is None
+    stats = await s.stats()
+    assert stats.done_by_queue == {"a": 2, "b": 1}
+    assert stats.done_last_minute == 3
+    assert stats.to_json()["done_last_minute_by_queue"] == {"a": 2, "b": 1}
+    await harness.advance(45)
+    e2 = await join(harness, "e2")
+    c = await e2.claim_one(queues=["b"], task_ids=[b2.id])
+    assert await e2.write("complete", b2.id, c.fence) is None
+    assert (await s.stats()).done_by_queue == {"a": 2, "b": 2}
+    await harness.advance(30)
+    stats = await s.stats()
+    assert stats.done_by_queue == {"b": 1}
+    assert stats.done_last_minute == 1
+
+
 async def test_stats_done_last_minute_forgets_older_commits(harness: Harness) -> None:
     s = harness.store
     a, b = spec(), spec()
