@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 from collections import deque
 from collections.abc import Collection, Mapping
 from enum import StrEnum
@@ -63,6 +64,10 @@ def _below_top(views: list[TaskView]) -> list[TaskView]:
     """The candidates below the highest base priority among *views*: the low lane's."""
     top = max((v.priority for v in views), default=0)
     return [v for v in views if v.priority < top]
+
+
+#: An expert held back by a rate limit looks again at most this often.
+RATE_POLL_MIN = 0.005
 
 
 class ClaimLoop:
@@ -115,6 +120,11 @@ class ClaimLoop:
         self._lane_credit = 0.0
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
+        #: The shortest interval of the rate limits of its task types: how soon to look again
+        #: when a due task was held back (None: no rate limits, wait for a change).
+        rates = [tt.rate_limit.interval for tt in tasks.values() if tt.rate_limit is not None]
+        self._rate_poll = max(RATE_POLL_MIN, min(rates)) if rates else None
+        self._rand = random.random
 
     def wake(self) -> None:
         """Something worth a new round happened."""
@@ -515,6 +525,10 @@ class ClaimLoop:
             until = due - now
             if until > 0:
                 wait = min(wait, until)
+            elif self._rate_poll is not None:
+                # or held back by a rate limit: look again when the key may have room
+                # (jittered, so that rivals polling the same key spread out)
+                wait = min(wait, self._rate_poll * (0.5 + self._rand()))
         if self._auction_wake is not None:
             wait = max(0.001, min(wait, self._auction_wake - now))
         if wait <= 0:
