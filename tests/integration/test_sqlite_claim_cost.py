@@ -1,0 +1,68 @@
+"""What a claim reads on SQLite, counted in the virtual machine's steps (a progress handler),
+not timed: a fair claim and a claim of named ids look tasks up by key, whatever the backlog
+ahead of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from contend.domain.task import Capabilities, TaskSpec
+from contend.store.port import ExpertInfo
+from contend.store.sqlite import SQLiteStore
+
+
+async def _steps_of_a_claim(store: SQLiteStore, session: str, **kw: object) -> tuple[int, list]:
+    conn = store._db.conn
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    conn.set_progress_handler(count, 100)
+    try:
+        got = await store.claim(
+            "e", session, ["default"], Capabilities(), limit=4, lease_ttl=30, **kw
+        )
+    finally:
+        conn.set_progress_handler(None, 0)
+    return steps[0] * 100, got
+
+
+async def test_claims_cost_the_same_behind_a_long_backlog(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'cost.db'}")
+    await store.open()
+    try:
+        info = ExpertInfo(id="e", capabilities=Capabilities(), queues=("default",))
+        session = await store.register_expert(info, 30)
+        costs = {}
+        for backlog in (100, 20_000):
+            for i in range(0, backlog, 2000):
+                n = min(2000, backlog - i)
+                await store.submit(
+                    [TaskSpec.build("job", [j], limit_key="a", fair=True) for j in range(n)]
+                )
+            b = await store.submit(
+                [TaskSpec.build("job", [j], limit_key="b", fair=True) for j in range(2)]
+            )
+            fair, got = await _steps_of_a_claim(store, session)
+            assert {s.id for s in b} <= {c.id for c in got}  # b's share, behind a's backlog
+            deep = [s.id for s in await store.submit([TaskSpec.build("job", [0])])]
+            named, got = await _steps_of_a_claim(store, session, task_ids=deep)
+            assert [c.id for c in got] == deep
+            # a race's claim with a low lane: its named ids top and below
+            race = [
+                s.id
+                for s in await store.submit(
+                    [TaskSpec.build("job", [0], priority=p) for p in (5, 5, 5, 1)]
+                )
+            ]
+            laned, got = await _steps_of_a_claim(store, session, task_ids=race, low_lane=1)
+            assert {c.id for c in got} == set(race)
+            costs[backlog] = (fair, named, laned)
+        # 200 times the backlog, about the same work (it was ~100 times more: the claim
+        # walked every task ahead of the ones it named)
+        for kind in (0, 1, 2):
+            assert costs[20_000][kind] < 3 * costs[100][kind] + 20_000, costs
+    finally:
+        await store.close()
