@@ -71,6 +71,11 @@ class Keys:
         """``n/{limit key}/{task}``: *tid* holds one of its limit key's places."""
         return self.k("n", enc(limit_key), enc(tid))
 
+    def rate(self, limit_key: str) -> bytes:
+        """``r/{limit key}``: the key's rate and its GCRA state, ``{"interval", "burst",
+        "tat"}`` (rates.py)."""
+        return self.k("r", enc(limit_key))
+
     def auction(self, tid: str) -> bytes:
         """``u/{task}``: the task's auction (its close and grace), put by the first bid."""
         return self.k("u", enc(tid))

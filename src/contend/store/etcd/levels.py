@@ -151,6 +151,10 @@ class Levels:
         self.known: dict[str, dict[str, bytes]] = {}  # queue -> {level: floor}, as listed
         self._levels_base = len(keys.k("v", ""))
 
+    @property
+    def etcd(self) -> Etcd:
+        return self._etcd
+
     async def read(
         self,
         prefix: bytes,
