@@ -137,3 +137,39 @@ async def test_only_fair_candidates_cost_a_count_read(
     got = await store.claim("a", s, Q, ANY, limit=3, lease_ttl=30)
     # the two plain tasks left and one of t:a (the plain ones share one turn), one count
     assert len(got) == 3 and store._keys.holders("t:a") in counted[0]
+
+
+def fair(key: str, n: int) -> TaskSpec:
+    return TaskSpec.build("job", [n], limit_key=key, fair=True)
+
+
+async def test_a_key_behind_a_long_backlog_of_another_gets_its_share(store: EtcdStore) -> None:
+    await store.submit([fair("t:a", n) for n in range(300)])  # far more than a level's page
+    b = {s.id for s in await store.submit([fair("t:b", n) for n in range(3)])}
+    s = await store.register_expert(ExpertInfo("x"), 30)
+    got = {c.id for c in await store.claim("x", s, Q, ANY, limit=4, lease_ttl=30)}
+    assert len(got & b) == 2, got
+
+
+async def test_a_claim_reads_at_most_fair_keys_levels_in_turns(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contend.domain.limits import FAIR_KEYS
+
+    keys = [f"t:{n:02d}" for n in range(FAIR_KEYS + 8)]
+    await store.submit([fair(k, n) for n, k in enumerate(keys)])
+    levels = store._claims.levels
+    read, reads = levels.read, []
+
+    async def reading(prefix: bytes, *args: Any, **kw: Any) -> Any:
+        reads.append(prefix)
+        return await read(prefix, *args, **kw)
+
+    monkeypatch.setattr(levels, "read", reading)
+    s = await store.register_expert(ExpertInfo("x"), 30)
+    claimed = []
+    for _ in range(4):
+        reads.clear()
+        claimed += await store.claim("x", s, Q, ANY, limit=10, lease_ttl=30)
+        assert len(set(reads)) <= FAIR_KEYS
+    assert len({c.id for c in claimed}) == len(keys)  # every key had its turn

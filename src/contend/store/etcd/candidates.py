@@ -15,10 +15,11 @@ import random
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from contend.domain.limits import FAIR_KEYS
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, Capabilities, Requirements, aged_priority
 from contend.store.etcd.fair import fair_keys, fair_pick, running
-from contend.store.etcd.keys import PRIORITY_BASE, Keys, enc, micros, unenc
+from contend.store.etcd.keys import PRIORITY_BASE, Keys, enc, is_fair_level, micros, unenc
 from contend.store.etcd.levels import LevelRead, Levels
 from contend.store.etcd.record import (
     COMPACT_JSON,
@@ -229,16 +230,27 @@ class _Search:
     async def queue(self, queue: str) -> list[Found]:
         """Read every level v/ lists, from its floor. The levels seen last time are read
         from the floors seen then, meanwhile; a level whose floor came down since (a task
-        entered below it) is read again."""
+        entered below it) is read again. Of the fair keys' levels, at most FAIR_KEYS: a
+        turn of those seen last time (Levels.fair_turn), and new ones while there is room."""
         known = self.levels.known.get(queue, {})
-        listed, done = await asyncio.gather(
-            self.levels.of_queue(queue), self._levels(queue, list(known.items()))
-        )
-        again = [(inv, f) for inv, f, _ in listed if inv not in known or f < known[inv]]
+        turn = self.levels.fair_turn(queue, known)
+        first = [(inv, f) for inv, f in known.items() if not is_fair_level(inv) or inv in turn]
+        listed, done = await asyncio.gather(self.levels.of_queue(queue), self._levels(queue, first))
+        room = FAIR_KEYS - len(turn)
+        again = []
+        for inv, f, _ in listed:
+            if inv in known and f >= known[inv]:
+                continue
+            if is_fair_level(inv) and inv not in turn:
+                if inv in known or room <= 0:
+                    continue  # its turn comes
+                room -= 1
+            again.append((inv, f))
         done.update(await self._levels(queue, again))
         self.levels.known[queue] = {inv: f for inv, f, _ in listed}
         for inv, f, mod in listed:
-            done[inv][0].floor, done[inv][0].listed_at = f, mod
+            if inv in done:
+                done[inv][0].floor, done[inv][0].listed_at = f, mod
         found = []
         for read, out in done.values():
             found += out
@@ -257,7 +269,7 @@ class _Search:
     async def _level(self, queue: str, inv: str, floor: bytes) -> tuple[LevelRead, list[Found]]:
         """Read one level from *floor*, and rank what it holds (as rank_of does)."""
         prefix = self.levels.keys.k("q", enc(queue), inv, "")
-        priority = PRIORITY_BASE - int(inv)
+        priority = PRIORITY_BASE - int(inv[:8])  # a fair key's level: {inv}.{key}
         level = (queue, priority)
         aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
         out = []

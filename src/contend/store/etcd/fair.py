@@ -1,14 +1,14 @@
 """Fair share on etcd: the order a claim (or a peek) tries candidates in when fair tasks are
 among them (``contend.domain.limits.fair_order``).
 
-The heads of the fair keys are found in what the claim read of the priority index anyway
-(candidates.py: a page or more of each priority level of each queue, from its floor; the
-index value of a fair task names its key): up to *limit* of each of the first ``FAIR_KEYS``
-keys in claim order, with every task without a fair key read. The keys' claimed and running
-counts are their holder keys (``n/{limit key}/``, one count read of at most ``FAIR_KEYS``
-prefixes). A queue without fair tasks costs nothing more: no count, no reordering. A key
-whose tasks all stand behind more than a page of other keys' tasks of the same level is not
-seen until those are taken (the index is one per level, not one per key)."""
+A fair task is indexed in a level of its key's own, ``q/{queue}/{inv}.{fair key}/`` (keys.py),
+so that the head of every fair key is read as the head of a level (candidates.py reads a page
+or more of each level from its floor; at most ``FAIR_KEYS`` fair keys' levels of a queue per
+read, in turns: ``Levels.fair_turn``), however many tasks other keys have waiting. The pick
+ranks up to *limit* heads of each of those keys, with every task without a fair key read.
+The keys' claimed and running counts are their holder keys (``n/{limit key}/``, one count
+read of at most ``FAIR_KEYS`` prefixes). A queue without fair tasks costs nothing more: no
+level more, no count, no reordering."""
 
 from __future__ import annotations
 
