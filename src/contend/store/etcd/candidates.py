@@ -23,11 +23,9 @@ from contend.store.etcd.keys import PRIORITY_BASE, Keys, enc, is_fair_level, mic
 from contend.store.etcd.levels import LevelRead, Levels
 from contend.store.etcd.record import (
     COMPACT_JSON,
-    FAIR,
     LIM,
     REQ_NONE,
     Record,
-    index_fair_key,
     index_json,
     index_limit_key,
 )
@@ -273,7 +271,14 @@ class _Search:
         level = (queue, priority)
         aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
         out = []
-        kvs, read = await self.levels.read(prefix, prefix + floor, self.page, self.want, self.keep)
+        # a fair key's level: its tasks are all of that key, and a claim ranks no more than
+        # its limit of them (fair.py), so a short page does
+        fair_key = unenc(inv[9:]) if is_fair_level(inv) else None
+        page, want = self.page, self.want
+        if fair_key is not None:
+            page = max(8, min(page, 2 * self.want))
+            want = min(want, page)
+        kvs, read = await self.levels.read(prefix, prefix + floor, page, want, self.keep)
         now, views, limits, fairs = self.now, self.views, self.limits, self.fairs
         for kv in kvs:
             due, tid = kv.key[len(prefix) :].decode().split("/")
@@ -285,13 +290,13 @@ class _Search:
             out.append((tid, (-step, due, tid), level))  # as rank_of
             if views is not None:
                 views[tid] = (queue, priority, kv.value)
-            if LIM in kv.value:  # a task with a limit key: what it is tells the claim
+            if fair_key is not None:
                 if limits is not None:
-                    key = index_limit_key(kv.value)
-                    if key is not None:
-                        limits[tid] = key
-                if fairs is not None and FAIR in kv.value:
-                    key = index_fair_key(kv.value)
-                    if key is not None:
-                        fairs[tid] = key
+                    limits[tid] = fair_key
+                if fairs is not None:
+                    fairs[tid] = fair_key
+            elif limits is not None and LIM in kv.value:
+                key = index_limit_key(kv.value)
+                if key is not None:
+                    limits[tid] = key
         return read, out

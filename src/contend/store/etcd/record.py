@@ -20,8 +20,6 @@ INLINE_MAX = 1024
 REQ_NONE = b'"req":null'
 #: What the JSON of an index value of a task with a limit key holds, before its key.
 LIM = b'"lim":'
-#: What the JSON of an index value of a fair task holds (after its limit key).
-FAIR = b'"fair":true'
 
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -125,17 +123,14 @@ class KV:
 
 
 def index_value(rec: Record) -> bytes:
-    """``{created_at} {"type", "req"[, "lim"[, "fair"]]}``: the value of a pending task's
-    priority-index key, the creation time first, where a claim ranking candidates reads it
-    without parsing JSON; ``lim``, the limit key, only for a task with one (so that a claim
-    can pass over the tasks of a key it found with no room without reading their records);
-    ``fair`` only for a fair task (so that a claim finds the heads of fair keys in what it
-    read of the index)."""
+    """``{created_at} {"type", "req"[, "lim"]}``: the value of a pending task's priority-index
+    key, the creation time first, where a claim ranking candidates reads it without parsing
+    JSON; ``lim``, the limit key, only for a task with one (so that a claim can pass over the
+    tasks of a key it found with no room without reading their records). A fair task's key is
+    in its level's name instead (keys.py)."""
     d: dict[str, Any] = {"type": rec.type, "req": rec.req}
     if rec.limit is not None:
         d["lim"] = rec.limit[0]
-        if rec.fair:
-            d["fair"] = True
     return f"{rec.created_at!r} {COMPACT_JSON.encode(d)}".encode()
 
 
@@ -151,16 +146,6 @@ def index_limit_key(value: bytes) -> str | None:
         return None
     key = index_json(value).get("lim")
     return None if key is None else str(key)
-
-
-def index_fair_key(value: bytes) -> str | None:
-    """The fair key a priority-index value holds, if its task is fair (parsed only when it
-    may be)."""
-    if FAIR not in value:
-        return None
-    d = index_json(value)
-    key = d.get("lim")
-    return None if key is None or d.get("fair") is not True else str(key)
 
 
 def _load(text: str | None) -> JSON:
