@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import random
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from contend.domain.limits import FAIR_KEYS
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, Capabilities, Requirements, aged_priority
-from contend.store.etcd.keys import PRIORITY_BASE, enc, micros, unenc
+from contend.store.etcd.fair import fair_keys, fair_pick, running
+from contend.store.etcd.keys import PRIORITY_BASE, Keys, enc, is_fair_level, micros, unenc
 from contend.store.etcd.levels import LevelRead, Levels
 from contend.store.etcd.record import (
     COMPACT_JSON,
@@ -27,6 +29,7 @@ from contend.store.etcd.record import (
     index_json,
     index_limit_key,
 )
+from contend.store.etcd.rpc import Etcd
 
 #: A spreading claim reads this many times as many candidates as it wants, and takes a stripe.
 SPREAD_DEPTH = 6
@@ -66,12 +69,16 @@ async def choose(
     candidates read, so that experts reading the same head of the index do not all reach
     for the same tasks. *views* receives what the priority index holds of the candidates it
     read, *reads* the read of each one's level. *types*: only tasks of these types (None:
-    any). *hidden*: leave out the tasks of these limit keys (a claim found them at their
-    limit); *limits* receives the limit key of each candidate that has one."""
+    any). *hidden*: leave out the tasks of these limit keys (a claim found them with no
+    room); *limits* receives the limit key of each candidate that has one. Where fair tasks
+    are among the candidates, the order is fair.py's."""
     want = min(SPREAD_DEPTH * limit, 1024) if spread else 0
+    fairs: dict[str, str] = {}
     best = await candidates(
-        levels, queues, caps, limit, now, want, views, reads, types, hidden, limits
+        levels, queues, caps, limit, now, want, views, reads, types, hidden, limits, fairs
     )
+    if fairs:
+        return await pick_fair(levels.etcd, levels.keys, best, fairs, limit, low_lane)
     if spread and best:
         top = best[0][1][0]
         level = next((n for n, f in enumerate(best) if f[1][0] != top), len(best))
@@ -97,6 +104,21 @@ def pick(found: Sequence[Found], limit: int, low_lane: int) -> list[str]:
     rank = {f[0]: f[1] for f in found}
     first = sorted(chosen, key=rank.__getitem__)
     return first + [f[0] for f in found if f[0] not in chosen]
+
+
+async def pick_fair(
+    etcd: Etcd,
+    keys: Keys,
+    found: Sequence[Found],
+    fairs: Mapping[str, str],
+    limit: int,
+    low_lane: int,
+) -> list[str]:
+    """:func:`pick` with fair share, for *found* among which are the fair tasks *fairs*
+    (task id -> its fair key): the fair keys' claimed and running tasks counted, then
+    :func:`~contend.store.etcd.fair.fair_pick`."""
+    held = await running(etcd, keys, fair_keys(found, fairs))
+    return fair_pick(found, fairs, held, limit, _lane(found, max(0, min(low_lane, limit))))
 
 
 def _lane(found: Sequence[Found], n: int) -> list[str]:
@@ -126,19 +148,20 @@ async def candidates(
     types: Collection[str] | None = None,
     hidden: Collection[str] = (),
     limits: dict[str, str] | None = None,
+    fairs: dict[str, str] | None = None,
 ) -> list[Found]:
     """(task id, rank, level) of due tasks *caps* can run (of *types*, when given), best
     first: at least *limit* (or *want*) of each priority level of each queue where there are
     that many, the first in key order (due time, then id), so each level's longest waiting
     among them. *views*, if given, receives what the index holds of each: (queue, priority,
     index value); *reads* the read of its level; *hidden* and *limits* as :func:`choose`
-    says."""
+    says; *fairs* receives the fair key of each fair candidate."""
     want = max(want, limit)
     # A claim reads twice what it wants, to have others to try when rivals win some; a
     # peek (which fills *views*) only what it returns.
     page = max(64, limit if views is not None else 2 * limit, want)
     keep = _runnable_now(caps, micros(now), types, hidden)
-    search = _Search(levels, keep, now, page, want, views, reads, limits)
+    search = _Search(levels, keep, now, page, want, views, reads, limits, fairs)
     found = [
         f
         for r in await asyncio.gather(*(search.queue(q) for q in dict.fromkeys(queues)))
@@ -184,7 +207,7 @@ def _runnable_now(
 class _Search:
     """One candidates() read: the levels of each queue, read with the same bounds."""
 
-    __slots__ = ("keep", "levels", "limits", "now", "page", "reads", "views", "want")
+    __slots__ = ("fairs", "keep", "levels", "limits", "now", "page", "reads", "views", "want")
 
     def __init__(
         self,
@@ -196,24 +219,36 @@ class _Search:
         views: Views | None,
         reads: dict[str, LevelRead] | None,
         limits: dict[str, str] | None = None,
+        fairs: dict[str, str] | None = None,
     ) -> None:
         self.levels, self.keep, self.now = levels, keep, now
         self.page, self.want, self.views, self.reads = page, want, views, reads
-        self.limits = limits
+        self.limits, self.fairs = limits, fairs
 
     async def queue(self, queue: str) -> list[Found]:
         """Read every level v/ lists, from its floor. The levels seen last time are read
         from the floors seen then, meanwhile; a level whose floor came down since (a task
-        entered below it) is read again."""
+        entered below it) is read again. Of the fair keys' levels, at most FAIR_KEYS: a
+        turn of those seen last time (Levels.fair_turn), and new ones while there is room."""
         known = self.levels.known.get(queue, {})
-        listed, done = await asyncio.gather(
-            self.levels.of_queue(queue), self._levels(queue, list(known.items()))
-        )
-        again = [(inv, f) for inv, f, _ in listed if inv not in known or f < known[inv]]
+        turn = self.levels.fair_turn(queue, known)
+        first = [(inv, f) for inv, f in known.items() if not is_fair_level(inv) or inv in turn]
+        listed, done = await asyncio.gather(self.levels.of_queue(queue), self._levels(queue, first))
+        room = FAIR_KEYS - len(turn)
+        again = []
+        for inv, f, _ in listed:
+            if inv in known and f >= known[inv]:
+                continue
+            if is_fair_level(inv) and inv not in turn:
+                if inv in known or room <= 0:
+                    continue  # its turn comes
+                room -= 1
+            again.append((inv, f))
         done.update(await self._levels(queue, again))
         self.levels.known[queue] = {inv: f for inv, f, _ in listed}
         for inv, f, mod in listed:
-            done[inv][0].floor, done[inv][0].listed_at = f, mod
+            if inv in done:
+                done[inv][0].floor, done[inv][0].listed_at = f, mod
         found = []
         for read, out in done.values():
             found += out
@@ -232,12 +267,19 @@ class _Search:
     async def _level(self, queue: str, inv: str, floor: bytes) -> tuple[LevelRead, list[Found]]:
         """Read one level from *floor*, and rank what it holds (as rank_of does)."""
         prefix = self.levels.keys.k("q", enc(queue), inv, "")
-        priority = PRIORITY_BASE - int(inv)
+        priority = PRIORITY_BASE - int(inv[:8])  # a fair key's level: {inv}.{key}
         level = (queue, priority)
         aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
         out = []
-        kvs, read = await self.levels.read(prefix, prefix + floor, self.page, self.want, self.keep)
-        now, views, limits = self.now, self.views, self.limits
+        # a fair key's level: its tasks are all of that key, and a claim ranks no more than
+        # its limit of them (fair.py), so a short page does
+        fair_key = unenc(inv[9:]) if is_fair_level(inv) else None
+        page, want = self.page, self.want
+        if fair_key is not None:
+            page = max(8, min(page, 2 * self.want))
+            want = min(want, page)
+        kvs, read = await self.levels.read(prefix, prefix + floor, page, want, self.keep)
+        now, views, limits, fairs = self.now, self.views, self.limits, self.fairs
         for kv in kvs:
             due, tid = kv.key[len(prefix) :].decode().split("/")
             tid = unenc(tid) if "%" in tid else tid
@@ -248,7 +290,12 @@ class _Search:
             out.append((tid, (-step, due, tid), level))  # as rank_of
             if views is not None:
                 views[tid] = (queue, priority, kv.value)
-            if limits is not None and LIM in kv.value:
+            if fair_key is not None:
+                if limits is not None:
+                    limits[tid] = fair_key
+                if fairs is not None:
+                    fairs[tid] = fair_key
+            elif limits is not None and LIM in kv.value:
                 key = index_limit_key(kv.value)
                 if key is not None:
                     limits[tid] = key

@@ -20,7 +20,13 @@ keys (``n/{limit key}/``, one per task of the key claimed or running), ``admit``
 tries the counts allow, the Txn puts a holder key for each keyed task and compares, once per
 limit key, that none of its holder keys was put since the count (so of two claims counting
 the same last place, the second fails), and its failure branch counts them again for the
-next try. Tasks without a limit cost nothing more: no count, no compare."""
+next try. Tasks without a limit cost nothing more: no count, no compare.
+
+A limit key's rate (rates.py, ``r/{limit key}``) is read with the records of its tasks; the
+tries its room allows are admitted with the concurrency limits, and the Txn compares the
+``r/`` key as read and puts its new ``tat`` (one compare and one put per rate key); its
+failure branch reads the key again for the next try. Fair share orders the candidates
+before any of this (fair.py)."""
 
 from __future__ import annotations
 
@@ -31,18 +37,19 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
-from contend.domain.limits import admit
+from contend.domain.limits import admit, rooms
 from contend.domain.task import Capabilities, Requirements, TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
 from contend.store.etcd.auctions import Turn, turns
-from contend.store.etcd.candidates import Found, Rank, choose, pick, rank_of
+from contend.store.etcd.candidates import Found, Rank, choose, pick, pick_fair, rank_of
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import Owned, remember_owned
 from contend.store.etcd.payloads import Args, read_payloads
+from contend.store.etcd.rates import RateState, rate_state, rooms_of, spend_ops
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
@@ -201,6 +208,7 @@ class Claims:
         kinds = None if types is None else set(types)
         kvs = await self.etcd.read_many([self.keys.task(t) for t in ids])
         named: list[Found] = []
+        fairs: dict[str, str] = {}  # fair task id -> its fair key
         for tid, kv in zip(ids, kvs, strict=True):
             if kv is None:
                 continue
@@ -214,7 +222,11 @@ class Claims:
                 and caps.satisfies(Requirements.from_json(rec.req))
             ):
                 named.append((tid, rank_of(rec, now), (rec.queue, rec.priority)))
+                if rec.fair and rec.limit_key is not None:
+                    fairs[tid] = rec.limit_key
         named.sort(key=lambda f: f[1])
+        if fairs:
+            return await pick_fair(self.etcd, self.keys, named, fairs, limit, low_lane)
         return pick(named, limit, low_lane)
 
     def lost_session(self, claimant: Claimant) -> LeaseLost:
@@ -327,6 +339,18 @@ class Claims:
         return claimed(rec, a if a is not None else ([], {}), ck, now + thief.ttl), False
 
 
+class _Limits(NamedTuple):
+    """What the limits of one claim Txn's tasks add to it (``_ClaimRun._limits``)."""
+
+    compares: list[Op]
+    puts: list[Op]  # the rate keys' new state
+    again: list[Op]  # the failure branch's reads, after the session's
+    limited: list[str]  # the keys with a concurrency limit, whose holders are compared
+    rated: list[str]  # the rate keys compared and put
+    moved: dict[str, float]  # rate key -> its new tat
+    keyed: bool  # any of the tasks has a limit key
+
+
 class _ClaimRun:
     """One claim() call: rounds of claim transactions over the candidates, in order, until
     enough were won or the candidates ran out."""
@@ -344,6 +368,7 @@ class _ClaimRun:
         "orders",
         "outcome",
         "parsed",
+        "rates",
         "reads",
         "refill",
         "retries",
@@ -377,6 +402,7 @@ class _ClaimRun:
         self.turns: dict[str, Turn] = {}  # auctioned task id -> the auction its claim compares
         self.retries = 0  # the tries read again after their auction moved
         self.counts: dict[str, tuple[int, int]] = {}  # limit key -> (holders, counted at rev)
+        self.rates: dict[str, RateState] = {}  # rate key -> its r/ key as last read
         self.limit_retries = 0  # the tries made again after their limit key's holders moved
         self.keyed = keyed or {}  # candidate id -> its limit key, from the index
         self.blocked: set[str] = set()  # limit keys found with no room left in this claim
@@ -395,7 +421,8 @@ class _ClaimRun:
             tried.update(batch)
             tries = await self._ready(batch)
             keyed = any(self._limit_key(t) is not None for t in tries)
-            per_txn = max(1, room // (CLAIM_OPS + keyed))  # a keyed task's holder key
+            # a keyed task's holder key, and its rate key's put and compare
+            per_txn = max(1, room // (CLAIM_OPS + 2 * keyed))
             await asyncio.gather(
                 *(self._group(tries[i : i + per_txn]) for i in range(0, len(tries), per_txn))
             )
@@ -420,10 +447,12 @@ class _ClaimRun:
         etcd, keys = self.claims.etcd, self.claims.keys
         early = list(dict.fromkeys(self.keyed[t] for t in batch if t in self.keyed))
         records, counted = await asyncio.gather(
-            etcd.read_many([keys.task(tid) for tid in batch]),
+            etcd.read_many([keys.task(tid) for tid in batch] + [keys.rate(k) for k in early]),
             etcd.counts([keys.holders(k) for k in early]),
         )
         self.counts.update(zip(early, counted, strict=True))
+        self._rates_read(early, records[len(batch) :])
+        records = records[: len(batch)]
         ready: list[tuple[str, Any, Record]] = []
         for tid, t in zip(batch, records, strict=True):
             if t is None:
@@ -435,12 +464,14 @@ class _ClaimRun:
         recs = [rec for _, _, rec in ready]
         limited = list(dict.fromkeys(k for k in (rec.limit_key for rec in recs) if k is not None))
         late = [k for k in limited if k not in early]
-        payloads, turn, counted = await asyncio.gather(
+        payloads, turn, counted, rated = await asyncio.gather(
             read_payloads(etcd, keys, recs, result=False),
             turns(etcd, keys, self.claimant.expert, now, recs),
             etcd.counts([keys.holders(k) for k in late]),
+            etcd.read_many([keys.rate(k) for k in late]),
         )
         self.counts.update(zip(late, counted, strict=True))
+        self._rates_read(late, rated)
         for (tid, t, rec), (a, _, c) in zip(ready, payloads, strict=True):
             if a is None:  # not written yet: the submission is still going on
                 continue
@@ -453,6 +484,16 @@ class _ClaimRun:
             self.parsed[tid] = rec
         return self._admit(tries) if limited else tries
 
+    def _rates_read(self, limit_keys: Sequence[str], kvs: Sequence[Any]) -> None:
+        """Take the ``r/`` keys of *limit_keys* as read (absent: the key has no rate)."""
+        for key, kv in zip(limit_keys, kvs, strict=True):
+            state = rate_state(kv)
+            known = self.rates.get(key)
+            if state is None:
+                self.rates.pop(key, None)
+            elif known is None or state.mod_revision >= known.mod_revision:
+                self.rates[key] = state
+
     def _limit_key(self, t: Try) -> str | None:
         rec = self.parsed.get(t[0]) or Record.loads(t[1].value)
         return rec.limit_key
@@ -462,10 +503,10 @@ class _ClaimRun:
         picks = []
         for tid, t, _, _ in tries:
             rec = self.parsed.get(tid) or Record.loads(t.value)
-            lim = rec.limit
-            picks.append((tid, None, None) if lim is None else (tid, str(lim[0]), int(lim[1])))
+            picks.append((tid, rec.limit_key, rec.concurrency_limit))
         held = {k: n for k, (n, _) in self.counts.items()}
-        ok = set(admit(picks, held, len(tries)))
+        room = rooms(rooms_of(self.rates), self.now)
+        ok = set(admit(picks, held, len(tries), room))
         for tid, key, _ in picks:
             if tid not in ok:
                 self.parsed.pop(tid, None)
@@ -473,21 +514,47 @@ class _ClaimRun:
                 self.blocked.add(key)
         return [g for g in tries if g[0] in ok]
 
-    def _limits(self, recs: Sequence[Record]) -> tuple[list[Op], list[Op], list[str]]:
-        """For a claim Txn of *recs*: the compares that their limit keys' holders are as
-        counted (none was put since), the failure reads that count them again, and those
-        keys."""
-        limited = list(dict.fromkeys(k for k in (r.limit_key for r in recs) if k is not None))
+    def _limits(self, recs: Sequence[Record]) -> _Limits:
+        """For a claim Txn of *recs*: the compares that the holders of their limit keys with
+        a concurrency limit are as counted (none was put since) and that their rate keys are
+        as read, the puts of the rate keys' new state, the failure reads that count and read
+        them again, and those keys."""
         keys = self.claims.keys
+        limited = list(
+            dict.fromkeys(k for r in recs if r.concurrency_limit is not None and (k := r.limit_key))
+        )
         cmp = [written_before(keys.holders(k), self.counts[k][1] + 1) for k in limited]
         again = [get(keys.holders(k), prefix=True, count_only=True) for k in limited]
-        return cmp, again, limited
+        claimed = [r.limit_key for r in recs]
+        rcmp, puts, rated, moved = spend_ops(keys, self.rates, claimed, self.now)
+        return _Limits(
+            [*cmp, *rcmp],
+            puts,
+            [*again, *(get(keys.rate(k)) for k in rated)],
+            limited,
+            rated,
+            moved,
+            any(k is not None for k in claimed),
+        )
 
-    def _recount(self, resp: Any, limited: list[str]) -> None:
-        """Take the counts a failed claim Txn's failure branch read (after the session's)."""
+    def _recount(self, resp: Any, lim: _Limits) -> None:
+        """Take the counts and rate keys a failed claim Txn's failure branch read (after the
+        session's)."""
         rev = int(resp.header.revision)
-        for k, r in zip(limited, resp.responses[1:], strict=True):
+        got = resp.responses[1:]
+        for k, r in zip(lim.limited, got, strict=False):
             self.counts[k] = (int(r.response_range.count), rev)
+        rated = got[len(lim.limited) :]
+        kvs = [r.response_range.kvs[0] if r.response_range.kvs else None for r in rated]
+        self._rates_read(lim.rated, kvs)
+
+    def _spent(self, lim: _Limits, rev: int) -> None:
+        """A claim Txn that moved rate keys landed at revision *rev* (0: unknown, a lost
+        reply: the next compare then fails, and its failure branch reads the key again)."""
+        for key, tat in lim.moved.items():
+            state = self.rates.get(key)
+            if state is not None and (not rev or rev > state.mod_revision):
+                self.rates[key] = RateState(state.rate, tat, rev)
 
     def _prepare(self, tid: str, t: Any) -> tuple[list[Op], list[Op], Record]:
         """(compares, operations, new record) that claim one task read as *t*."""
@@ -534,17 +601,17 @@ class _ClaimRun:
         cmp, ops, rec = self._prepare(tid, t)
         levels = self.claims.levels
         up = levels.rises([tid], self.reads)
-        room, _, limited = self._limits([rec])
+        lim = self._limits([rec])
         resp = await self.claims.etcd.commit(
-            [*cmp, *room, value_is(self.session_key, self.claimant.value)],
-            [*ops, *up],
+            [*cmp, *lim.compares, value_is(self.session_key, self.claimant.value)],
+            [*ops, *lim.puts, *up],
             [get(self.session_key)],
         )
         if resp is not None and not resp.succeeded:
             if self._session_lost(resp):
                 self.lost = True
                 return
-            if limited and self.limit_retries < LIMIT_RETRIES:
+            if (lim.limited or lim.rated) and self.limit_retries < LIMIT_RETRIES:
                 # a rival took a place of its key, or the task: the task read again tells
                 self.limit_retries += 1
                 self._contended()
@@ -561,7 +628,9 @@ class _ClaimRun:
             self._contended()
             return  # another expert won this one, or the session ended
         levels.risen(up)
-        self._finish(tid, a, c, rec, ops, resp.header.revision if resp is not None else 0)
+        rev = resp.header.revision if resp is not None else 0
+        self._spent(lim, rev)
+        self._finish(tid, a, c, rec, ops, rev)
 
     async def _group(self, group: list[Try]) -> None:
         """Claim a group of tasks in one transaction: every task's revision and absent
@@ -575,19 +644,20 @@ class _ClaimRun:
                 return
             plans = [self._prepare(tid, t) for tid, t, _, _ in group]
             up = levels.rises([g[0] for g in group], self.reads)
-            room, recount, limited = self._limits([p[2] for p in plans])
+            lim = self._limits([p[2] for p in plans])
             resp = await self.claims.etcd.commit(
                 [
                     *(x for p in plans for x in p[0]),
-                    *room,
+                    *lim.compares,
                     value_is(self.session_key, self.claimant.value),
                 ],
-                [*(x for p in plans for x in p[1]), *up],
-                [get(self.session_key), *recount],
+                [*(x for p in plans for x in p[1]), *lim.puts, *up],
+                [get(self.session_key), *lim.again],
             )
             if resp is None or resp.succeeded:
                 levels.risen(up)
                 rev = resp.header.revision if resp is not None else 0
+                self._spent(lim, rev)
                 for (tid, _, a, c), (_, ops, rec) in zip(group, plans, strict=True):
                     self._finish(tid, a, c, rec, ops, rev)
                 return
@@ -596,8 +666,8 @@ class _ClaimRun:
                 return
             still = await self._still_as_read(group)
             self._contended()
-            if limited:  # what the failure branch counted: the places left now
-                self._recount(resp, limited)
+            if lim.limited or lim.rated:  # what the failure branch read: the room left now
+                self._recount(resp, lim)
                 still = self._admit(still)
                 if len(still) == len(group) and self.limit_retries < LIMIT_RETRIES:
                     self.limit_retries += 1  # a key's holders moved, maybe: again, together

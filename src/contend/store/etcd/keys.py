@@ -31,6 +31,11 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+def is_fair_level(inv: str) -> bool:
+    """Whether the level ``{inv}`` under a queue is a fair key's (``{inv}.{fair key}``)."""
+    return len(inv) > 8
+
+
 def micros(t: float) -> int:
     return max(0, round(t * 1_000_000))
 
@@ -71,6 +76,11 @@ class Keys:
         """``n/{limit key}/{task}``: *tid* holds one of its limit key's places."""
         return self.k("n", enc(limit_key), enc(tid))
 
+    def rate(self, limit_key: str) -> bytes:
+        """``r/{limit key}``: the key's rate and its GCRA state, ``{"interval", "burst",
+        "tat"}`` (rates.py)."""
+        return self.k("r", enc(limit_key))
+
     def auction(self, tid: str) -> bytes:
         """``u/{task}``: the task's auction (its close and grace), put by the first bid."""
         return self.k("u", enc(tid))
@@ -81,8 +91,13 @@ class Keys:
 
     @staticmethod
     def level(rec: Record) -> str:
-        """``{queue}/{inv}``: the priority level of *rec* (under q/ its tasks, under v/ its key)."""
-        return f"{enc(rec.queue)}/{PRIORITY_BASE - rec.priority:08d}"
+        """``{queue}/{inv}``: the priority level of *rec* (under q/ its tasks, under v/ its
+        key); ``{queue}/{inv}.{fair key}`` for a fair task: each fair key has a level of its
+        own at each priority, so that a claim reads the head of every key (fair.py)."""
+        level = f"{enc(rec.queue)}/{PRIORITY_BASE - rec.priority:08d}"
+        if rec.fair and rec.limit is not None:
+            return f"{level}.{enc(str(rec.limit[0]))}"
+        return level
 
     @staticmethod
     def spot(rec: Record) -> str:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contend.store.etcd.keys import Keys, enc, prefix_end, unenc
+from contend.domain.limits import FAIR_KEYS
+from contend.store.etcd.keys import Keys, enc, is_fair_level, prefix_end, unenc
 from contend.store.etcd.record import Record, index_value
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import RAISE, Op, delete, enter, put, raise_floor
@@ -150,6 +151,11 @@ class Levels:
         self.windows: dict[bytes, Window | None] = {}  # a level's tasks' prefix -> read bound
         self.known: dict[str, dict[str, bytes]] = {}  # queue -> {level: floor}, as listed
         self._levels_base = len(keys.k("v", ""))
+        self.fair_turns: dict[str, int] = {}  # queue -> where its next window of fair levels starts
+
+    @property
+    def etcd(self) -> Etcd:
+        return self._etcd
 
     async def read(
         self,
@@ -205,6 +211,17 @@ class Levels:
         p = self.keys.p
         level = p + b"v/" + prefix[len(p) + 2 : -1]
         return out, LevelRead(prefix, level, start[len(prefix) :], revision, keys)
+
+    def fair_turn(self, queue: str, names: Iterable[str]) -> set[str]:
+        """Of the fair keys' levels of *queue* among *names*, the ones this read takes: all of
+        them up to FAIR_KEYS, else FAIR_KEYS from where the last read's window ended, so that
+        with more keys each has its turn."""
+        fair = sorted(n for n in names if is_fair_level(n))
+        if len(fair) <= FAIR_KEYS:
+            return set(fair)
+        start = self.fair_turns.get(queue, 0) % len(fair)
+        self.fair_turns[queue] = start + FAIR_KEYS
+        return set((fair + fair)[start : start + FAIR_KEYS])
 
     async def of_queue(self, queue: str) -> list[tuple[str, bytes, int]]:
         """(``{inv}``, floor, the key's mod_revision) of each priority level of *queue* that may

@@ -18,7 +18,7 @@ HISTORY_LIMIT = 50
 INLINE_MAX = 1024
 #: What the compact JSON of an index value holds for "no requirements": no need to parse it.
 REQ_NONE = b'"req":null'
-#: What the JSON of an index value of a task with a concurrency limit holds, before its key.
+#: What the JSON of an index value of a task with a limit key holds, before its key.
 LIM = b'"lim":'
 
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
@@ -67,10 +67,17 @@ class Record:
     # What each dependency edge does if its dependency does not succeed, aligned with
     # depends_on (None: every edge fails, as every edge of an older record does).
     if_failed: list[str] | None = None
-    # Its concurrency limit, [limit key, limit] (contend.domain.limits), as submitted; None:
-    # none (every record written before limits were kept). While the task is claimed or
-    # running it has a holder key n/{limit key}/{id} (outcomes.py), which claims count.
+    # Its limit key and concurrency limit, [limit key, limit or None] (contend.domain.limits),
+    # as submitted; None: no limit key (every record written before limits were kept). While
+    # the task is claimed or running it has a holder key n/{limit key}/{id} (outcomes.py),
+    # which claims count (for its concurrency limit, and for fair share).
     limit: list[Any] | None = None
+    # The rate its submission declared for its limit key, [interval, burst]; the key's rate
+    # and state live in r/{limit key} (claims read that: the latest declared rate holds back
+    # every task of the key). None: none declared (every record written before rates).
+    rate: list[Any] | None = None
+    # Claims share the slots fairly among the limit keys of fair tasks (fair_order).
+    fair: bool = False
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;
@@ -91,6 +98,11 @@ class Record:
     @property
     def limit_key(self) -> str | None:
         return None if self.limit is None else str(self.limit[0])
+
+    @property
+    def concurrency_limit(self) -> int | None:
+        """Its concurrency limit, if it has one (a rate or fair share alone: None)."""
+        return None if self.limit is None or self.limit[1] is None else int(self.limit[1])
 
     def event(self, now: float, event: str, expert: str | None, detail: str | None = None) -> None:
         self.history.append([now, event, self.fence, expert, detail])
@@ -113,8 +125,9 @@ class KV:
 def index_value(rec: Record) -> bytes:
     """``{created_at} {"type", "req"[, "lim"]}``: the value of a pending task's priority-index
     key, the creation time first, where a claim ranking candidates reads it without parsing
-    JSON; ``lim``, the limit key, only for a task with a concurrency limit (so that a claim
-    can pass over the tasks of a key it found at its limit without reading their records)."""
+    JSON; ``lim``, the limit key, only for a task with one (so that a claim can pass over the
+    tasks of a key it found with no room without reading their records). A fair task's key is
+    in its level's name instead (keys.py)."""
     d: dict[str, Any] = {"type": rec.type, "req": rec.req}
     if rec.limit is not None:
         d["lim"] = rec.limit[0]

@@ -16,6 +16,7 @@ from contend.errors import StoreError
 from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
 from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.levels import enter_pending
+from contend.store.etcd.rates import declare, declared
 from contend.store.etcd.record import INLINE_MAX, Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import WRITE_RETRIES, absent, mod_is, put
@@ -76,6 +77,8 @@ def new_record(
         history=[],
         trace=spec.trace,
         limit=None if spec.limit_key is None else [spec.limit_key, spec.concurrency_limit],
+        rate=None if spec.rate_limit is None else [spec.rate_limit.interval, spec.rate_limit.burst],
+        fair=spec.fair,
     )
 
 
@@ -83,8 +86,15 @@ def new_record(
 #: submission goes into as few Txns as ``max_txn_ops`` allows (about a quarter of it in tasks
 #: without dependencies); only a single task is promised to be written all or none. A task's
 #: own transaction is one Txn with its completion (transactions.py). Claims keep
-#: concurrency limits (claims.py, holder keys n/).
-PROMISES = Promises(atomic_submit=1, transactions=True, concurrency_limits=True)
+#: concurrency limits (claims.py, holder keys n/), rate limits (rates.py, r/ keys) and fair
+#: share (fair.py).
+PROMISES = Promises(
+    atomic_submit=1,
+    transactions=True,
+    concurrency_limits=True,
+    rate_limits=True,
+    fair_share=True,
+)
 
 
 class Submitter:
@@ -123,6 +133,7 @@ class Submitter:
         )
         check_batch_dependencies(fresh, lambda ids: {i for i in ids if dep_kvs.get(i) is not None})
         groups = self._groups(fresh, dep_kvs, now)
+        await self._declare_rates(fresh, groups)
         for ids, cmp, ops in self._pack(groups):
             if not (await self._etcd.txn(cmp, ops)).succeeded:
                 # A concurrent submission took an idempotency key, or a dependency changed.
@@ -197,6 +208,19 @@ class Submitter:
             ops.append(put(keys.task(spec.id), rec.dumps()))
             groups.append((spec.id, cmp, ops))
         return groups
+
+    async def _declare_rates(self, fresh: Sequence[TaskSpec], groups: list[Group]) -> None:
+        """Add to the group of the last task declaring each rate key the write of that rate
+        (rates.py), so that the key's rate is its latest submission's and lands with it."""
+        rates = declared(fresh)
+        if not rates:
+            return
+        kvs = await self._etcd.read_many([self._keys.rate(k) for k in rates])
+        last = {s.limit_key: n for n, s in enumerate(fresh) if s.rate_limit is not None}
+        for (key, rate), kv in zip(rates.items(), kvs, strict=True):
+            cmp, ops = declare(self._keys, key, rate, kv)
+            groups[last[key]][1].extend(cmp)
+            groups[last[key]][2].extend(ops)
 
     def _pack(self, groups: list[Group]) -> Iterable[tuple[list[str], list[Any], list[Any]]]:
         """Pack per-task groups of (compares, operations) into transactions of bounded size."""
