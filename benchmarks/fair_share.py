@@ -83,6 +83,8 @@ class Run:
     began: float = 0.0  # the store's clock when B's trickle began
     ended: float = 0.0  # and when it ended
     cpu: tuple[float, float] = (0.0, 0.0)  # the experts' CPU then
+    #: the machine's 1-minute load average then: the cores are shared with other work
+    load: tuple[float, float] = (0.0, 0.0)
     #: (submitted, first claimed, succeeded or None) of each of B's tasks, the store's clock
     b_events: list[tuple[float, float, float | None]] = field(default_factory=list)
 
@@ -168,10 +170,12 @@ async def run_case(url: str, case: str, args: argparse.Namespace, logdir: Path) 
             try:
                 first = await sample(store, pids)
                 run.began, run.cpu = first.at, (first.cpu, 0.0)
+                run.load = (os.getloadavg()[0], 0.0)
                 run.samples.append(first)
                 await trickle(store, task, args.rate, seconds, run)
                 last = await sample(store, pids)
                 run.ended, run.cpu = last.at, (run.cpu[0], last.cpu)
+                run.load = (run.load[0], os.getloadavg()[0])
                 run.samples.append(last)
                 rate = max(1.0, (last.succeeded - first.succeeded) / (last.at - first.at))
                 await wait_claimed(store, run.b_ids, 120 + 3 * last.pending / rate)
@@ -260,6 +264,7 @@ def figures(run: Run, window: float) -> dict[str, Any]:
         "cpu_us_per_task": round(cpu / done * 1e6, 1) if done else None,
         "seconds": round(span, 2),
         "pending_after": samples[-1].pending,
+        "load_average": [round(x, 2) for x in run.load],
         "windows": windows,
     }
 
@@ -345,7 +350,12 @@ def table(name: str, got: dict[str, Any]) -> str:
         f, p, a = (pick(got[c]) for c in ("fair", "plain", "alone"))
         a_text = cell(a) if label.startswith("B ") else "–"  # alone: A idle, CPU that of idling
         lines.append(f"| {label} | {cell(f)} | {cell(p)} | {ratio(p, f)} | {a_text} |")
-    return "\n".join(lines)
+    loads = (
+        f"{c} {got[c]['load_average'][0]:g} → {got[c]['load_average'][1]:g}"
+        for c in ("fair", "plain", "alone")
+        if "load_average" in got[c]
+    )
+    return "\n".join(lines) + "\n\nLoad average (1 min) over B's trickle: " + ", ".join(loads)
 
 
 def windows(got: dict[str, Any]) -> str:
