@@ -341,6 +341,9 @@ class TaskSpec:
     #: (``contend.domain.limits``); None: no limit.
     limit_key: str | None = None
     concurrency_limit: int | None = None
+    #: A task of a ``central`` queue: claimable only by the expert its queue's leader
+    #: assigned it to (``contend.domain.dispatch``).
+    central: bool = False
 
     @classmethod
     def build(
@@ -362,6 +365,7 @@ class TaskSpec:
         limit_key: str | None = None,
         concurrency_limit: int | None = None,
         if_failed: Iterable[str] = (),
+        central: bool = False,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem.
         *if_failed*: one :class:`IfFailed` choice per dependency (none: all ``fail``)."""
@@ -409,6 +413,7 @@ class TaskSpec:
             trace=check_trace(trace),
             limit_key=lkey,
             concurrency_limit=climit,
+            central=central is True,
         )
 
     def if_failed_of(self, dependency: str) -> str:

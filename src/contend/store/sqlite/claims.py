@@ -35,8 +35,8 @@ def _where(
     held = f" AND id NOT IN ({','.join('?' * without)})" if without else ""
     keys = f" AND (limit_key IS NULL OR limit_key NOT IN ({','.join('?' * full)}))" if full else ""
     return (
-        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type}{held}{keys} "
-        "AND (requirements IS NULL OR contend_fits(requirements))"
+        f"state = 'pending' AND central = 0 AND queue IN ({qmarks}) AND run_at <= ?"
+        f"{ids}{of_type}{held}{keys} AND (requirements IS NULL OR contend_fits(requirements))"
     )
 
 
@@ -110,8 +110,8 @@ def _lane(
         f"WHERE priority = ? AND {where} ORDER BY run_at, id LIMIT ?"
     )
     step = (
-        "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' AND queue = ? "
-        "AND priority < ? ORDER BY priority DESC LIMIT 1"
+        "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' "
+        "AND central = 0 AND queue = ? AND priority < ? ORDER BY priority DESC LIMIT 1"
     )
     extra = (*(ids or ()), *(types or ()), *held, *full)
     heads: list[tuple[float, str, int]] = []
@@ -212,9 +212,27 @@ async def claim(
         params = _claimable_params(queues, now, ids, kinds, limit, lane, held, full)
         update = (
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
-            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE "
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ?, "
+            "assignee = NULL WHERE "
         )
         head = (str(outcome.state), expert, now + ttl, now)
+        mine = _assigned(conn, expert, queues, now, ids, kinds, held, limit)
+        given = (
+            conn.execute(
+                update + f"id IN ({','.join('?' * len(mine))}) " + RETURNING, (*head, *mine)
+            ).fetchall()
+            if mine
+            else []
+        )
+        if len(given) >= limit:
+            return _claimed(conn, outcome, given, now, ttl)
+        if given:  # the central tasks took some of the room, and maybe a key's last place
+            full = _full_keys(conn)
+            lane = lane[: limit - len(given)]
+            inner = _claimable_sql(queues, n, kinds, len(lane), len(held), len(full))
+            params = _claimable_params(
+                queues, now, ids, kinds, limit - len(given), lane, held, full
+            )
         conn.execute("SAVEPOINT contend_claim")
         rows = conn.execute(update + inner + RETURNING, (*head, *params)).fetchall()
         if any(r[12] is not None for r in rows) and _over(conn, rows):
@@ -226,16 +244,59 @@ async def claim(
                 f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
                 (*queues, now, *(ids or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
             ).fetchall()
-            chosen = admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
+            want = limit - len(given)
+            chosen = admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), want)
             rows = conn.execute(
                 update + f"id IN ({','.join('?' * len(chosen))}) " + RETURNING, (*head, *chosen)
             ).fetchall()
         conn.execute("RELEASE contend_claim")
-        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
-        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
-        return [claimed_from_row(r, now + ttl) for r in rows]
+        return _claimed(conn, outcome, given + rows, now, ttl)
 
     return await db.tx(run)
+
+
+def _claimed(
+    conn: sqlite3.Connection,
+    outcome: rules.Outcome,
+    rows: list[Any],
+    now: float,
+    ttl: float,
+) -> list[Claimed]:
+    """Write the claims' history lines; what the new owner receives, best first."""
+    event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
+    insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
+    return [claimed_from_row(r, now + ttl) for r in rows]
+
+
+def _assigned(
+    conn: sqlite3.Connection,
+    expert: str,
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    kinds: Collection[str] | None,
+    held: Sequence[str],
+    limit: int,
+) -> list[str]:
+    """The central tasks a leader gave *expert* that it may claim now, in claim order, its
+    concurrency limits kept (``tasks_central``: a seek on (queue, assignee), never a walk
+    over a central queue's backlog)."""
+    qmarks = ",".join("?" * len(queues))
+    cond = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
+    if kinds is not None:
+        cond += f" AND type IN ({','.join('?' * len(kinds))})"
+    if held:
+        cond += f" AND id NOT IN ({','.join('?' * len(held))})"
+    picks = conn.execute(
+        f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY tasks_central "
+        f"WHERE state = 'pending' AND central = 1 AND queue IN ({qmarks}) AND assignee = ? "
+        f"AND run_at <= ?{cond} AND (requirements IS NULL OR contend_fits(requirements)) "
+        "ORDER BY eff_priority DESC, run_at, id LIMIT ?",
+        (*queues, expert, now, *(ids or ()), *(kinds or ()), *held, limit * 8 + 64),
+    ).fetchall()
+    if not picks:
+        return []
+    return admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
 
 
 RETURNING = (
@@ -313,7 +374,7 @@ async def steal(
         rows = conn.execute(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE id IN ("
-            f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+            f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' AND central = 0 "
             f"AND lease_deadline >= ? AND queue IN ({qmarks}){of_type} "
             "AND (requirements IS NULL OR contend_fits(requirements)) "
             "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "
