@@ -93,9 +93,14 @@ class Dispatcher:
     async def _run(self) -> None:
         while not self.stopping.is_set():
             session = self.keeper.session
-            if session is None or not session.safe():
+            if session is None or session.lost.is_set():
                 self.terms.clear()
                 await wait_event(self.clock, self.keeper.ready, self.every)
+                await asyncio.sleep(0)  # ready may be set still: never spin without yielding
+                continue
+            if not session.safe():  # its deadline passed (a pause): it leads nothing more
+                self.terms.clear()
+                self.keeper.lose(session, "no renewal within the lease")
                 continue
             try:
                 if self.clock.monotonic() >= self._renew_at:
@@ -106,8 +111,9 @@ class Dispatcher:
                 log.warning("expert %s: no longer leads: %s", self.name, exc)
                 self.terms.pop(_queue_of(exc.name), None)
                 continue
-            except LeaseLost:
+            except LeaseLost as exc:
                 self.terms.clear()
+                self.keeper.lose(session, str(exc))
                 continue
             except ContendError as exc:
                 log.warning("expert %s: central dispatch failed: %s", self.name, exc)
