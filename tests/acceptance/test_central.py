@@ -73,6 +73,7 @@ async def test_the_leader_dies_and_another_takes_over_within_a_lease(
         for name in ("a", "b", "c"):
             experts.start(name, lease=LEASE, concurrency=2, app=APP)
         specs = [TaskSpec.build("work", [i], queue="c", central=True) for i in range(TASKS)]
+        started = await store.now()
         await store.submit(specs)
 
         async def some_done() -> bool:
@@ -89,6 +90,7 @@ async def test_the_leader_dies_and_another_takes_over_within_a_lease(
             return await _succeeded(store) == TASKS
 
         await wait_until(all_done, timeout=60, what="every task done", watch=experts)
+        ran = await store.now() - started
         if sig == signal.SIGSTOP:
             experts.procs[old].send_signal(signal.SIGCONT)  # the old leader wakes up: fenced
 
@@ -119,7 +121,8 @@ async def test_the_leader_dies_and_another_takes_over_within_a_lease(
         given = [e.expert for e in t.history if e.event == ASSIGNED]
         claims = [e.expert for e in t.history if e.event == "claimed"]
         assert set(claims) <= set(given), t.history
-    print(f"takeover {took:.3f}s after the {sig.name}; terms {sorted({a.term for a in got})}")
+    terms = sorted({a.term for a in got})
+    print(f"takeover {took:.3f}s after the {sig.name}; terms {terms}; {TASKS} in {ran:.1f}s")
 
 
 async def _tasks(url: str) -> list[Task]:

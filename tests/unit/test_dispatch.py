@@ -90,3 +90,4 @@ def test_plan_keeps_requirements_and_queues() -> None:
 def test_free_slots() -> None:
     assert free_slots(4, 1, 2) == 1
     assert free_slots(2, 2, 3) == 0
+    assert free_slots(2, 2, 1, ahead=2) == 1  # one more held ready beside a full expert

@@ -144,10 +144,12 @@ class Worker:
     types: frozenset[str] = frozenset()
 
 
-def free_slots(capacity: int, load: int, assigned: int) -> int:
-    """Slots an expert has for new assignments: capacity less what it runs and less what it
-    was given and has not claimed yet (never below 0)."""
-    return max(0, capacity - load - assigned)
+def free_slots(capacity: int, load: int, assigned: int, ahead: int = 0) -> int:
+    """How many more tasks an expert may be given now: its capacity plus *ahead* (tasks given
+    ahead of a free slot, so that a slot that frees is filled at once, without waiting for
+    the leader's next round), less what it holds and what it was given and has not claimed
+    yet (never below 0)."""
+    return max(0, capacity + ahead - load - assigned)
 
 
 @dataclass(slots=True)

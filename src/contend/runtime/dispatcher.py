@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from contend.domain.dispatch import Worker, free_slots, plan
 from contend.domain.scoring import Fitness
@@ -145,7 +146,10 @@ class Dispatcher:
         )
         if not backlog.unassigned:
             return
-        workers = [self._worker(p, backlog.assigned.get(p.info.id, 0)) for p in serving]
+        workers = [
+            self._worker(p, backlog.held.get(p.info.id, 0), backlog.assigned.get(p.info.id, 0))
+            for p in serving
+        ]
         chosen = plan(backlog.unassigned, workers, self.fitness)
         if not chosen:
             return
@@ -154,9 +158,11 @@ class Dispatcher:
         given = await session.call("an assignment", assign)
         self.assigned += given
 
-    def _worker(self, p: ExpertRecord, assigned: int) -> Worker:
-        view = expert_view(p, self.competition.typical)
-        free = free_slots(p.info.capacity, p.load, assigned)
+    def _worker(self, p: ExpertRecord, held: int, assigned: int) -> Worker:
+        """*p* as the plan sees it: its load is what the store says it holds now (its last
+        heartbeat may be a third of a lease old: a slot freed since would wait that long)."""
+        view = replace(expert_view(p, self.competition.typical), load=held)
+        free = free_slots(p.info.capacity, held, assigned, ahead=p.info.capacity)
         return Worker(view, frozenset(p.info.queues), free, frozenset(p.info.task_types))
 
     async def _wait(self) -> None:

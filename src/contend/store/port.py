@@ -264,10 +264,14 @@ class Promises:
 class CentralBacklog:
     """What a central queue's leader reads before it plans: the pending central tasks that
     need an assignee (none yet, or one that is not live), best first, and how many pending
-    central tasks each live expert was given and has not claimed yet."""
+    central tasks each live expert was given and has not claimed yet, and how many tasks it
+    holds."""
 
     unassigned: list[TaskView]
     assigned: dict[str, int]
+    #: {live expert: tasks it holds now (claimed or running, any queue)}: its load as the
+    #: store knows it, fresher than its last heartbeat.
+    held: dict[str, int] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -304,7 +308,8 @@ class CentralDispatch(Protocol):
         self, queues: Sequence[str], live: Collection[str], limit: int
     ) -> CentralBacklog:
         """Pending central tasks in *queues* with no assignee or one not in *live*, best
-        first (claim order), up to *limit*; and {live expert: its pending assigned tasks}."""
+        first (claim order), up to *limit*; {live expert: its pending assigned tasks}; and
+        {live expert: the tasks it holds, claimed or running}."""
 
 
 class TaskTransaction(Protocol):

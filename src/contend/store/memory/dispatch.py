@@ -10,7 +10,7 @@ from contend.domain import dispatch as rules
 from contend.domain.limits import admit
 from contend.domain.task import Capabilities, TaskEvent
 from contend.store.memory.index import TaskIndex
-from contend.store.memory.records import Row, view_of
+from contend.store.memory.records import HISTORY_LIMIT, Row, view_of
 from contend.store.memory.sessions import Sessions
 from contend.store.port import CentralBacklog
 
@@ -64,6 +64,8 @@ class Leaders:
                 continue
             row.assignee = who
             row.history.append(TaskEvent(now, rules.ASSIGNED, row.fence, who, detail))
+            if len(row.history) > HISTORY_LIMIT:
+                del row.history[1 : len(row.history) - HISTORY_LIMIT + 1]
             given += 1
         return given
 
@@ -85,7 +87,12 @@ class Leaders:
                     need.append(((-row.aged, row.run_at, tid), tid))
         need.sort()
         views = [view_of(tid, self._tasks[tid]) for _, tid in need[:limit]]
-        return CentralBacklog(views, assigned)
+        held: dict[str, int] = {}
+        for tid in self._index.held:
+            owner = self._tasks[tid].owner
+            if owner is not None and owner in alive:
+                held[owner] = held.get(owner, 0) + 1
+        return CentralBacklog(views, assigned, held)
 
     def mine(
         self,

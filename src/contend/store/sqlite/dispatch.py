@@ -139,6 +139,12 @@ async def central_backlog(
             TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(load(r[4])), r[5])
             for r in rows[:limit]
         ]
-        return CentralBacklog(views, {w: n for w, n in assigned if w in known})
+        marks = ",".join("?" * len(alive))
+        held = conn.execute(
+            f"SELECT owner, count(*) FROM tasks INDEXED BY tasks_owned WHERE owner IN ({marks}) "
+            "AND state IN ('claimed', 'running') GROUP BY owner",
+            tuple(alive),
+        ).fetchall()
+        return CentralBacklog(views, {w: n for w, n in assigned if w in known}, dict(held))
 
     return await db.retry(run)

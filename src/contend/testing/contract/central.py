@@ -150,6 +150,9 @@ async def test_a_central_task_is_claimed_by_its_assignee_alone(harness: Harness)
     assert sorted(await _claim(b)) == sorted([t1, t2])
     got = await a.claim(5, queues=(Q,))
     assert [c.id for c in got] == [t3] and got[0].fence == 1
+    # what each holds now, as the leader reads it (fresher than a heartbeat)
+    backlog = await d.central_backlog((Q,), ["a", "b"], 10)
+    assert (backlog.held, backlog.assigned, backlog.unassigned) == ({"a": 2, "b": 2}, {}, [])
     # the assignment is used up by the claim: a retry of the task waits for a new one
     assert await h.store.release("a", [(t3, got[0].fence)]) == [None]
     assert (await h.store.get(t3)).state == P
