@@ -420,7 +420,11 @@ class Store(Protocol):
 
         Concurrency limits (where ``promises.concurrency_limits``): a task with a limit key is
         claimable only while fewer than its ``concurrency_limit`` tasks of that key are
-        claimed or running, this claim's included (``contend.domain.limits.admit``)."""
+        claimed or running, this claim's included (``contend.domain.limits.admit``).
+
+        Central tasks (where ``promises.central_dispatch``): claimable by their assignee
+        alone (:class:`CentralDispatch`), and before the others it may claim; ``peek``
+        never shows them."""
 
     async def steal(
         self,
