@@ -15,6 +15,7 @@ The tree::
     │   ├── SchemaError          the file or database is not a contend store, or its version differs
     │   └── InvalidTransition    the operation does not apply to the task's current state
     ├── FencedOut                an owner write carried a stale fence or a lapsed lease
+    ├── NotLeader                an assignment from a leader whose term is over (central queues)
     ├── TransactionConflict      a task's transaction did not commit (its own compare failed, or
     │                            the database refused a conflict); nothing was written: run it again
     ├── LeaseLost                an expert's lease lapsed; it must stop every task it holds
@@ -135,6 +136,22 @@ class FencedOut(ContendError):
         self.fence = fence
         #: A code for why (``contend.domain.transitions.Refusal``): gone, stale_fence, not_owner,
         #: not_owned, task_lease, expert_lease, raced.
+        self.reason = reason
+        self.detail = detail
+
+
+class NotLeader(ContendError):
+    """A ``central`` queue's assignment was refused: the sender does not lead *name* at *term*
+    (someone else took over, its leadership lapsed, or its session ended). Nothing was
+    assigned; the sender must stop assigning and try to lead again."""
+
+    def __init__(self, name: str, term: int, detail: str = "", *, reason: str = "") -> None:
+        more = f": {detail}" if detail else ""
+        super().__init__(f"leadership {name!r}: assignment at term {term} refused{more}")
+        self.name = name
+        self.term = term
+        #: A code for why (``contend.domain.dispatch.Refusal``): no_leader, stale_term,
+        #: not_holder, lapsed.
         self.reason = reason
         self.detail = detail
 

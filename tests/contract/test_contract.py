@@ -1,5 +1,6 @@
 """Collects the contract suite; the backends are registered in ``backends.py``."""
 
+from contend.testing.contract.central import *  # noqa: F403
 from contend.testing.contract.claims import *  # noqa: F403
 from contend.testing.contract.competition import *  # noqa: F403
 from contend.testing.contract.dependencies import *  # noqa: F403

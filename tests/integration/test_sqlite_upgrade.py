@@ -7,7 +7,8 @@ import sqlite3
 from pathlib import Path
 
 from contend.domain.limits import Rate
-from contend.domain.task import TaskSpec
+from contend.domain.task import Capabilities, TaskSpec
+from contend.store.port import ExpertInfo
 from contend.store.sqlite import SQLiteStore
 from contend.store.sqlite.schema import SCHEMA_VERSION
 
@@ -25,6 +26,15 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     db.execute("ALTER TABLE tasks DROP COLUMN progress")
     db.execute("ALTER TABLE tasks DROP COLUMN trace")
     db.execute("DROP INDEX tasks_lane")
+    db.execute("DROP INDEX tasks_claimable")
+    db.execute("DROP INDEX tasks_central")
+    db.execute("DROP TABLE leaders")
+    db.execute("ALTER TABLE tasks DROP COLUMN central")
+    db.execute("ALTER TABLE tasks DROP COLUMN assignee")
+    db.execute(
+        "CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) "
+        "WHERE state = 'pending'"
+    )
     db.execute("ALTER TABLE auctions DROP COLUMN grace")
     db.execute("DROP INDEX tasks_limited")
     db.execute("ALTER TABLE tasks DROP COLUMN limit_key")
@@ -50,6 +60,14 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
         rated = TaskSpec.build("job", limit_key="k", rate_limit=Rate.of("5/s"), fair=True)
         await store.submit([new, child, rated])
         assert (await store.get(child.id)).if_failed == ("run",)
+        # version 5: central queues (the old task is a compete one, claimable as before)
+        info = ExpertInfo("e")
+        session = await store.register_expert(info, 10.0)
+        assert await store.lead("e", session, "q", 10.0) == 1
+        claimed = await store.claim(
+            "e", session, ["default"], Capabilities(), limit=1, lease_ttl=10
+        )
+        assert [c.id for c in claimed] == [old.id]
         assert (await store.get(new.id)).trace == {
             "traceparent": new.trace and "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
         }
@@ -59,7 +77,11 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     (version,) = db.execute("SELECT value FROM contend_meta WHERE key='schema_version'").fetchone()
     lane = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks_lane'").fetchall()
     rate = db.execute("SELECT key, interval FROM rate_keys").fetchall()
+    claimable = db.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'tasks_claimable'"
+    ).fetchone()[0]
     db.close()
-    assert int(version) == SCHEMA_VERSION == 4
+    assert int(version) == SCHEMA_VERSION == 5
     assert lane  # the low lane's index came with version 3
     assert rate == [("k", 0.2)]  # rate limits came with version 4
+    assert "central = 0" in claimable  # version 5 left central tasks out of the claim order

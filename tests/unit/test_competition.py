@@ -163,8 +163,11 @@ def test_queue_modes_are_checked() -> None:
     assert app.queue_modes == {"bulk": "fifo"}
     app.queue("bulk", mode="compete")
     assert app.queue_modes == {}
+    app.queue("bulk", mode="central")
+    assert app.queue_modes == {"bulk": "central"}
+    app.queue("bulk", mode="compete")
     with pytest.raises(ConfigError, match="mode of queue 'bulk' must be one of"):
-        app.queue("bulk", mode="central")
+        app.queue("bulk", mode="leader")
     with pytest.raises(Exception, match="queue"):
         app.queue("", mode="fifo")
     assert app.queue_modes == {}

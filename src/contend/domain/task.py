@@ -345,6 +345,9 @@ class TaskSpec:
     rate_limit: Rate | None = None
     #: Claims share the slots fairly among the keys of a queue (``fair_order``).
     fair: bool = False
+    #: A task of a ``central`` queue: claimable only by the expert its queue's leader
+    #: assigned it to (``contend.domain.dispatch``).
+    central: bool = False
 
     @classmethod
     def build(
@@ -368,6 +371,7 @@ class TaskSpec:
         if_failed: Iterable[str] = (),
         rate_limit: Rate | None = None,
         fair: bool = False,
+        central: bool = False,
     ) -> TaskSpec:
         """Validate a submission; raises :class:`TaskError` naming the first problem.
         *if_failed*: one :class:`IfFailed` choice per dependency (none: all ``fail``)."""
@@ -417,6 +421,7 @@ class TaskSpec:
             concurrency_limit=climit,
             rate_limit=rate,
             fair=fair,
+            central=central is True,
         )
 
     def if_failed_of(self, dependency: str) -> str:

@@ -35,7 +35,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 StoreFactory = Callable[[str], Store]
 
 #: How a queue's tasks are dispatched (``App.queue``).
-QUEUE_MODES = ("compete", "fifo")
+QUEUE_MODES = ("compete", "fifo", "central")
 
 
 @dataclass(frozen=True)
@@ -378,8 +378,12 @@ class App:
 
     def queue(self, name: str, *, mode: str = "compete") -> None:
         """How the tasks of queue *name* are dispatched: ``"compete"`` (the default: experts
-        race or auction for them by fitness) or ``"fifo"`` (plain first come, first served:
-        any expert that can run one claims it at once, with no race delay and no auction)."""
+        race or auction for them by fitness), ``"fifo"`` (plain first come, first served:
+        any expert that can run one claims it at once, with no race delay and no auction) or
+        ``"central"`` (one leader, elected through a store lease among the experts that serve
+        the queue, assigns each task to a live expert by load and fitness; only that expert
+        may claim it, and it does at once; ``contend.domain.dispatch``). Central queues need a
+        store that promises them (``Store.promises.central_dispatch``)."""
         TaskSpec.build("queue-check", queue=name)  # the queue's name, checked as at submit
         if mode not in QUEUE_MODES:
             raise ConfigError(
@@ -571,6 +575,7 @@ class App:
             depends_on=[e.id for e in edges],
             if_failed=[e.if_failed for e in edges],
             trace=trace,
+            central=self.queue_modes.get(tt.queue if queue is None else queue) == "central",
             limit_key=lkey,
             concurrency_limit=tt.concurrency_limit,
             rate_limit=tt.rate_limit,
@@ -591,7 +596,9 @@ class App:
         name = self.task_type(task).name
         with tracing.submit_span(name) as (span, carrier):
             spec = self.build_spec(task, args, kwargs, **options, trace=carrier)
-            (submitted,) = await (await self.store()).submit([spec])
+            store = await self.store()
+            check_central(store, [spec])
+            (submitted,) = await store.submit([spec])
             if span is not None:
                 span.set_attribute("contend.task.id", submitted.id)
         return TaskHandle(self, submitted.id, created=submitted.created)
@@ -604,7 +611,9 @@ class App:
         does)."""
         for spec in specs:
             self.task_type(spec.type)
-        done = await (await self.store()).submit(list(specs))
+        store = await self.store()
+        check_central(store, specs)
+        done = await store.submit(list(specs))
         return [TaskHandle(self, s.id, created=s.created) for s in done]
 
     def submit_sync(
@@ -618,6 +627,20 @@ class App:
 
     def handle(self, task_id: str) -> TaskHandle:
         return TaskHandle(self, task_id)
+
+
+def check_central(store: Store, specs: Sequence[TaskSpec]) -> None:
+    """Refuse, before anything is written, tasks of a central queue for a store that does not
+    promise central dispatch: no expert could ever claim them."""
+    if store.promises.central_dispatch:
+        return
+    for spec in specs:
+        if spec.central:
+            raise ConfigError(
+                f"queue {shown(spec.queue)} is central, and the store {shown_url(store.url)} "
+                "does not dispatch central queues yet; use SQLite or the memory store, or "
+                "make the queue 'compete' or 'fifo'"
+            )
 
 
 @dataclass(frozen=True, slots=True)

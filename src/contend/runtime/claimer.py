@@ -367,17 +367,19 @@ class ClaimLoop:
         start: bool = True,
         low_lane: int = 0,
         types: tuple[str, ...] | None = None,
+        queues: list[str] | None = None,
     ) -> list[Claimed]:
         """The one place this expert claims, and counts attempts: a claim of named tasks
         attempts up to *limit* of them (what it does not get, a rival won); a claim of whatever
-        is best never loses a race. *types*: only these of the app's task types."""
+        is best never loses a race. *types*: only these of the app's task types; *queues*:
+        only these of its queues."""
         if task_ids is not None and not task_ids:
             return []
         claim = functools.partial(
             self.store.claim,
             self.name,
             session.id,
-            self.queues,
+            self.queues if queues is None else queues,
             self.config.capabilities,
             limit=limit,
             lease_ttl=self.config.lease_ttl,
@@ -419,6 +421,11 @@ class ClaimLoop:
         extra = 0
         if free <= 0:
             return []
+        central = [q for q in self.queues if q in comp.central]
+        if central:  # given by a leader: claimed at once, before any race (and not peeked)
+            given = await self._claim(session, free, queues=central)
+            if given:
+                return given
         # look deep enough that equally fit experts do not all reach for the same few tasks
         depth = max(16, (free + extra) * 3)
         peek = functools.partial(

@@ -94,6 +94,20 @@ class PressurePolicy:
         )
 
 
+def expert_view(p: ExpertRecord, typical: Mapping[str, float]) -> ExpertView:
+    """What an expert's heartbeats tell others of it, as a fitness function sees it."""
+    return ExpertView(
+        name=p.info.id,
+        capabilities=p.info.capabilities,
+        capacity=p.info.capacity,
+        load=p.load,
+        tier=p.info.tier,
+        specialties=frozenset(p.metrics.get("specialties", ()) or ()),
+        history=records_from_json(p.metrics.get("types")),
+        typical_seconds=typical,
+    )
+
+
 class Competition:
     """An expert's picture of the contest, refreshed at every heartbeat."""
 
@@ -113,11 +127,14 @@ class Competition:
         pressure: PressurePolicy | None = None,
         rand: Callable[[], float] = random.random,
         fifo: frozenset[str] = frozenset(),
+        central: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
         self.rand = rand
         #: Queues dispatched first come, first served: no race delay for their tasks.
         self.fifo = fifo
+        #: Queues whose leader assigns their tasks: claimed by the assignee at once.
+        self.central = central
         self.capabilities = capabilities
         self.capacity = capacity
         self.queues = set(queues)
@@ -162,18 +179,7 @@ class Competition:
                 continue
             if p.info.tier == "emergency" and not p.metrics.get("active", False):
                 continue
-            out.append(
-                ExpertView(
-                    name=p.info.id,
-                    capabilities=p.info.capabilities,
-                    capacity=p.info.capacity,
-                    load=p.load,
-                    tier=p.info.tier,
-                    specialties=frozenset(p.metrics.get("specialties", ()) or ()),
-                    history=records_from_json(p.metrics.get("types")),
-                    typical_seconds=self.typical,
-                )
-            )
+            out.append(expert_view(p, self.typical))
         return out
 
     def update_peers(self, peers: list[ExpertRecord], my_load: int) -> None:
@@ -219,7 +225,7 @@ class Competition:
         """A race changes nothing when this expert is alone or every live rival has the same
         profile (capabilities, tier, specialties, and speed within 20 % on every type): then
         the expert claims at once, with no extra read and no wait."""
-        if self.window <= 0 or self.queues <= self.fifo:
+        if self.window <= 0 or self.queues <= self.fifo | self.central:
             return False
         rivals = self.rivals()
         if not rivals:

@@ -15,7 +15,9 @@ composes parts with one job each, sharing one event loop:
   calls;
 * **housekeeping** (``runtime.housekeeping``), after each renewal but apart from it, expires
   lapsed leases and refreshes the view of rivals;
-* the **ticker** (``runtime.ticker``) submits the ticks of the app's periodic task types.
+* the **ticker** (``runtime.ticker``) submits the ticks of the app's periodic task types;
+* the **dispatcher** (``runtime.dispatcher``), for an expert serving ``central`` queues, takes
+  part in their leader elections and, while it leads one, assigns its tasks.
 
 Time comes from an injected :class:`~contend.runtime.clock.Clock`; counters, logs of task
 outcomes and anything cross-cutting plug in as :class:`~contend.runtime.hooks.Hook` objects.
@@ -38,6 +40,7 @@ from contend.runtime.clock import Clock, SystemClock, settle_strays
 from contend.runtime.committer import Committer
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
+from contend.runtime.dispatcher import Dispatcher
 from contend.runtime.executor import Executor
 from contend.runtime.hooks import ExpertStats, Hook, Hooks, TaskLog
 from contend.runtime.housekeeping import Housekeeper
@@ -116,6 +119,22 @@ class _Parts:
         self.ticker = Ticker(
             e.app, store, e.name, clock=e.clock, stopping=e._stopping, retention=cfg.retention
         )
+        central = sorted(e.competition.central)
+        self.dispatcher = (
+            Dispatcher(
+                store,
+                e.name,
+                central,
+                keeper=self.keeper,
+                competition=e.competition,
+                fitness=cfg.fitness,
+                lease_ttl=cfg.lease_ttl,
+                clock=e.clock,
+                stopping=e._stopping,
+            )
+            if central
+            else None
+        )
 
 
 class Expert:
@@ -163,6 +182,7 @@ class Expert:
             zone_margin=self.config.zone_margin,
             pressure=self.config.pressure,
             fifo=frozenset(q for q, m in app.queue_modes.items() if m == "fifo"),
+            central=frozenset(q for q in self.queues if app.queue_modes.get(q) == "central"),
         )
         self.parts: _Parts | None = None
         self.error: ContendError | None = None  # why the expert stopped on its own
@@ -226,6 +246,8 @@ class Expert:
         loops = [housekeeping]
         if self.config.periodic and self.app.schedules:
             loops.append(asyncio.create_task(p.ticker.run(), name="contend-ticker"))
+        if p.dispatcher is not None:
+            loops.append(asyncio.create_task(p.dispatcher.run(), name="contend-dispatcher"))
         try:
             await p.claimer.run()
             left = await p.executor.drain(lambda: self.config.grace)

@@ -255,6 +255,10 @@ class Promises:
       False: a submission of a task with a rate limit raises ConfigError, writing nothing.
     * ``fair_share`` — claims share slots fairly among the limit keys of fair tasks
       (``contend.domain.limits.fair_order``); False: such a submission is refused the same way.
+    * ``central_dispatch`` — the store is also a :class:`CentralDispatch`: leaderships, terms
+      and assignments for ``central`` queues (``contend.domain.dispatch``); False: the app
+      refuses to submit to a central queue and an expert refuses to serve one (ConfigError,
+      nothing written).
     """
 
     atomic_submit: int | None = None
@@ -263,6 +267,59 @@ class Promises:
     concurrency_limits: bool = False
     rate_limits: bool = False
     fair_share: bool = False
+    central_dispatch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CentralBacklog:
+    """What a central queue's leader reads before it plans: the pending central tasks that
+    need an assignee (none yet, or one that is not live), best first, and how many pending
+    central tasks each live expert was given and has not claimed yet, and how many tasks it
+    holds."""
+
+    unassigned: list[TaskView]
+    assigned: dict[str, int]
+    #: {live expert: tasks it holds now (claimed or running, any queue)}: its load as the
+    #: store knows it, fresher than its last heartbeat.
+    held: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class CentralDispatch(Protocol):
+    """The part of a store that ``central`` queues need (where ``promises.central_dispatch``).
+
+    * ``lead`` takes or renews the leadership *name* for *expert* in its live *session*: it
+      may when nobody holds it, when the holder's lease on it lapsed, when the holder's
+      session is no longer live (ended, deregistered, expired: a successor takes over at once)
+      or when *expert* holds it in *session* already. Returns the term it holds — a number
+      that grows by one each time the leadership changes hands — or None while another
+      holds it. Raises LeaseLost when *session* is not live.
+    * ``assign`` applies a leader's plan in one atomic step, or nothing: it raises
+      :class:`~contend.errors.NotLeader` (writing nothing) unless *expert* holds *name* at
+      *term* in *session* with a live lease; otherwise it gives each task to its expert when
+      the task is still pending and central and has no live assignee, writes an ``assigned``
+      history line (``contend.domain.dispatch.assigned_detail``) and returns how many it gave.
+    * A central task is claimable (``Store.claim``) only by its assignee; ``peek`` does not
+      show central tasks and ``steal`` never takes one.
+    """
+
+    async def lead(self, expert: str, session: str, name: str, ttl: float) -> int | None: ...
+
+    async def assign(
+        self,
+        expert: str,
+        session: str,
+        name: str,
+        term: int,
+        assignments: Mapping[str, str],
+    ) -> int: ...
+
+    async def central_backlog(
+        self, queues: Sequence[str], live: Collection[str], limit: int
+    ) -> CentralBacklog:
+        """Pending central tasks in *queues* with no assignee or one not in *live*, best
+        first (claim order), up to *limit*; {live expert: its pending assigned tasks}; and
+        {live expert: the tasks it holds, claimed or running}."""
 
 
 class TaskTransaction(Protocol):
@@ -387,7 +444,11 @@ class Store(Protocol):
         Fair share (where ``promises.fair_share``): among tasks of equal base priority, the
         claim takes fair tasks so as to even out their keys' claimed and running counts
         (``contend.domain.limits.fair_order``), looking at the heads of up to ``FAIR_KEYS``
-        keys of a queue per claim. ``peek`` shows the same order."""
+        keys of a queue per claim. ``peek`` shows the same order.
+
+        Central tasks (where ``promises.central_dispatch``): claimable by their assignee
+        alone (:class:`CentralDispatch`), and before the others it may claim; ``peek``
+        never shows them."""
 
     async def steal(
         self,

@@ -80,13 +80,16 @@ class Group:
 class TaskIndex:
     """The pending groups, the held tasks and the ageing schedule of one store."""
 
-    __slots__ = ("_groups", "_promotions", "held")
+    __slots__ = ("_groups", "_promotions", "central", "held")
 
     def __init__(self) -> None:
         self._groups: dict[str, dict[GroupKey, Group]] = {}  # queue -> (type, reqs) -> pending
         self._promotions: list[tuple[float, str]] = []  # (promote_at, id), a heap for ageing
         #: Ids of claimed or running tasks, in claim order.
         self.held: dict[str, None] = {}
+        #: Pending central tasks, per queue: out of the claim order's groups, so that a
+        #: central backlog costs a compete claim nothing (``contend.domain.dispatch``).
+        self.central: dict[str, dict[str, None]] = {}
 
     def place(self, tid: str, row: Row) -> None:
         """File *row* under its current state: call it after changing its state or run_at."""
@@ -95,7 +98,9 @@ class TaskIndex:
             group.keys.discard(row.key)
             row.key = None
         state = row.state
-        if state == P:
+        if row.spec.central:
+            self._place_central(tid, row)
+        elif state == P:
             row.key = (-row.aged, row.run_at, tid)
             heapq.heappush(self._promotions, (row.promote_at, tid))
             groups = self._groups.setdefault(row.spec.queue, {})
@@ -108,6 +113,15 @@ class TaskIndex:
             self.held[tid] = None
         else:
             self.held.pop(tid, None)
+
+    def _place_central(self, tid: str, row: Row) -> None:
+        pending = self.central.setdefault(row.spec.queue, {})
+        if row.state == P:
+            pending[tid] = None
+            heapq.heappush(self._promotions, (row.promote_at, tid))
+        else:
+            pending.pop(tid, None)
+            row.assignee = None  # an assignment is used up by the claim, or by the end
 
     def age(self, now: float, tasks: Mapping[str, Row]) -> None:
         """Ageing: pending tasks whose next step is due gain it (and move in the index)."""

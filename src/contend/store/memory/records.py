@@ -44,6 +44,7 @@ class Row:
     aged: int = 0  # effective priority, raised by ``expire`` as the task waits
     promote_at: float = 0.0
     key: Key | None = None  # its place in the pending index while it is pending
+    assignee: str | None = None  # a pending central task: the expert its leader gave it to
 
 
 def record_event(row: Row, now: float, outcome: Outcome, fence: int) -> None:

@@ -77,6 +77,11 @@ class Sessions:
             raise session_not_live(expert, session)
         return e
 
+    def session_live(self, expert: str, session: str | None, now: float) -> bool:
+        """Whether *session* is *expert*'s live session."""
+        e = self._experts.get(expert)
+        return e is not None and e.session == session and e.lease_deadline >= now
+
     def is_live(self, expert: str, now: float) -> bool:
         """Whether *expert* has a live session, whichever it is."""
         e = self._experts.get(expert)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from contend.domain import auction
 from contend.domain import transitions as rules
@@ -33,6 +33,7 @@ from contend.store._common import (
     check_ttl,
     sort_out,
 )
+from contend.store.memory.dispatch import Leaders
 from contend.store.memory.index import TaskIndex
 from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
 from contend.store.memory.sessions import Sessions
@@ -40,6 +41,8 @@ from contend.store.memory.transactions import MemoryTransaction, check_key, conf
 from contend.store.port import (
     Auction,
     Backlog,
+    CentralBacklog,
+    CentralDispatch,
     Claimed,
     Completion,
     ExpertInfo,
@@ -66,7 +69,11 @@ class MemoryStore:
     #: One process: every submission is atomic. A task's transaction reads and writes the
     #: store's key-value space (``value()``), without a lock: a conflict is found at commit.
     promises = Promises(
-        transactions=True, concurrency_limits=True, rate_limits=True, fair_share=True
+        transactions=True,
+        concurrency_limits=True,
+        rate_limits=True,
+        fair_share=True,
+        central_dispatch=True,
     )
 
     def __init__(
@@ -83,6 +90,7 @@ class MemoryStore:
         self._dependents: dict[str, set[str]] = {}
         self._sessions = Sessions()
         self._index = TaskIndex()
+        self._leaders = Leaders(self._tasks, self._index, self._sessions)
         self._changed = asyncio.Event()
         self._version = 0
         self._seen = 0
@@ -289,27 +297,51 @@ class MemoryStore:
         index = self._index
         wanted = None if task_ids is None else set(task_ids)
         held = self._limit_holders()
+        without = self._held_back(expert, now)
+        mine = self._leaders.mine(
+            expert,
+            queues,
+            capabilities,
+            now,
+            limit,
+            ids=wanted,
+            types=types,
+            without=without,
+            held=held,
+        )
+        if held is not None:
+            for tid in mine:  # they take their keys' places before the others are admitted
+                key = self._tasks[tid].spec.limit_key
+                if key is not None:
+                    held[key] = held.get(key, 0) + 1
         chosen = index.claimable(
             queues,
             capabilities,
             now,
-            len(self._tasks) if held is not None else limit,
+            len(self._tasks) if held is not None else limit - len(mine),
             low_lane,
             types,
             ids=wanted,
             tasks=self._tasks,
-            without=self._held_back(expert, now),
+            without=without,
             order=None if held is None else self._fair_order(held),
         )
         if held is not None:  # keyed tasks pending: keep their limits
             rows = self._tasks
             picks = ((t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen)
             # a key's rate holds back every task of the key, as its concurrency limit does
-            keys = {rows[t].spec.limit_key for t in chosen}
+            keys = {rows[t].spec.limit_key for t in [*mine, *chosen]}
             rated = {k: v for k, v in self._rates.items() if k in keys}
-            chosen = admit(picks, held, limit, rooms(rated, now))
+            room = rooms(rated, now)
+            for tid in mine:  # the assigned tasks spend their keys' rates first
+                key = rows[tid].spec.limit_key
+                if key in room:
+                    room[key] = max(0, room[key] - 1)
+            chosen = mine + admit(picks, held, limit - len(mine), room)
             spent = spend((rows[t].spec.limit_key for t in chosen), rated, now)
             self._rates.update((k, (rated[k][0], tat)) for k, tat in spent.items())
+        else:
+            chosen = mine + chosen
         outcome = rules.claimed(expert, start=start)
         return [
             self._hand_over(tid, self._tasks[tid], expert, outcome, now, now + ttl)
@@ -349,6 +381,7 @@ class MemoryStore:
                 for tid, row in self._tasks.items()
                 if row.owner == victim
                 and row.state == C
+                and not row.spec.central
                 and row.lease_deadline is not None
                 and row.lease_deadline >= now
                 and row.spec.queue in qs
@@ -361,6 +394,24 @@ class MemoryStore:
             self._hand_over(tid, self._tasks[tid], thief, outcome, now, now + ttl)
             for _, _, tid in loot
         ]
+
+    # -- central queues (contend.domain.dispatch) -------------------------------------------
+    async def lead(self, expert: str, session: str, name: str, ttl: float) -> int | None:
+        return self._leaders.lead(expert, session, name, check_ttl(ttl), self._clock())
+
+    async def assign(
+        self, expert: str, session: str, name: str, term: int, assignments: Mapping[str, str]
+    ) -> int:
+        given = self._leaders.assign(expert, session, name, term, assignments, self._clock())
+        if given:
+            self._touch()
+        return given
+
+    async def central_backlog(
+        self, queues: Sequence[str], live: Collection[str], limit: int
+    ) -> CentralBacklog:
+        check_limit(limit)
+        return self._leaders.backlog(queues, live, limit, self._clock())
 
     async def bid(
         self,
@@ -686,3 +737,7 @@ class MemoryStore:
             except TimeoutError:
                 pass
         self._seen = self._version
+
+
+def _dispatches(store: MemoryStore) -> CentralDispatch:
+    return store  # mypy checks here that MemoryStore implements central dispatch

@@ -42,8 +42,8 @@ def _where(
     held = f" AND id NOT IN ({','.join('?' * without)})" if without else ""
     keys = f" AND (limit_key IS NULL OR limit_key NOT IN ({','.join('?' * full)}))" if full else ""
     return (
-        f"state = 'pending' AND queue IN ({qmarks}) AND run_at <= ?{ids}{of_type}{held}{keys} "
-        "AND (requirements IS NULL OR contend_fits(requirements))"
+        f"state = 'pending' AND central = 0 AND queue IN ({qmarks}) AND run_at <= ?"
+        f"{ids}{of_type}{held}{keys} AND (requirements IS NULL OR contend_fits(requirements))"
     )
 
 
@@ -128,8 +128,8 @@ def _lane(
         f"WHERE priority = ? AND {where} ORDER BY run_at, id LIMIT ?"
     )
     step = (
-        "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' AND queue = ? "
-        "AND priority < ? ORDER BY priority DESC LIMIT 1"
+        "SELECT priority FROM tasks INDEXED BY tasks_lane WHERE state = 'pending' "
+        "AND central = 0 AND queue = ? AND priority < ? ORDER BY priority DESC LIMIT 1"
     )
     extra = (*(types or ()), *held, *full)
     heads: list[tuple[float, str, int]] = []
@@ -305,55 +305,126 @@ async def claim(
             return []
         db.caps = capabilities
         held = held_back(conn, expert, now)  # the auctions' order, kept here
-        # limit keys at their concurrency limit, and rate keys with no room now
-        full = list(dict.fromkeys([*_full_keys(conn), *throttled(conn, now)]))
-        lane = (
-            _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held, full)
-            if low_lane
-            else []
-        )
-        fair = _fair(db, queues, now, ids, kinds, limit - len(lane), [*held, *lane], full)
-        named = ids if fair is None else fair
-        n = None if named is None else len(named)
-        inner = _claimable_sql(queues, n, kinds, len(lane), len(held), len(full))
-        params = _claimable_params(queues, now, named, kinds, limit, lane, held, full)
         update = (
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
-            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE "
+            f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ?, "
+            "assignee = NULL WHERE "
         )
         head = (str(outcome.state), expert, now + ttl, now)
-        conn.execute("SAVEPOINT contend_claim")
-        rows = conn.execute(update + inner + RETURNING, (*head, *params)).fetchall()
-        rates = rate_states(conn, {r[12] for r in rows})
-        if any(r[12] is not None for r in rows) and (
-            _over(conn, rows) or _over_rate(rows, rates, now)
-        ):
-            # two of one key in this claim: take them again one key's room at a time
-            conn.execute("ROLLBACK TO contend_claim")
-            where = _where(queues, n, kinds, len(held), len(full))
-            by = "sqlite_autoindex_tasks_1" if named is not None else "tasks_claimable"
-            picks = conn.execute(
-                f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY {by} "
-                f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
-                (*queues, now, *(named or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
+        # the central tasks a leader gave this expert go first
+        mine = _assigned(conn, expert, queues, now, ids, kinds, held, limit)
+        given = (
+            conn.execute(
+                update + f"id IN ({','.join('?' * len(mine))}) " + RETURNING, (*head, *mine)
             ).fetchall()
-            if lane or fair is not None:  # keep the lane's and the fair order
-                first = {tid: i for i, tid in enumerate([*lane, *(fair or ())])}
-                picks.sort(key=lambda p: first.get(p[0], len(first)))
-            keys = {p[1] for p in picks if p[1]}
-            rates = rate_states(conn, keys)
-            chosen = admit(picks, _holders(conn, keys), limit, rooms(rates, now))
-            rows = conn.execute(
-                update + f"id IN ({','.join('?' * len(chosen))}) " + RETURNING, (*head, *chosen)
-            ).fetchall()
-        conn.execute("RELEASE contend_claim")
+            if mine
+            else []
+        )
+        rest = limit - len(given)
+        rows = _claim_rest(conn, db, queues, now, ids, kinds, rest, low_lane, held, update, head)
+        rates = rate_states(conn, {r[12] for r in [*given, *rows]})
         if rates:
-            spend_rates(conn, rates, (r[12] for r in rows), now)
-        event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
-        insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
-        return [claimed_from_row(r, now + ttl) for r in rows]
+            spend_rates(conn, rates, (r[12] for r in [*given, *rows]), now)
+        return _claimed(conn, outcome, given + rows, now, ttl)
 
     return await db.tx(run)
+
+
+def _claim_rest(
+    conn: sqlite3.Connection,
+    db: Database,
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    kinds: Collection[str] | None,
+    limit: int,
+    low_lane: int,
+    held: Sequence[str],
+    update: str,
+    head: tuple[Any, ...],
+) -> list[Any]:
+    """The claim's compete and fifo part, up to *limit*: the low lane's, the fair or best
+    others, every limit kept; the rows it took (RETURNING)."""
+    if limit <= 0:
+        return []
+    # limit keys at their concurrency limit, and rate keys with no room now
+    full = list(dict.fromkeys([*_full_keys(conn), *throttled(conn, now)]))
+    lane = (
+        _lane(conn, queues, now, ids, kinds, min(low_lane, limit), held, full) if low_lane else []
+    )
+    fair = _fair(db, queues, now, ids, kinds, limit - len(lane), [*held, *lane], full)
+    named = ids if fair is None else fair
+    n = None if named is None else len(named)
+    inner = _claimable_sql(queues, n, kinds, len(lane), len(held), len(full))
+    params = _claimable_params(queues, now, named, kinds, limit, lane, held, full)
+    conn.execute("SAVEPOINT contend_claim")
+    rows = conn.execute(update + inner + RETURNING, (*head, *params)).fetchall()
+    if any(r[12] is not None for r in rows) and (
+        _over(conn, rows) or _over_rate(rows, rate_states(conn, {r[12] for r in rows}), now)
+    ):
+        # two of one key in this claim: take them again one key's room at a time
+        conn.execute("ROLLBACK TO contend_claim")
+        where = _where(queues, n, kinds, len(held), len(full))
+        by = "sqlite_autoindex_tasks_1" if named is not None else "tasks_claimable"
+        picks = conn.execute(
+            f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY {by} "
+            f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
+            (*queues, now, *(named or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
+        ).fetchall()
+        if lane or fair is not None:  # keep the lane's and the fair order
+            first = {tid: i for i, tid in enumerate([*lane, *(fair or ())])}
+            picks.sort(key=lambda p: first.get(p[0], len(first)))
+        keys = {p[1] for p in picks if p[1]}
+        chosen = admit(picks, _holders(conn, keys), limit, rooms(rate_states(conn, keys), now))
+        rows = conn.execute(
+            update + f"id IN ({','.join('?' * len(chosen))}) " + RETURNING, (*head, *chosen)
+        ).fetchall()
+    conn.execute("RELEASE contend_claim")
+    return rows
+
+
+def _claimed(
+    conn: sqlite3.Connection,
+    outcome: rules.Outcome,
+    rows: list[Any],
+    now: float,
+    ttl: float,
+) -> list[Claimed]:
+    """Write the claims' history lines; what the new owner receives, best first."""
+    event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
+    insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
+    return [claimed_from_row(r, now + ttl) for r in rows]
+
+
+def _assigned(
+    conn: sqlite3.Connection,
+    expert: str,
+    queues: Sequence[str],
+    now: float,
+    ids: Sequence[str] | None,
+    kinds: Collection[str] | None,
+    held: Sequence[str],
+    limit: int,
+) -> list[str]:
+    """The central tasks a leader gave *expert* that it may claim now, in claim order, its
+    concurrency limits kept (``tasks_central``: a seek on (queue, assignee), never a walk
+    over a central queue's backlog)."""
+    qmarks = ",".join("?" * len(queues))
+    cond = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
+    if kinds is not None:
+        cond += f" AND type IN ({','.join('?' * len(kinds))})"
+    if held:
+        cond += f" AND id NOT IN ({','.join('?' * len(held))})"
+    picks = conn.execute(
+        f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY tasks_central "
+        f"WHERE state = 'pending' AND central = 1 AND queue IN ({qmarks}) AND assignee = ? "
+        f"AND run_at <= ?{cond} AND (requirements IS NULL OR contend_fits(requirements)) "
+        "ORDER BY eff_priority DESC, run_at, id LIMIT ?",
+        (*queues, expert, now, *(ids or ()), *(kinds or ()), *held, limit * 8 + 64),
+    ).fetchall()
+    if not picks:
+        return []
+    return admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
 
 
 RETURNING = (
@@ -445,7 +516,7 @@ async def steal(
         rows = conn.execute(
             f"UPDATE tasks SET state = ?, owner = ?, fence = fence + 1"
             f"{attempts_sql(outcome.attempts)}, lease_deadline = ?, updated_at = ? WHERE id IN ("
-            f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' "
+            f"SELECT id FROM tasks WHERE owner = ? AND state = 'claimed' AND central = 0 "
             f"AND lease_deadline >= ? AND queue IN ({qmarks}){of_type} "
             "AND (requirements IS NULL OR contend_fits(requirements)) "
             "ORDER BY eff_priority DESC, run_at, id LIMIT ?) "

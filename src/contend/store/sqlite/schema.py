@@ -7,7 +7,7 @@ import sqlite3
 from contend.errors import SchemaError
 from contend.store.sqlite.connection import is_busy, not_yet
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
 
 SCHEMA = """
@@ -45,11 +45,17 @@ CREATE TABLE tasks (
     if_failed TEXT,
     rate_interval REAL,
     rate_burst INTEGER,
-    fair_key TEXT
+    fair_key TEXT,
+    central INTEGER NOT NULL DEFAULT 0,
+    assignee TEXT
 );
-CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id)
+    WHERE state = 'pending' AND central = 0;
 CREATE INDEX tasks_oldest ON tasks (queue, run_at, id) WHERE state = 'pending';
-CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id)
+    WHERE state = 'pending' AND central = 0;
+CREATE INDEX tasks_central ON tasks (queue, assignee, eff_priority DESC, run_at, id)
+    WHERE state = 'pending' AND central = 1;
 CREATE INDEX tasks_limited ON tasks (limit_key)
     WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running');
 CREATE INDEX tasks_fair ON tasks (queue, fair_key, eff_priority DESC, run_at, id)
@@ -91,6 +97,10 @@ CREATE TABLE experts (
     tasks_done INTEGER NOT NULL DEFAULT 0,
     metrics TEXT NOT NULL DEFAULT '{}'
 );
+CREATE TABLE leaders (
+    name TEXT PRIMARY KEY, holder TEXT, session TEXT, term INTEGER NOT NULL,
+    deadline REAL NOT NULL
+) WITHOUT ROWID;
 """
 
 TASK_COLUMNS = (
@@ -130,6 +140,22 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "burst INTEGER NOT NULL, tat REAL, full_until REAL) WITHOUT ROWID",
         "CREATE INDEX IF NOT EXISTS rate_keys_full ON rate_keys (full_until) "
         "WHERE full_until IS NOT NULL",
+    ),
+    # central queues: a task's flag and assignee, the leaderships; the claim order's indexes
+    # leave central tasks out, so a central backlog costs a compete claim nothing
+    5: (
+        "ALTER TABLE tasks ADD COLUMN central INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE tasks ADD COLUMN assignee TEXT",
+        "DROP INDEX IF EXISTS tasks_claimable",
+        "CREATE INDEX tasks_claimable ON tasks (queue, eff_priority DESC, run_at, id) "
+        "WHERE state = 'pending' AND central = 0",
+        "DROP INDEX IF EXISTS tasks_lane",
+        "CREATE INDEX tasks_lane ON tasks (queue, priority DESC, run_at, id) "
+        "WHERE state = 'pending' AND central = 0",
+        "CREATE INDEX IF NOT EXISTS tasks_central ON tasks "
+        "(queue, assignee, eff_priority DESC, run_at, id) WHERE state = 'pending' AND central = 1",
+        "CREATE TABLE IF NOT EXISTS leaders (name TEXT PRIMARY KEY, holder TEXT, session TEXT, "
+        "term INTEGER NOT NULL, deadline REAL NOT NULL) WITHOUT ROWID",
     ),
 }
 

@@ -8,12 +8,14 @@ from collections.abc import Callable
 
 from contend.store._common import bind
 from contend.store.port import (
+    CentralDispatch,
     Promises,
     Store,
 )
 from contend.store.sqlite import (
     auctions,
     claims,
+    dispatch,
     housekeeping,
     inspection,
     management,
@@ -43,6 +45,7 @@ class SQLiteStore:
         concurrency_limits=True,
         rate_limits=True,
         fair_share=True,
+        central_dispatch=True,
     )
 
     def __init__(
@@ -80,6 +83,9 @@ class SQLiteStore:
         self.claim = bind(claims.claim, db)
         self.steal = bind(claims.steal, db)
         self.bid = bind(auctions.bid, db)  # auctions.py
+        self.lead = bind(dispatch.lead, db)  # dispatch.py
+        self.assign = bind(dispatch.assign, db)
+        self.central_backlog = bind(dispatch.central_backlog, db)
         self.start = bind(owner_writes.start, db)  # owner_writes.py
         self.checkpoint = bind(owner_writes.checkpoint, db)
         self.progress = bind(owner_writes.progress, db)
@@ -129,3 +135,7 @@ class SQLiteStore:
 
 def _is_a_store(store: SQLiteStore) -> Store:
     return store  # mypy checks here that SQLiteStore implements the whole port
+
+
+def _dispatches(store: SQLiteStore) -> CentralDispatch:
+    return store  # and that it implements central dispatch (promises.central_dispatch)

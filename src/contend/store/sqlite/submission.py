@@ -102,6 +102,7 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 spec.trace,
                 spec.limit_key,
                 spec.concurrency_limit,
+                int(spec.central),
                 json.dumps(list(spec.if_failed)) if spec.if_failed else None,
                 None if spec.rate_limit is None else spec.rate_limit.interval,
                 None if spec.rate_limit is None else spec.rate_limit.burst,
@@ -112,9 +113,9 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
     conn.executemany(
         "INSERT INTO tasks (id, type, queue, state, priority, args, kwargs, key, "
         "requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on, "
-        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max, if_failed, "
-        "rate_interval, rate_burst, fair_key) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "deps_left, error, eff_priority, promote_at, trace, limit_key, limit_max, central, "
+        "if_failed, rate_interval, rate_burst, fair_key) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
     rates = {s.limit_key: s.rate_limit for s in fresh if s.rate_limit and s.limit_key}

@@ -17,6 +17,7 @@ A backend outside this repository runs it as this repository runs it on its own 
 
 ``test_contract.py`` collects the tests::
 
+    from contend.testing.contract.central import *  # noqa: F403
     from contend.testing.contract.claims import *  # noqa: F403
     from contend.testing.contract.competition import *  # noqa: F403
     from contend.testing.contract.dependencies import *  # noqa: F403
@@ -40,6 +41,7 @@ import pytest
 
 # The suite's modules hold the asserts: let pytest explain a failed one as it does in tests.
 pytest.register_assert_rewrite(
+    "contend.testing.contract.central",
     "contend.testing.contract.claims",
     "contend.testing.contract.competition",
     "contend.testing.contract.dependencies",
