@@ -11,7 +11,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from contend.domain import auction
 from contend.domain import transitions as rules
-from contend.domain.limits import FairCandidate, Rate, admit, fair_order, rooms, spend
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
@@ -35,6 +34,7 @@ from contend.store._common import (
 )
 from contend.store.memory.dispatch import Leaders
 from contend.store.memory.index import TaskIndex
+from contend.store.memory.limits import Limits
 from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
 from contend.store.memory.sessions import Sessions
 from contend.store.memory.transactions import MemoryTransaction, check_key, conflict
@@ -96,9 +96,7 @@ class MemoryStore:
         self._seen = 0
         self._done_times: list[tuple[float, str]] = []  # (when, queue) of each success
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
-        self._keyed = 0  # tasks ever submitted with a limit key: none, and claims need not look
-        self._fair = 0  # of them, with fair share
-        self._rates: dict[str, tuple[Rate, float | None]] = {}  # rate key -> (rate, its tat)
+        self._limits = Limits(self._tasks)
         self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
@@ -172,12 +170,7 @@ class MemoryStore:
             birth = rules.submitted(spec.depends_on, states, spec.if_failed)
             left = birth.waits_on
             row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
-            self._keyed += spec.limit_key is not None
-            self._fair += spec.fair
-            if spec.rate_limit is not None and spec.limit_key is not None:
-                # a key's rate is the one its latest submission declared; its state stays
-                known = self._rates.get(spec.limit_key)
-                self._rates[spec.limit_key] = (spec.rate_limit, known[1] if known else None)
+            self._limits.note(spec)
             row.aged = spec.priority
             row.promote_at = next_promotion(spec.priority, spec.priority, now)
             row.error = birth.error_json
@@ -270,7 +263,7 @@ class MemoryStore:
     ) -> list[TaskView]:
         check_limit(limit)
         now = self._clock()
-        order = self._fair_order(self._limit_holders() or {}) if self._fair else None
+        order = self._limits.order(self._limits.holders(self._index.held) or {})
         chosen = self._index.claimable(
             queues, capabilities, now, limit, low_lane, types, tasks=self._tasks, order=order
         )
@@ -296,7 +289,7 @@ class MemoryStore:
         self._sessions.live(expert, session, now)
         index = self._index
         wanted = None if task_ids is None else set(task_ids)
-        held = self._limit_holders()
+        held = self._limits.holders(self._index.held)
         without = self._held_back(expert, now)
         mine = self._leaders.mine(
             expert,
@@ -324,22 +317,11 @@ class MemoryStore:
             ids=wanted,
             tasks=self._tasks,
             without=without,
-            order=None if held is None else self._fair_order(held),
+            # with limits, keep the lane's share first, then the fair or best order
+            order=None if held is None else self._limits.order(held) or (lambda ids: ids),
         )
         if held is not None:  # keyed tasks pending: keep their limits
-            rows = self._tasks
-            picks = ((t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen)
-            # a key's rate holds back every task of the key, as its concurrency limit does
-            keys = {rows[t].spec.limit_key for t in [*mine, *chosen]}
-            rated = {k: v for k, v in self._rates.items() if k in keys}
-            room = rooms(rated, now)
-            for tid in mine:  # the assigned tasks spend their keys' rates first
-                key = rows[tid].spec.limit_key
-                if key in room:
-                    room[key] = max(0, room[key] - 1)
-            chosen = mine + admit(picks, held, limit - len(mine), room)
-            spent = spend((rows[t].spec.limit_key for t in chosen), rated, now)
-            self._rates.update((k, (rated[k][0], tat)) for k, tat in spent.items())
+            chosen = self._limits.admit(mine, chosen, held, limit, now)
         else:
             chosen = mine + chosen
         outcome = rules.claimed(expert, start=start)
@@ -436,39 +418,6 @@ class MemoryStore:
         if now < closes and (expert not in bids or bids[expert][0] != score):
             bids[expert] = (score, bids.get(expert, (score, now))[1])
         return Auction(task_id, now, closes, auction.rank_bids(bids), grace=grace)
-
-    def _limit_holders(self) -> dict[str, int] | None:
-        """Limit key -> its claimed and running tasks; None when no pending task has a key
-        (the claim need not look)."""
-        if not self._keyed:
-            return None
-        held: dict[str, int] = {}
-        for tid in self._index.held:
-            key = self._tasks[tid].spec.limit_key
-            if key is not None:
-                held[key] = held.get(key, 0) + 1
-        return held
-
-    def _fair_order(self, held: dict[str, int]) -> Callable[[list[str]], list[str]]:
-        """Claim order with fair share among the keys of fair tasks (None: no fair task)."""
-        if not self._fair:
-            return lambda ids: ids
-        rows = self._tasks
-
-        def order(ids: list[str]) -> list[str]:
-            heads = (
-                FairCandidate(
-                    t,
-                    rows[t].spec.limit_key if rows[t].spec.fair else None,
-                    rows[t].spec.priority,
-                    rows[t].aged,
-                    rows[t].run_at,
-                )
-                for t in ids
-            )
-            return fair_order(heads, held, len(ids))
-
-        return order
 
     def _held_back(self, expert: str, now: float) -> set[str]:
         """The tasks whose auction does not let *expert* claim yet."""
