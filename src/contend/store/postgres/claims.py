@@ -207,7 +207,7 @@ async def peek(
     candidates = _candidates(lock=False, queues=n_queues, lane=lane > 0, typed=typed)
     sql = db.sql(
         f"WITH RECURSIVE {candidates}"
-        f" SELECT {VIEW_COLUMNS}, {has_fair(False)} FROM {{s}}.tasks t JOIN picked USING (id)"
+        f" SELECT {VIEW_COLUMNS}, {has_fair(False, n_queues)} FROM {{s}}.tasks t JOIN picked USING (id)"
         f" ORDER BY {BEST}"
     )
     params = {
@@ -288,7 +288,7 @@ async def claim(
         "   WHERE p.limit_max IS NOT NULL"
         "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
         "  FROM picked p WHERE p.limit_key IS NOT NULL)"
-        f", fair AS (SELECT {has_fair(ids is not None)} AND EXISTS (SELECT 1 FROM picked) AS fair)"
+        f", fair AS (SELECT {has_fair(ids is not None, n_queues)} AND EXISTS (SELECT 1 FROM picked) AS fair)"
         f", {take}"
         " SELECT *, NULL::text[], NULL::boolean FROM claimed"
         f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"

@@ -18,7 +18,7 @@ from contend.domain.limits import FAIR_KEYS, FairCandidate, Rate, fair_order, sp
 #: named tasks, whether one of those is fair.
 HAS_FAIR = (
     "EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.state = 'pending' AND t.fair_key IS NOT NULL"
-    " AND t.queue = ANY(%(queues)s){named})"
+    " AND {queue}{named})"
 )
 
 #: Whether a task ``t`` with a limit key needs that key's lock to be claimed: it has a
@@ -41,8 +41,14 @@ PICK_COLUMNS = (
 )
 
 
-def has_fair(named: bool) -> str:
-    return HAS_FAIR.format(s="{s}", named=" AND t.id = ANY(%(ids)s)" if named else "")
+def has_fair(named: bool, queues: int) -> str:
+    """:data:`HAS_FAIR` for *queues* distinct queues (one: an equality, a little cheaper to
+    run than an array's; claims of plain queues pay this probe and no more)."""
+    return HAS_FAIR.format(
+        s="{s}",
+        queue="t.queue = %(q0)s" if queues == 1 else "t.queue = ANY(%(queues)s)",
+        named=" AND t.id = ANY(%(ids)s)" if named else "",
+    )
 
 
 @dataclass(frozen=True, slots=True)
