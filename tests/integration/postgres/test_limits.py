@@ -99,3 +99,28 @@ async def test_a_fair_claim_looks_at_fair_keys_a_turn_at_a_time(
     assert len(peeked) == FAIR_KEYS and len(set(peeked)) == FAIR_KEYS
     rest = [await claim_one() for _ in range(n - 2)]  # then every other key's, once each
     assert sorted(rest) == sorted(set(subs.values()) - {subs[keys[-1]], subs[keys[31]]})
+
+
+async def test_the_low_lane_goes_first_in_a_fair_claim(store: PostgresStore) -> None:
+    """A fair claim with a low lane: the lane's pick (the old task below the top priority)
+    first, then the fair share of the urgent keys; peek shows the same."""
+    (old,) = await store.submit([TaskSpec.build("t", ["old"], priority=0)])
+    a = await store.submit(
+        [TaskSpec.build("t", [n], priority=5, limit_key="a", fair=True) for n in range(6)]
+    )
+    b = await store.submit(
+        [TaskSpec.build("t", [n], priority=5, limit_key="b", fair=True) for n in range(2)]
+    )
+    session = await store.register_expert(ExpertInfo("e"), 3600)
+    seen = [v.id for v in await store.peek(["default"], Capabilities(), 3, low_lane=1)]
+    assert seen == [old.id, a[0].id, b[0].id], seen
+    got = await store.claim(
+        "e", session, ["default"], Capabilities(), limit=3, lease_ttl=3600, low_lane=1
+    )
+    assert {c.id for c in got} == set(seen)  # handed over best first, as every claim
+    # named: only those, fair among them
+    named = [a[1].id, a[2].id, b[1].id]
+    got = await store.claim(
+        "e", session, ["default"], Capabilities(), limit=2, lease_ttl=3600, task_ids=named
+    )
+    assert {c.id for c in got} == {a[1].id, b[1].id}

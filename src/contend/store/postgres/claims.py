@@ -339,7 +339,7 @@ async def claim(
             " ORDER BY t.eff_priority DESC, t.run_at, t.id"
         )
     again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": line}
-    limited = Limited(db, pick_sql, again, params, fair=fair, queues=queues)
+    limited = Limited(db, pick_sql, again, params, fair=fair, named=ids is not None, queues=queues)
     return await db.run(lambda cur: limited.claim(cur, keys), tx=True)
 
 

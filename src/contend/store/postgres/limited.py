@@ -80,10 +80,11 @@ class Limited:
         params: dict[str, Any],
         *,
         fair: bool,
+        named: bool,
         queues: Sequence[str],
     ) -> None:
         self.db = db
-        self.fair = fair
+        self.fair, self.named = fair, named
         self.queues = list(queues)
         self.want = int(params["limit"])
         self.params = params if fair else {**params, "limit": self.want * 8 + 64, "lane": 0}
@@ -111,7 +112,8 @@ class Limited:
         cursor = db.fair_cursor
         extra = fair_params(self.queues, cursor, self.want) if self.fair else {}
         await cur.execute(self.pick_sql, db.params(**self.params, **extra))
-        lane, rest = fair_picks(await cur.fetchall(), cursor, self.queues)
+        walked = cursor if self.fair and not self.named else None  # the rotation moves on
+        lane, rest = fair_picks(await cur.fetchall(), walked, self.queues)
         locked = set(keys)
         met = sorted({p.limit_key for p in [*lane, *rest] if p.limited and p.limit_key} - locked)
         if met:  # keys the first statement did not meet: only those free now

@@ -126,26 +126,28 @@ def fair_sql(where: str, *, queues: int, named: bool, lane: bool, lock: bool) ->
         arms.append(f"SELECT 'lane', {PICK_COLUMNS} FROM lane JOIN {{s}}.tasks t USING (id)")
     if named:
         ctes.append(
-            f"heads AS (SELECT {PICK_COLUMNS} FROM {{s}}.tasks t"
+            f"fair_heads AS (SELECT {PICK_COLUMNS} FROM {{s}}.tasks t"
             f" WHERE {where} AND t.queue = ANY(%(queues)s){tail})"
         )
-        arms.append("SELECT 'head', * FROM heads")
+        arms.append("SELECT 'head', * FROM fair_heads")
         return ", ".join(ctes), " UNION ALL ".join(arms)
     ctes.append(fair_keys_cte())
     ctes.append(
-        "heads AS (SELECT h.* FROM fkeys f CROSS JOIN LATERAL ("
+        "fair_heads AS (SELECT h.* FROM fkeys f CROSS JOIN LATERAL ("
         f"  SELECT {PICK_COLUMNS} FROM {{s}}.tasks t"
         f"  WHERE {where} AND t.queue = f.queue AND t.fair_key = f.key"
         f"  ORDER BY t.eff_priority DESC, t.run_at, t.id LIMIT %(want)s{tail}) h"
         "  WHERE f.key IS NOT NULL)"
     )
-    arms.append("SELECT 'head', * FROM heads")
+    arms.append("SELECT 'head', * FROM fair_heads")
     for n in range(queues):
+        # locked once chosen among the best, so that the fair tasks among those stay free
         ctes.append(
-            f"plain_{n} AS (SELECT * FROM (SELECT {PICK_COLUMNS} FROM {{s}}.tasks t"
-            f"  WHERE {where} AND t.queue = %(q{n})s"
-            f"  ORDER BY t.eff_priority DESC, t.run_at, t.id LIMIT %(want)s + 64{tail}) p"
-            "  WHERE p.fair_key IS NULL)"
+            f"plain_{n} AS (SELECT {PICK_COLUMNS} FROM {{s}}.tasks t WHERE t.id IN ("
+            "  SELECT p.id FROM (SELECT t.id, t.fair_key FROM {s}.tasks t"
+            f"   WHERE {where} AND t.queue = %(q{n})s"
+            "   ORDER BY t.eff_priority DESC, t.run_at, t.id LIMIT %(want)s + 64) p"
+            f"  WHERE p.fair_key IS NULL) AND t.state = 'pending'{tail})"
         )
         arms.append(f"SELECT 'plain', * FROM plain_{n}")
     arms.append(
@@ -164,10 +166,10 @@ def fair_params(queues: Sequence[str], cursor: dict[str, str], want: int) -> dic
 
 
 def fair_picks(
-    rows: Iterable[Sequence[Any]], cursor: dict[str, str], queues: Sequence[str]
+    rows: Iterable[Sequence[Any]], cursor: dict[str, str] | None, queues: Sequence[str]
 ) -> tuple[list[Pick], list[Pick]]:
     """The lane's picks (in their order) and the other candidates of a fair pick's *rows*;
-    *cursor* (queue -> the key its next walk starts after) is moved on."""
+    *cursor* (queue -> the key its next walk starts after), unless None, is moved on."""
     lane: list[Pick] = []
     rest: list[Pick] = []
     stopped: dict[str, str] = {}
@@ -176,8 +178,8 @@ def fair_picks(
             stopped[r[6]] = r[2]
         else:
             (lane if r[0] == "lane" else rest).append(Pick.of(r[1:]))
-    for q in dict.fromkeys(queues):
-        cursor[q] = stopped.get(q, "")
+    if cursor is not None:
+        cursor.update((q, stopped.get(q, "")) for q in dict.fromkeys(queues))
     lane.sort(key=lambda p: (p.run_at, p.id))
     return lane, rest
 
