@@ -9,6 +9,7 @@ import sys
 import psycopg
 import pytest
 
+from contend.domain.limits import Rate
 from contend.domain.task import Capabilities, TaskSpec
 from contend.errors import SchemaError
 from contend.store.port import ExpertInfo
@@ -100,7 +101,7 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
         f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
         f"('t1', 'b', 0.5, {close - 1})",
     )
-    assert await PostgresStore(pg_url).migrate() == [7, 8, 9]
+    assert await PostgresStore(pg_url).migrate() == [7, 8, 9, 10]
     clock = FakeClock(close + 0.25)
     store = await make_store(clock=clock)
     b = await store.register_expert(ExpertInfo("b"), 60.0)
@@ -112,6 +113,47 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
     assert await claim() == []  # the winner's grace
     clock.advance(0.25)
     assert await claim() == ["t1"]
+
+
+async def test_migration_10_gives_old_tasks_of_a_key_its_new_rate(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    # version 9 knew concurrency limits only: a task of key k is pending
+    await sql(pg_url, "CREATE SCHEMA contend")
+    await sql(pg_url, VERSION_TABLE.replace("{s}", "contend"))
+    for step in MIGRATIONS[:9]:
+        for statement in step.statements:
+            await sql(pg_url, statement.replace("{s}", "contend"))
+        await sql(pg_url, f"INSERT INTO contend.contend_schema_version VALUES ({step.version}, '')")
+    await sql(
+        pg_url,
+        "INSERT INTO contend.tasks (id, type, queue, state, priority, eff_priority, promote_at, "
+        "args, kwargs, max_attempts, run_at, created_at, updated_at, limit_key, limit_max) "
+        "VALUES ('old', 't', 'default', 'pending', 0, 0, 9e9, '[]', '{}', 3, 1, 1, 1, 'k', 5)",
+    )
+    assert await PostgresStore(pg_url).migrate() == [10]
+    clock = FakeClock(1000.0)
+    store = await make_store(clock=clock)
+    # a new task gives key k a rate, which holds back the old task of k too
+    minute = Rate.of((1, 60.0))
+    new = await store.submit(
+        [
+            TaskSpec.build("t", limit_key="k", rate_limit=minute),
+            TaskSpec.build("t", limit_key="tenant", fair=True),
+        ]
+    )
+    e = await store.register_expert(ExpertInfo("e"), 600.0)
+
+    async def claim() -> set[str]:
+        got = await store.claim("e", e, ["default"], Capabilities(), limit=10, lease_ttl=600.0)
+        return {c.id for c in got}
+
+    assert await claim() == {"old", new[1].id}
+    assert await claim() == set()  # k has no room for a minute
+    rows = await sql(pg_url, "SELECT key, interval, burst, tat, full_until FROM contend.rate_keys")
+    assert rows == [("k", 60.0, 1, 1060.0, 1060.0)]
+    clock.advance(60.0)
+    assert await claim() == {new[0].id}
 
 
 async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:

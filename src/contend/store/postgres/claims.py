@@ -24,30 +24,39 @@ priority fill the rest of the limit."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from contend.domain import transitions as rules
-from contend.domain.limits import admit
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
 from contend.store.postgres.apply import handover
 from contend.store.postgres.auctions import NOT_HELD
-from contend.store.postgres.database import NOW_LIVE, Cursor, Database
+from contend.store.postgres.database import Cursor, Database
+from contend.store.postgres.limited import BEST, Limited, live_cte, take_ctes
+from contend.store.postgres.limits import (
+    KEY_STATES,
+    PICK_COLUMNS,
+    THROTTLED,
+    fair_params,
+    fair_picks,
+    fair_sql,
+    has_fair,
+    in_fair_order,
+    key_states,
+)
 from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
 from contend.store.postgres.sessions import check_session
 
-BEST = "eff_priority DESC, run_at, id"
-
 #: A task with a limit key has room while fewer than its limit of that key's tasks are claimed
 #: or running (``contend.domain.limits.admit``), counted on ``tasks_limited`` and no further
-#: than the limit. Read in the statement's snapshot: a hint that keeps full keys out of the
-#: walk; the count a claim relies on is taken under the key's lock (:func:`_claim_limited`).
+#: than the limit, and while its key's rate has room (:data:`~.limits.THROTTLED`). Read in the
+#: statement's snapshot: a hint that keeps full keys out of the walk; the count and the room
+#: a claim relies on are read under the key's lock (:class:`_Limited`).
 ROOM = (
-    "(t.limit_key IS NULL OR (SELECT count(*) FROM (SELECT 1 FROM {s}.tasks h"
-    " WHERE h.limit_key = t.limit_key AND h.state IN ('claimed', 'running')"
-    " LIMIT t.limit_max) n) < t.limit_max)"
+    "(t.limit_key IS NULL OR ((t.limit_max IS NULL OR (SELECT count(*) FROM (SELECT 1"
+    " FROM {s}.tasks h WHERE h.limit_key = t.limit_key AND h.state IN ('claimed', 'running')"
+    f" LIMIT t.limit_max) n) < t.limit_max) AND NOT {THROTTLED}))"
 )
 
 
@@ -101,7 +110,7 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
             "named AS (SELECT t.priority FROM {s}.tasks t"
             f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed, ordered=lock)}"
             "  AND t.queue = ANY(%(queues)s)),"
-            " lane AS (SELECT t.id, t.limit_key FROM {s}.tasks t"
+            " lane AS (SELECT t.id, t.limit_key, t.limit_max FROM {s}.tasks t"
             f"  WHERE {where} AND t.queue = ANY(%(queues)s)"
             "  AND t.priority < (SELECT max(priority) FROM named)"
             f"  ORDER BY t.run_at, t.id LIMIT %(lane)s{tail})"
@@ -114,13 +123,14 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
         "   FROM levels l WHERE l.priority IS NOT NULL AND l.depth < %(levels)s"
         "), heads AS ("
         "  SELECT h.* FROM levels l CROSS JOIN LATERAL ("
-        "   SELECT t.id, t.priority, t.run_at, t.limit_key FROM {s}.tasks t"
+        "   SELECT t.id, t.priority, t.run_at, t.limit_key, t.limit_max FROM {s}.tasks t"
         f"   WHERE {where} AND t.queue = l.queue"
         "    AND t.priority >= l.priority AND t.priority <= l.priority"
         f"   ORDER BY t.priority DESC, t.run_at, t.id LIMIT %(lane)s{tail}) h"
         "  WHERE l.priority IS NOT NULL"
         "), lane AS ("
-        "  SELECT id, limit_key FROM heads WHERE priority < (SELECT max(priority) FROM heads)"
+        "  SELECT id, limit_key, limit_max FROM heads"
+        "  WHERE priority < (SELECT max(priority) FROM heads)"
         "  ORDER BY run_at, id LIMIT %(lane)s)"
     )
 
@@ -149,17 +159,21 @@ def _candidates(
     arms = []
     for n in range(queues):
         ctes.append(
-            f"best_{n} AS (SELECT t.id, t.eff_priority, t.run_at, t.limit_key FROM {{s}}.tasks t"
+            f"best_{n} AS (SELECT t.id, t.eff_priority, t.run_at, t.limit_key, t.limit_max"
+            " FROM {s}.tasks t"
             f" WHERE {where} AND t.queue = %(q{n})s ORDER BY {BEST} LIMIT {limit}{tail})"
         )
         arms.append(f"SELECT * FROM best_{n}")
     ctes.append(
-        f"best AS (SELECT id, limit_key FROM ({' UNION ALL '.join(arms)}) u"
+        f"best AS (SELECT id, limit_key, limit_max FROM ({' UNION ALL '.join(arms)}) u"
         f" ORDER BY {BEST} LIMIT {limit})"
     )
-    union = " UNION ALL SELECT id, limit_key FROM lane" if lane else ""
-    ctes.append(f"picked AS (SELECT id, limit_key FROM best{union})")
+    union = " UNION ALL SELECT id, limit_key, limit_max FROM lane" if lane else ""
+    ctes.append(f"picked AS (SELECT id, limit_key, limit_max FROM best{union})")
     return ", ".join(ctes)
+
+
+VIEW_COLUMNS = "t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
 
 
 def _types(types: Collection[str] | None) -> list[str] | None:
@@ -180,69 +194,57 @@ async def peek(
     low_lane: int = 0,
     types: Collection[str] | None = None,
 ) -> list[TaskView]:
+    """One statement, which also says whether the queues hold fair tasks; if they do, the
+    fair pick of a claim (without its locks, and leaving the rotation where it is) gives
+    the order instead."""
     check_limit(limit)
     kinds = _types(types)
     if not queues or not limit or kinds == []:
         return []
     lane = min(check_limit(low_lane), limit)
-    candidates = _candidates(
-        lock=False, queues=len(set(queues)), lane=lane > 0, typed=kinds is not None
-    )
+    n_queues = len(set(queues))
+    typed = kinds is not None
+    candidates = _candidates(lock=False, queues=n_queues, lane=lane > 0, typed=typed)
     sql = db.sql(
         f"WITH RECURSIVE {candidates}"
-        " SELECT t.id, t.type, t.queue, t.priority, t.requirements, t.created_at"
-        " FROM {s}.tasks t JOIN picked USING (id)"
+        f" SELECT {VIEW_COLUMNS}, {has_fair(False, n_queues)} FROM {{s}}.tasks t JOIN picked USING (id)"
         f" ORDER BY {BEST}"
     )
+    params = {
+        **_queues(queues),
+        "limit": limit,
+        "lane": lane,
+        "levels": LANE_LEVELS + 1,
+        "types": kinds,
+        **caps(capabilities),
+    }
+    where = _claimable(lock=False, only_ids=False, typed=typed, ordered=False)
+    ctes, query = fair_sql(where, queues=n_queues, named=False, lane=lane > 0, lock=False)
+    head = f"{_lane(lock=False, only_ids=False, typed=typed)}, " if lane else ""
+    fair = db.sql(f"WITH RECURSIVE {head}{ctes} {query}")
+    views = db.sql(f"SELECT {VIEW_COLUMNS} FROM {{s}}.tasks t WHERE t.id = ANY(%(ids)s)")
+    states = db.sql(KEY_STATES)
 
     async def run(cur: Cursor) -> list[TaskView]:
-        await cur.execute(
-            sql,
-            db.params(
-                **_queues(queues),
-                limit=limit,
-                lane=lane,
-                levels=LANE_LEVELS + 1,
-                types=kinds,
-                **caps(capabilities),
-            ),
-        )
-        return [
-            TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(r[4]), r[5])
-            for r in await cur.fetchall()
-        ]
+        await cur.execute(sql, db.params(**params))
+        rows = await cur.fetchall()
+        if rows and rows[0][-1]:  # fair tasks: the claim's fair order
+            cursor = dict(db.fair_cursor)
+            await cur.execute(fair, db.params(**params, **fair_params(queues, cursor, limit)))
+            first, rest = fair_picks(await cur.fetchall(), cursor, queues)
+            keys = sorted({p.fair_key for p in rest if p.fair_key is not None})
+            await cur.execute(states, db.params(keys=keys))
+            held = key_states(await cur.fetchall())[0]
+            order = [p.id for p in [*first, *in_fair_order(rest, held)]][:limit]
+            await cur.execute(views, {"ids": order})
+            by_id = {r[0]: r for r in await cur.fetchall()}
+            rows = [by_id[i] for i in order if i in by_id]
+        return [TaskView(r[0], r[1], r[2], r[3], Requirements.from_json(r[4]), r[5]) for r in rows]
 
     return await db.run(run, tx=False)
 
 
-def _live(live: bool = False) -> str:
-    """CTE ``live``: the claimer's session, held shared so that it cannot be replaced."""
-    now = "{now_live}" if live else "{now}"
-    return (
-        "live AS ("
-        "  SELECT 1 FROM {s}.experts WHERE id = %(expert)s AND session = %(session)s"
-        f"   AND lease_deadline >= {now} FOR SHARE)"
-    )
-
-
-def _take(picked: str, *, live: bool = False) -> str:
-    """CTEs ``claimed`` (the tasks of ``picked`` handed to the claimer) and ``events`` (their
-    history lines); *picked* is what the update may take, as the ``picked`` CTE's condition
-    (``FROM picked WHERE t.id = picked.id AND …``)."""
-    now = "{now_live}" if live else "{now}"
-    return (
-        "claimed AS ("
-        "  UPDATE {s}.tasks t SET %(assign)s, owner = %%(expert)s, fence = t.fence + 1,"
-        f"   lease_deadline = {now} + %%(ttl)s, updated_at = {now}"
-        f"  FROM picked WHERE t.id = picked.id{picked}"
-        f"  RETURNING {CLAIMED_COLUMNS}"
-        "), events AS ("
-        "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"
-        "  SELECT %(line)s FROM claimed)"
-    )
-
-
-#: CLAIMED_COLUMNS' place in the row that tells a claim it met limit keys.
+#: CLAIMED_COLUMNS' place in the row that tells a claim it met limit keys or fair tasks.
 _NO_TASK = ", ".join(["NULL"] * (CLAIMED_COLUMNS.count(",") + 1))
 
 
@@ -260,34 +262,36 @@ async def claim(
     low_lane: int = 0,
     types: Collection[str] | None = None,
 ) -> list[Claimed]:
-    """A claim is one statement while the tasks it picks have no limit key. A pick with one
-    makes that statement take nothing and name the keys instead; the claim is then made again
-    under those keys' locks (:func:`_claim_limited`)."""
+    """A claim is one statement while the tasks it picks have no limit key and its queues
+    (its named tasks) no fair task. Otherwise that statement takes nothing and names the
+    limited keys instead; the claim is then made again in a transaction, under those keys'
+    locks and in fair order where there are fair tasks (:class:`~.limited.Limited`)."""
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
     kinds = _types(types)
     lane = min(check_limit(low_lane), limit)
+    n_queues = max(1, len(set(queues)))
 
     def pick(lane: bool) -> str:
         return _candidates(
-            lock=True,
-            queues=max(1, len(set(queues))),
-            lane=lane,
-            only_ids=ids is not None,
-            typed=kinds is not None,
+            lock=True, queues=n_queues, lane=lane, only_ids=ids is not None, typed=kinds is not None
         )
 
     candidates = pick(lane > 0)
     assign, line, decided = handover(rules.claimed(expert, start=start))
-    take = _take(" AND (SELECT keys FROM keyed) IS NULL") % {"assign": assign, "line": line}
+    slow = " AND NOT (SELECT keyed FROM keyed) AND NOT (SELECT fair FROM fair)"
+    take = take_ctes(slow) % {"assign": assign, "line": line}
     sql = db.sql(
-        f"WITH RECURSIVE {_live()}, {candidates}"
-        ", keyed AS (SELECT array_agg(DISTINCT limit_key) AS keys FROM picked"
-        "  WHERE limit_key IS NOT NULL)"
+        f"WITH RECURSIVE {live_cte()}, {candidates}"
+        ", keyed AS (SELECT count(*) > 0 AS keyed, array_agg(DISTINCT p.limit_key) FILTER ("
+        "   WHERE p.limit_max IS NOT NULL"
+        "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
+        "  FROM picked p WHERE p.limit_key IS NOT NULL)"
+        f", fair AS (SELECT {has_fair(ids is not None, n_queues)} AND EXISTS (SELECT 1 FROM picked) AS fair)"
         f", {take}"
-        " SELECT *, NULL::text[] FROM claimed"
-        f" UNION ALL SELECT {_NO_TASK}, keys FROM keyed WHERE keys IS NOT NULL"
+        " SELECT *, NULL::text[], NULL::boolean FROM claimed"
+        f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"
         f" ORDER BY {BEST}"
     )
     params = {
@@ -304,106 +308,39 @@ async def claim(
         **caps(capabilities),
     }
 
-    async def run(cur: Cursor) -> tuple[list[Claimed], list[str]]:
+    async def run(cur: Cursor) -> tuple[list[Claimed], tuple[list[str], bool] | None]:
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
             await check_session(db, cur, expert, session)
-            return [], []
+            return [], None
         await cur.execute(sql, db.params(**params))
         rows = await cur.fetchall()
-        keys = [k for r in rows if r[0] is None for k in r[-1]]
+        met = next(((r[-2] or [], bool(r[-1])) for r in rows if r[0] is None), None)
         if not rows:  # nothing claimable, or a session that is not live: which?
             await check_session(db, cur, expert, session)
-        return [claimed(r) for r in rows if r[0] is not None], keys
+        return [claimed(r[:-2]) for r in rows if r[0] is not None], met
 
-    got, keys = await db.run(run, tx=False)
-    if not keys:
+    got, met = await db.run(run, tx=False)
+    if met is None:
         return got
-    limited = _Limited(db, pick(False), assign, line, params)
+    keys, fair = met
+    if fair:
+        where = _claimable(
+            lock=True, only_ids=ids is not None, typed=kinds is not None, ordered=True
+        )
+        ctes, query = fair_sql(
+            where, queues=n_queues, named=ids is not None, lane=lane > 0, lock=True
+        )
+        head = _lane(lock=True, only_ids=ids is not None, typed=kinds is not None) if lane else ""
+        pick_sql = f"WITH RECURSIVE {live_cte(True)}, {head}{', ' if head else ''}{ctes} {query}"
+    else:
+        pick_sql = (
+            f"WITH RECURSIVE {live_cte(True)}, {pick(False)}"
+            f" SELECT 'best', {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
+            " ORDER BY t.eff_priority DESC, t.run_at, t.id"
+        )
+    again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": line}
+    limited = Limited(db, pick_sql, again, params, fair=fair, named=ids is not None, queues=queues)
     return await db.run(lambda cur: limited.claim(cur, keys), tx=True)
-
-
-class _Limited:
-    """A claim that met limit keys, made again in a transaction under their locks.
-
-    A claim that would take a task with a limit key first takes that key's advisory lock
-    (``pg_advisory_xact_lock(hashtextextended(key, 0))``, held to its commit), then counts
-    the key's claimed and running tasks in a statement begun after the lock: every other
-    claim of that key either committed before (and is counted) or waits for this one. So two
-    claims never both take a key's last slot. The locks named by the first statement are
-    taken in hash order, waiting (no deadlock: nothing else is held yet); a key met only in
-    the wider pick is tried without waiting, and its tasks left out if another claim holds
-    it. The pick is widened (``8 × limit + 64``), by effective priority alone as SQLite's and
-    the memory store's limited claims are, and :func:`contend.domain.limits.admit` chooses."""
-
-    def __init__(
-        self,
-        db: Database,
-        pick: str,
-        assign: str,
-        line: str,
-        params: dict[str, Any],
-    ) -> None:
-        self.db = db
-        self.params = {**params, "limit": params["limit"] * 8 + 64, "lane": 0}
-        self.want = int(params["limit"])
-        self.expert, self.session = str(params["expert"]), str(params["session"])
-        self.pick_sql = db.sql(
-            f"WITH {_live(live=True)}, {pick}"
-            ", held AS (SELECT h.limit_key, count(*) AS n FROM {s}.tasks h"
-            "  WHERE h.limit_key IN (SELECT limit_key FROM picked)"
-            "   AND h.state IN ('claimed', 'running') GROUP BY h.limit_key)"
-            " SELECT t.id, t.limit_key, t.limit_max, held.n"
-            " FROM picked JOIN {s}.tasks t USING (id) LEFT JOIN held ON held.limit_key = t.limit_key"
-            " ORDER BY t.eff_priority DESC, t.run_at, t.id",
-            live=True,
-        ).replace("{now_live}", NOW_LIVE)
-        take = _take(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": line}
-        self.take_sql = db.sql(
-            f"WITH picked AS (SELECT unnest(%(chosen)s::text[]) AS id), {take}"
-            f" SELECT * FROM claimed ORDER BY {BEST}",
-            live=True,
-        ).replace("{now_live}", NOW_LIVE)
-        self.lock_sql = db.sql(
-            "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(k, 0) AS h"
-            " FROM unnest(%(keys)s::text[]) AS k ORDER BY h) l"
-        )
-        self.try_sql = db.sql(
-            "SELECT k FROM unnest(%(keys)s::text[]) AS k"
-            " WHERE pg_try_advisory_xact_lock(hashtextextended(k, 0))"
-        )
-        self.count_sql = db.sql(
-            "SELECT limit_key, count(*) FROM {s}.tasks WHERE limit_key = ANY(%(keys)s)"
-            " AND state IN ('claimed', 'running') GROUP BY limit_key"
-        )
-
-    async def claim(self, cur: Cursor, keys: Sequence[str]) -> list[Claimed]:
-        db = self.db
-        await cur.execute(self.lock_sql, {"keys": list(keys)})
-        await cur.execute(self.pick_sql, db.params(**self.params))
-        picks = await cur.fetchall()
-        locked = set(keys)
-        held = {r[1]: int(r[3] or 0) for r in picks if r[1] in locked}
-        met = sorted({r[1] for r in picks if r[1] is not None} - locked)
-        if met:  # keys the first statement did not meet: only those free now
-            await cur.execute(self.try_sql, {"keys": met})
-            more = [r[0] for r in await cur.fetchall()]
-            locked.update(more)
-            if more:  # counted after their locks
-                await cur.execute(self.count_sql, {"keys": more})
-                held.update({k: 0 for k in more})
-                held.update((r[0], int(r[1])) for r in await cur.fetchall())
-        chosen = admit(
-            ((r[0], r[1], r[2]) for r in picks if r[1] is None or r[1] in locked),
-            held,
-            self.want,
-        )
-        rows = []
-        if chosen:
-            await cur.execute(self.take_sql, db.params(**self.params, chosen=chosen))
-            rows = await cur.fetchall()
-        if not rows:
-            await check_session(db, cur, self.expert, self.session)
-        return [claimed(r) for r in rows]
 
 
 async def steal(

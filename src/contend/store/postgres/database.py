@@ -63,6 +63,7 @@ class Database:
         self.channel = f"contend_{schema}"
         self.clock = clock
         self.trim_cursor = 0  # retention: the last history seq checked against the cap
+        self.fair_cursor: dict[str, str] = {}  # queue -> the fair key a fair claim ended at
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size

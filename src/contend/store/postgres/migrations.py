@@ -180,6 +180,32 @@ MIGRATIONS: tuple[Migration, ...] = (
             "WHERE limit_key IS NOT NULL AND state IN ('claimed', 'running')",
         ),
     ),
+    Migration(
+        10,
+        "rate limits (each key's GCRA state in rate_keys) and fair share among limit keys",
+        (
+            # NULL: no rate, not fair, as every task had before
+            "ALTER TABLE {s}.tasks ADD COLUMN rate_interval float8, ADD COLUMN rate_burst integer,"
+            " ADD COLUMN fair_key text",
+            # a key's rate is its latest submission's; tat: when its next start is due (NULL:
+            # never started); full_until = tat - (burst - 1) * interval, so that the keys with
+            # no room now are one range of rate_keys_full, however many keys there are
+            """
+            CREATE TABLE {s}.rate_keys (
+                key text PRIMARY KEY,
+                interval float8 NOT NULL,
+                burst integer NOT NULL,
+                tat float8,
+                full_until float8
+            )
+            """,
+            "CREATE INDEX rate_keys_full ON {s}.rate_keys (full_until) "
+            "WHERE full_until IS NOT NULL",
+            # the fair claim's skip scan over a queue's fair keys, and each key's heads
+            "CREATE INDEX tasks_fair ON {s}.tasks (queue, fair_key, eff_priority DESC, run_at, id)"
+            " WHERE state = 'pending' AND fair_key IS NOT NULL",
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -42,12 +42,15 @@ _SUBMIT_COLUMNS = {
     "if_failed": "text",
     "limit_key": "text",
     "limit_max": "int",
+    "rate_interval": "float8",
+    "rate_burst": "int",
+    "fair_key": "text",
     "born_event": "text",
     "born_detail": "text",
 }
 
 #: What this backend keeps (``Store.promises``); submit refuses what it does not.
-PROMISES = Promises(transactions=True, concurrency_limits=True)
+PROMISES = Promises(transactions=True, concurrency_limits=True, rate_limits=True, fair_share=True)
 
 
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -159,6 +162,9 @@ def _columns(
             json.dumps(list(spec.if_failed)) if spec.if_failed else None,
             spec.limit_key,
             spec.concurrency_limit,
+            None if spec.rate_limit is None else spec.rate_limit.interval,
+            None if spec.rate_limit is None else spec.rate_limit.burst,
+            spec.limit_key if spec.fair else None,
             None if birth.event is None else str(birth.event),
             birth.detail,
         )
@@ -178,7 +184,7 @@ def _submit_sql(db: Database) -> str:
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
         "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
         "   deps_left, error, eff_priority, promote_at, trace, if_failed, limit_key,"
-        "   limit_max)"
+        "   limit_max, rate_interval, rate_burst, fair_key)"
         "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
         "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
         "   CASE WHEN r.deps IS NULL THEN NULL"
@@ -186,7 +192,7 @@ def _submit_sql(db: Database) -> str:
         "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace,"
         "   CASE WHEN r.if_failed IS NULL THEN NULL"
         "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.if_failed::jsonb)) END,"
-        "   r.limit_key, r.limit_max"
+        "   r.limit_key, r.limit_max, r.rate_interval, r.rate_burst, r.fair_key"
         f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
         "  ON CONFLICT (id) DO NOTHING RETURNING id"
         "), born AS ("
@@ -199,6 +205,16 @@ def _submit_sql(db: Database) -> str:
         "  INSERT INTO {s}.task_deps (dep_id, task_id)"
         "  SELECT * FROM unnest(%(dep_ids)s::text[], %(dep_tasks)s::text[])"
         "  ON CONFLICT DO NOTHING"
+        "), rates AS ("
+        # a key's rate is the one its latest submission declared; its state (tat) stays
+        "  INSERT INTO {s}.rate_keys AS k (key, interval, burst)"
+        "  SELECT DISTINCT ON (r.limit_key) r.limit_key, r.rate_interval, r.rate_burst"
+        "  FROM unnest(%(id)s::text[], %(limit_key)s::text[], %(rate_interval)s::float8[],"
+        "   %(rate_burst)s::int[]) WITH ORDINALITY AS r(id, limit_key, rate_interval, rate_burst, n)"
+        "  WHERE r.rate_interval IS NOT NULL AND r.id IN (SELECT id FROM ins)"
+        "  ORDER BY r.limit_key, r.n DESC"
+        "  ON CONFLICT (key) DO UPDATE SET interval = excluded.interval, burst = excluded.burst,"
+        "   full_until = k.tat - (excluded.burst - 1) * excluded.interval"
         ") SELECT id, pg_notify(%(channel)s, '') FROM ins"
     )
 
