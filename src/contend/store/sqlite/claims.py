@@ -364,12 +364,16 @@ def _claim_rest(
     ):
         # two of one key in this claim: take them again one key's room at a time
         conn.execute("ROLLBACK TO contend_claim")
-        where = _where(queues, n, kinds, len(held), len(full))
+        wide = limit * 8 + 64
+        if fair is not None:  # the fair order further on, for the places a key refuses
+            fair = _fair(db, queues, now, ids, kinds, wide, [*held, *lane], full) or []
+            named = [*lane, *fair]
+        where = _where(queues, None if named is None else len(named), kinds, len(held), len(full))
         by = "sqlite_autoindex_tasks_1" if named is not None else "tasks_claimable"
         picks = conn.execute(
             f"SELECT id, limit_key, limit_max FROM tasks INDEXED BY {by} "
             f"WHERE {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?",
-            (*queues, now, *(named or ()), *(kinds or ()), *held, *full, limit * 8 + 64),
+            (*queues, now, *(named or ()), *(kinds or ()), *held, *full, wide),
         ).fetchall()
         if lane or fair is not None:  # keep the lane's and the fair order
             first = {tid: i for i, tid in enumerate([*lane, *(fair or ())])}

@@ -212,3 +212,15 @@ async def test_peek_and_named_claims_keep_fair_share(harness: Harness) -> None:
     assert len(set(seen) & b) == 3 and len(set(seen) & a) == 3, seen
     got = {c.id for c in await e.claim(2, task_ids=seen)}
     assert len(got & a) == 1 and len(got & b) == 1, got
+
+
+async def test_a_key_that_refuses_places_leaves_them_to_the_others(harness: Harness) -> None:
+    h = harness
+    if await _refused_fair(h) or await _refused_rates(h):
+        return
+    slow = Rate.of((1, h.ttl))  # a: one start per ttl; b: no rate
+    a = {s.id for s in await h.store.submit([fair("a", i, rate_limit=slow) for i in range(10)])}
+    b = {s.id for s in await h.store.submit([fair("b", i) for i in range(10)])}
+    e = await Expert.join(h.store, "e", h.ttl)
+    got = {c.id for c in await e.claim(4)}
+    assert len(got & a) == 1 and len(got & b) == 3, got  # the claim is not left short
