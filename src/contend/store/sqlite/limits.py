@@ -72,31 +72,38 @@ def fair_heads(
 ) -> list[FairCandidate]:
     """Up to *want* claimable tasks (*where*, with its *params* after the queue) of each of up
     to FAIR_KEYS fair keys of *queue*, in claim order per key. The keys are taken by a skip
-    scan of ``tasks_fair`` from where the last claim of this connection stopped (*cursor*),
-    wrapping round, so that with more keys than that each has its turn."""
-    step = (
-        "SELECT fair_key FROM tasks INDEXED BY tasks_fair WHERE state = 'pending' "
-        "AND fair_key IS NOT NULL AND queue = ? AND fair_key > ? ORDER BY fair_key LIMIT 1"
-    )
-    pick = (
-        f"SELECT id, fair_key, priority, eff_priority, run_at FROM tasks INDEXED BY tasks_fair "
-        f"WHERE fair_key = ? AND {where} ORDER BY eff_priority DESC, run_at, id LIMIT ?"
-    )
+    scan of ``tasks_fair`` (one recursive statement) from where the last claim of this
+    connection stopped (*cursor*), wrapping round, so that with more keys than that each has
+    its turn; their heads come in one more statement."""
     start = cursor.get(queue, "")
-    after, wrapped, seen = start, False, 0
-    heads: list[FairCandidate] = []
-    while seen < FAIR_KEYS:
-        row = conn.execute(step, (queue, after)).fetchone()
-        if row is None or (wrapped and row[0] > start):
-            if wrapped or not start:
-                break
-            after, wrapped = "", True  # round to the first key, up to where we began
-            continue
-        after = row[0]
-        seen += 1
-        heads += (
-            FairCandidate(r[0], r[1], r[2], r[3], r[4])
-            for r in conn.execute(pick, (after, queue, *params, want))
+    keys = _fair_keys(conn, queue, start, FAIR_KEYS)
+    if len(keys) < FAIR_KEYS and start:  # round to the first key, up to where we began
+        keys += [k for k in _fair_keys(conn, queue, "", FAIR_KEYS - len(keys)) if k <= start]
+    cursor[queue] = keys[-1] if len(keys) >= FAIR_KEYS else ""
+    if not keys:
+        return []
+    one = (
+        f"SELECT * FROM (SELECT id, fair_key, priority, eff_priority, run_at FROM tasks "
+        f"INDEXED BY tasks_fair WHERE fair_key = ? AND {where} "
+        "ORDER BY eff_priority DESC, run_at, id LIMIT ?)"
+    )
+    args = [a for key in keys for a in (key, queue, *params, want)]
+    return [
+        FairCandidate(r[0], r[1], r[2], r[3], r[4])
+        for r in conn.execute(" UNION ALL ".join([one] * len(keys)), args)
+    ]
+
+
+def _fair_keys(conn: sqlite3.Connection, queue: str, after: str, most: int) -> list[str]:
+    """Up to *most* fair keys of *queue*'s pending tasks after *after*, in order: a skip scan
+    of ``tasks_fair``, one seek a key."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "WITH RECURSIVE k(key, n) AS (SELECT ?, 0 UNION ALL SELECT (SELECT fair_key "
+            "FROM tasks INDEXED BY tasks_fair WHERE state = 'pending' AND fair_key IS NOT NULL "
+            "AND queue = ? AND fair_key > k.key ORDER BY fair_key LIMIT 1), n + 1 FROM k "
+            "WHERE k.key IS NOT NULL AND n < ?) SELECT key FROM k WHERE n > 0 AND key IS NOT NULL",
+            (after, queue, most),
         )
-    cursor[queue] = after if seen >= FAIR_KEYS else ""
-    return heads
+    ]
