@@ -4,7 +4,7 @@ central tasks a claim takes first.
 The rules are ``contend.domain.dispatch``'s; each write here reads what they need, decides,
 and lands only under compares that what it read still holds (else it reads again):
 
-* ``L/{name}``, a leadership, ``{"holder", "session", "term", "deadline"}``: taken or renewed
+* ``leader/{name}``, a leadership, ``{"holder", "session", "term", "deadline"}``: taken or renewed
   under a compare of its mod_revision (or its absence) and of the new holder's session key.
   The holder's session is live while its ``l/{expert}`` key (on the session's lease) names
   it: when the session ends, its lease goes and the leadership is free at once. The key

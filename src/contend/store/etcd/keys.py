@@ -112,9 +112,9 @@ class Keys:
         return self.k("q", self.level(rec), self.spot(rec))
 
     def leadership(self, name: str) -> bytes:
-        """``L/{name}``: a central queue's leadership, ``{"holder", "session", "term",
+        """``leader/{name}``: a central queue's leadership, ``{"holder", "session", "term",
         "deadline"}`` (dispatch.py)."""
-        return self.k("L", enc(name))
+        return self.k("leader", enc(name))
 
     def unassigned(self, queue: str) -> bytes:
         """``z/{queue}/u/``: the prefix of a central queue's pending tasks no leader gave to
