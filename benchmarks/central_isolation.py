@@ -1,13 +1,16 @@
 """Does a central queue's backlog slow claims elsewhere? Compete claims beside 100,000 pending
-central tasks, on SQLite.
+central tasks, on SQLite or etcd.
 
-``python -m benchmarks.central_isolation [--backlog 100000] [--claims 300] [--no-write]``
+``python -m benchmarks.central_isolation [--backend sqlite|etcd] [--backlog 100000]
+[--claims 300] [--no-write]``
 times claims of one task then its completion by a probe session, each a fresh task of a
 compete queue (``default``), first with no central backlog, then with *backlog* pending tasks
 in the central queue ``c``: a claim of the compete queue alone, and a claim of both queues at
 once (what an expert serving both sends). It also times what the central queue itself costs
 then: the leader's read of the tasks needing an assignee, and an assignee's claim of the task
-a leader gave it. Figures go to ``docs/central.json`` (``--no-write`` skips that).
+a leader gave it. Figures go to ``docs/central.json`` (SQLite) or ``docs/central_etcd.json``
+(a throwaway etcd with ``--max-txn-ops=1024``, as the other etcd benchmarks run it);
+``--no-write`` skips that.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +96,28 @@ async def _read(d: CentralDispatch) -> None:
     await d.central_backlog(["c"], ["probe"], 100)
 
 
-async def run(backlog: int, n: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = await open_store(f"sqlite:///{Path(tmp) / 'central.db'}")
+@asynccontextmanager
+async def store_url(backend: str) -> AsyncIterator[str]:
+    """The URL of a fresh store of *backend*, removed afterwards."""
+    if backend == "etcd":
+        from contend.testing.etcd_server import EtcdServer
+
+        server = EtcdServer(extra_args=["--max-txn-ops=1024"])
+        server.start()
+        try:
+            yield f"{server.url}/central?max_txn_ops=1024"
+        finally:
+            server.close()
+    elif backend == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite:///{Path(tmp) / 'central.db'}"
+    else:
+        raise SystemExit(f"unknown backend {backend!r} (sqlite, etcd)")
+
+
+async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
+    async with store_url(backend) as url:
+        store = await open_store(url)
         try:
             session = await store.register_expert(
                 ExpertInfo("probe", queues=("default", "c")), 3600
@@ -110,7 +133,7 @@ async def run(backlog: int, n: int) -> dict[str, Any]:
             await store.close()
     return {
         "commit": commit(),
-        "backend": "sqlite",
+        "backend": backend,
         "backlog": backlog,
         "claims": n,
         "submit_backlog_s": round(filled, 2),
@@ -123,14 +146,16 @@ async def run(backlog: int, n: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["sqlite", "etcd"], default="sqlite")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    report = asyncio.run(run(args.backlog, args.claims))
+    report = asyncio.run(run(args.backend, args.backlog, args.claims))
     print(json.dumps(report, indent=2))
     if not args.no_write:
-        (ROOT / "docs" / "central.json").write_text(json.dumps(report, indent=2) + "\n")
+        name = "central.json" if args.backend == "sqlite" else f"central_{args.backend}.json"
+        (ROOT / "docs" / name).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
