@@ -26,7 +26,12 @@ A limit key's rate (rates.py, ``r/{limit key}``) is read with the records of its
 tries its room allows are admitted with the concurrency limits, and the Txn compares the
 ``r/`` key as read and puts its new ``tat`` (one compare and one put per rate key); its
 failure branch reads the key again for the next try. Fair share orders the candidates
-before any of this (fair.py)."""
+before any of this (fair.py).
+
+A central task (dispatch.py) is never a candidate from the priority index: beside its other
+reads a claim reads the central tasks a leader gave this expert (``z/{queue}/a/{expert}/``)
+and tries them first; a try of a central task lands only if the record as read names this
+expert its assignee (the Txn compares the record), and a steal never takes one."""
 
 from __future__ import annotations
 
