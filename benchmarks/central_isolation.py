@@ -8,7 +8,8 @@ compete queue (``default``), first with no central backlog, then with *backlog* 
 in the central queue ``c``: a claim of the compete queue alone, and a claim of both queues at
 once (what an expert serving both sends). It also times what the central queue itself costs
 then: the leader's read of the tasks needing an assignee, and an assignee's claim of the task
-a leader gave it. Figures go to ``docs/central.json`` (SQLite) or ``docs/central_etcd.json``
+a leader gave it; and at last compete claims in turns on the store with the backlog and on a
+twin without one on the same server (less swayed by the machine's swings). Figures go to ``docs/central.json`` (SQLite) or ``docs/central_etcd.json``
 (a throwaway etcd with ``--max-txn-ops=1024``, as the other etcd benchmarks run it);
 ``--no-write`` skips that.
 """
@@ -97,27 +98,39 @@ async def _read(d: CentralDispatch) -> None:
 
 
 @asynccontextmanager
-async def store_url(backend: str) -> AsyncIterator[str]:
-    """The URL of a fresh store of *backend*, removed afterwards."""
+async def store_urls(backend: str) -> AsyncIterator[Callable[[str], str]]:
+    """Makes the URL of a fresh store of *backend* by name (a file of one directory, a prefix
+    of one etcd server), all removed afterwards."""
     if backend == "etcd":
         from contend.testing.etcd_server import EtcdServer
 
         server = EtcdServer(extra_args=["--max-txn-ops=1024"])
         server.start()
         try:
-            yield f"{server.url}/central?max_txn_ops=1024"
+            yield lambda name: f"{server.url}/{name}?max_txn_ops=1024"
         finally:
             server.close()
     elif backend == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
-            yield f"sqlite:///{Path(tmp) / 'central.db'}"
+            yield lambda name: f"sqlite:///{Path(tmp) / name}.db"
     else:
         raise SystemExit(f"unknown backend {backend!r} (sqlite, etcd)")
 
 
+async def interleaved(stores: Sequence[tuple[Store, str]], n: int) -> list[list[float]]:
+    """Compete claims on each of *stores* (store, session) in turns, ten blocks each, so that
+    the machine's swings fall on all of them alike."""
+    out: list[list[float]] = [[] for _ in stores]
+    for _ in range(10):
+        for samples, (store, session) in zip(out, stores, strict=True):
+            samples += await compete_claims(store, session, ["default"], max(1, n // 10))
+    return out
+
+
 async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
-    async with store_url(backend) as url:
-        store = await open_store(url)
+    async with store_urls(backend) as url_of:
+        store = await open_store(url_of("central"))
+        twin = await open_store(url_of("twin"))  # the same server, no central backlog
         try:
             session = await store.register_expert(
                 ExpertInfo("probe", queues=("default", "c")), 3600
@@ -129,8 +142,13 @@ async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
             alone = await compete_claims(store, session, ["default"], n)
             both = await compete_claims(store, session, ["default", "c"], n)
             costs = await central_costs(store, session, n)
+            twin_session = await twin.register_expert(
+                ExpertInfo("probe", queues=("default",)), 3600
+            )
+            beside, without = await interleaved([(store, session), (twin, twin_session)], n)
         finally:
             await store.close()
+            await twin.close()
     return {
         "commit": commit(),
         "backend": backend,
@@ -141,6 +159,9 @@ async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
         "compete_claim_with_backlog": ms(alone),
         "both_queues_claim_with_backlog": ms(both),
         **costs,
+        # in turns with a store of the same server that has no backlog (the fairer test)
+        "interleaved_with_backlog": ms(beside),
+        "interleaved_no_backlog": ms(without),
     }
 
 
