@@ -49,7 +49,7 @@ from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
 from contend.store.etcd.auctions import Turn, turns
 from contend.store.etcd.candidates import Found, Rank, choose, pick, pick_fair, rank_of
-from contend.store.etcd.dispatch import given
+from contend.store.etcd.dispatch import given, given_reads
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
 from contend.store.etcd.outcomes import apply_outcome
@@ -155,9 +155,8 @@ class Claims:
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             spread = time.monotonic() < self.contended_until
-            (lease, session_value), mine, cands = await asyncio.gather(
-                self._sessions.check(expert, session),
-                given(self.etcd, self.keys, expert, queues, capabilities, now, types, keyed),
+            (lease, session_value, given_kvs), cands = await asyncio.gather(
+                self._sessions.check_with(expert, session, given_reads(self.keys, expert, queues)),
                 choose(
                     self.levels,
                     queues,
@@ -188,7 +187,9 @@ class Claims:
                 )
 
             refill = without
-            cands = [*mine, *cands]  # the central tasks given to it go first
+            # the central tasks given to it go first
+            mine = given(self.keys, expert, queues, given_kvs, capabilities, now, types, keyed)
+            cands = [*mine, *cands]
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),

@@ -62,21 +62,26 @@ def view_of(e: Entry) -> TaskView:
     return TaskView(tid, str(parsed["type"]), queue, priority, req, created)
 
 
-async def given(
-    etcd: Etcd,
+def given_reads(keys: Keys, expert: str, queues: Sequence[str]) -> list[Op]:
+    """The reads :func:`given` takes: *expert*'s own ``a/`` prefix of each queue, a few keys
+    each (a claim sends them with its session check: no round trip more)."""
+    return [get(keys.assigned(q, expert), prefix=True) for q in dict.fromkeys(queues)]
+
+
+def given(
     keys: Keys,
     expert: str,
     queues: Sequence[str],
+    reads: Sequence[Any],
     caps: Capabilities,
     now: float,
     types: Collection[str] | None,
     keyed: dict[str, str],
 ) -> list[str]:
     """Ids of the central tasks given to *expert* in *queues* that it may claim now (due, of
-    *types*, their requirements met), in claim order: one read of its own ``a/`` prefix per
-    queue, a few keys each. *keyed* receives the limit key of those that have one."""
+    *types*, their requirements met), in claim order, from *reads* (the RangeResponses of
+    :func:`given_reads`). *keyed* receives the limit key of those that have one."""
     qs = list(dict.fromkeys(queues))
-    reads = await etcd.reads([get(keys.assigned(q, expert), prefix=True) for q in qs])
     keep = runnable_now(caps, micros(now), types)
     found: list[Entry] = []
     for q, resp in zip(qs, reads, strict=True):
