@@ -1,13 +1,17 @@
 """Does a central queue's backlog slow claims elsewhere? Compete claims beside 100,000 pending
-central tasks, on SQLite.
+central tasks, on SQLite or etcd.
 
-``python -m benchmarks.central_isolation [--backlog 100000] [--claims 300] [--no-write]``
+``python -m benchmarks.central_isolation [--backend sqlite|etcd] [--backlog 100000]
+[--claims 300] [--no-write]``
 times claims of one task then its completion by a probe session, each a fresh task of a
 compete queue (``default``), first with no central backlog, then with *backlog* pending tasks
 in the central queue ``c``: a claim of the compete queue alone, and a claim of both queues at
 once (what an expert serving both sends). It also times what the central queue itself costs
 then: the leader's read of the tasks needing an assignee, and an assignee's claim of the task
-a leader gave it. Figures go to ``docs/central.json`` (``--no-write`` skips that).
+a leader gave it; and at last compete claims in turns on the store with the backlog and on a
+twin without one on the same server (less swayed by the machine's swings). Figures go to ``docs/central.json`` (SQLite) or ``docs/central_etcd.json``
+(a throwaway etcd with ``--max-txn-ops=1024``, as the other etcd benchmarks run it);
+``--no-write`` skips that.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +97,40 @@ async def _read(d: CentralDispatch) -> None:
     await d.central_backlog(["c"], ["probe"], 100)
 
 
-async def run(backlog: int, n: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = await open_store(f"sqlite:///{Path(tmp) / 'central.db'}")
+@asynccontextmanager
+async def store_urls(backend: str) -> AsyncIterator[Callable[[str], str]]:
+    """Makes the URL of a fresh store of *backend* by name (a file of one directory, a prefix
+    of one etcd server), all removed afterwards."""
+    if backend == "etcd":
+        from contend.testing.etcd_server import EtcdServer
+
+        server = EtcdServer(extra_args=["--max-txn-ops=1024"])
+        server.start()
+        try:
+            yield lambda name: f"{server.url}/{name}?max_txn_ops=1024"
+        finally:
+            server.close()
+    elif backend == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield lambda name: f"sqlite:///{Path(tmp) / name}.db"
+    else:
+        raise SystemExit(f"unknown backend {backend!r} (sqlite, etcd)")
+
+
+async def interleaved(stores: Sequence[tuple[Store, str]], n: int) -> list[list[float]]:
+    """Compete claims on each of *stores* (store, session) in turns, ten blocks each, so that
+    the machine's swings fall on all of them alike."""
+    out: list[list[float]] = [[] for _ in stores]
+    for _ in range(10):
+        for samples, (store, session) in zip(out, stores, strict=True):
+            samples += await compete_claims(store, session, ["default"], max(1, n // 10))
+    return out
+
+
+async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
+    async with store_urls(backend) as url_of:
+        store = await open_store(url_of("central"))
+        twin = await open_store(url_of("twin"))  # the same server, no central backlog
         try:
             session = await store.register_expert(
                 ExpertInfo("probe", queues=("default", "c")), 3600
@@ -106,11 +142,16 @@ async def run(backlog: int, n: int) -> dict[str, Any]:
             alone = await compete_claims(store, session, ["default"], n)
             both = await compete_claims(store, session, ["default", "c"], n)
             costs = await central_costs(store, session, n)
+            twin_session = await twin.register_expert(
+                ExpertInfo("probe", queues=("default",)), 3600
+            )
+            beside, without = await interleaved([(store, session), (twin, twin_session)], n)
         finally:
             await store.close()
+            await twin.close()
     return {
         "commit": commit(),
-        "backend": "sqlite",
+        "backend": backend,
         "backlog": backlog,
         "claims": n,
         "submit_backlog_s": round(filled, 2),
@@ -118,19 +159,24 @@ async def run(backlog: int, n: int) -> dict[str, Any]:
         "compete_claim_with_backlog": ms(alone),
         "both_queues_claim_with_backlog": ms(both),
         **costs,
+        # in turns with a store of the same server that has no backlog (the fairer test)
+        "interleaved_with_backlog": ms(beside),
+        "interleaved_no_backlog": ms(without),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["sqlite", "etcd"], default="sqlite")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
-    report = asyncio.run(run(args.backlog, args.claims))
+    report = asyncio.run(run(args.backend, args.backlog, args.claims))
     print(json.dumps(report, indent=2))
     if not args.no_write:
-        (ROOT / "docs" / "central.json").write_text(json.dumps(report, indent=2) + "\n")
+        name = "central.json" if args.backend == "sqlite" else f"central_{args.backend}.json"
+        (ROOT / "docs" / name).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

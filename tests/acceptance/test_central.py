@@ -1,11 +1,12 @@
-"""A central queue on real processes: three experts on one SQLite file, the leader killed
-mid-run. Another takes over and assigns again within one lease of the kill; every task runs
+"""A central queue on real processes: three experts on one SQLite file or one etcd, the leader
+killed mid-run. Another takes over and assigns again within one lease of the kill; every task runs
 exactly once; and no assignment of the old term lands after the new term's first one (the
 store refuses an old term; a paused leader that wakes up is fenced out too)."""
 
 from __future__ import annotations
 
 import signal
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from contend.domain.dispatch import ASSIGNED, term_of
 from contend.domain.task import Task, TaskSpec, TaskState
 from contend.store.port import Store
 from contend.store.registry import open_store
+from contend.testing.etcd_server import EtcdServer
 from tests.acceptance.conftest import Experts, wait_until
 
 APP = "tests.acceptance.central_app:app"
@@ -32,8 +34,13 @@ class Assignment:
     term: int
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLite file, or a fresh prefix of the acceptance run's real etcd (the stores that
+    promise central dispatch and run across processes)."""
+    if request.param == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        return f"{server.url}/central-{uuid.uuid4().hex[:12]}"
     return f"sqlite:///{tmp_path / 'central.db'}"
 
 

@@ -638,7 +638,7 @@ def check_central(store: Store, specs: Sequence[TaskSpec]) -> None:
         if spec.central:
             raise ConfigError(
                 f"queue {shown(spec.queue)} is central, and the store {shown_url(store.url)} "
-                "does not dispatch central queues yet; use SQLite or the memory store, or "
+                "does not dispatch central queues yet; use SQLite, etcd or the memory store, or "
                 "make the queue 'compete' or 'fifo'"
             )
 

@@ -48,7 +48,7 @@ def central_store(store: Store, queues: Sequence[str]) -> CentralDispatch:
         return store
     raise ConfigError(
         f"queue(s) {', '.join(queues)} are central, and the store {shown_url(store.url)} does "
-        "not dispatch central queues yet; use SQLite or the memory store, or make them "
+        "not dispatch central queues yet; use SQLite, etcd or the memory store, or make them "
         "'compete' or 'fifo'"
     )
 

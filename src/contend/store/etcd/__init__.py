@@ -19,6 +19,7 @@ layout, leases and clocks, running etcd for contend, failures, figures and limit
 ``housekeeping``    expire(): lapsed sessions' tasks, empty levels, old experts, compaction
 ``dependants``      waiters of a task that ended
 ``auctions``        bids and their clearing
+``dispatch``        central queues: leaderships, assignments, the leader's read
 ``submit``          submission
 ``inspection``      get, list_tasks, stats, peek, backlog, next_due
 ``payloads``        args, results and checkpoints: inline in the record or under d/

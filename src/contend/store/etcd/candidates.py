@@ -160,7 +160,7 @@ async def candidates(
     # A claim reads twice what it wants, to have others to try when rivals win some; a
     # peek (which fills *views*) only what it returns.
     page = max(64, limit if views is not None else 2 * limit, want)
-    keep = _runnable_now(caps, micros(now), types, hidden)
+    keep = runnable_now(caps, micros(now), types, hidden)
     search = _Search(levels, keep, now, page, want, views, reads, limits, fairs)
     found = [
         f
@@ -177,7 +177,7 @@ def type_heads(types: Collection[str]) -> tuple[bytes, ...]:
     return tuple(b'{"type":' + COMPACT_JSON.encode(t).encode() + b"," for t in types)
 
 
-def _runnable_now(
+def runnable_now(
     caps: Capabilities,
     now_us: int,
     types: Collection[str] | None = None,
@@ -189,7 +189,7 @@ def _runnable_now(
     heads = None if types is None else type_heads(types)
     if hidden:
         hide = set(hidden)
-        runnable = _runnable_now(caps, now_us, types)
+        runnable = runnable_now(caps, now_us, types)
         return lambda kv: index_limit_key(kv.value) not in hide and runnable(kv)
 
     def keep(kv: Any) -> bool:

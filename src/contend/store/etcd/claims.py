@@ -26,7 +26,12 @@ A limit key's rate (rates.py, ``r/{limit key}``) is read with the records of its
 tries its room allows are admitted with the concurrency limits, and the Txn compares the
 ``r/`` key as read and puts its new ``tat`` (one compare and one put per rate key); its
 failure branch reads the key again for the next try. Fair share orders the candidates
-before any of this (fair.py)."""
+before any of this (fair.py).
+
+A central task (dispatch.py) is never a candidate from the priority index: beside its other
+reads a claim reads the central tasks a leader gave this expert (``z/{queue}/a/{expert}/``)
+and tries them first; a try of a central task lands only if the record as read names this
+expert its assignee (the Txn compares the record), and a steal never takes one."""
 
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ from contend.errors import LeaseLost
 from contend.store._common import check_limit, check_ttl, session_not_live
 from contend.store.etcd.auctions import Turn, turns
 from contend.store.etcd.candidates import Found, Rank, choose, pick, pick_fair, rank_of
+from contend.store.etcd.dispatch import given, given_reads
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.levels import RISE_OPS, LevelRead, Levels
 from contend.store.etcd.outcomes import apply_outcome
@@ -149,8 +155,8 @@ class Claims:
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             spread = time.monotonic() < self.contended_until
-            (lease, session_value), cands = await asyncio.gather(
-                self._sessions.check(expert, session),
+            (lease, session_value, given_kvs), cands = await asyncio.gather(
+                self._sessions.check_with(expert, session, given_reads(self.keys, expert, queues)),
                 choose(
                     self.levels,
                     queues,
@@ -181,10 +187,13 @@ class Claims:
                 )
 
             refill = without
+            # the central tasks given to it go first
+            mine = given(self.keys, expert, queues, given_kvs, capabilities, now, types, keyed)
+            cands = [*mine, *cands]
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
-                self._named(task_ids, queues, capabilities, now, types, limit, low_lane),
+                self._named(expert, task_ids, queues, capabilities, now, types, limit, low_lane),
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
@@ -193,6 +202,7 @@ class Claims:
 
     async def _named(
         self,
+        expert: str,
         task_ids: Sequence[str],
         queues: Sequence[str],
         caps: Capabilities,
@@ -202,12 +212,14 @@ class Claims:
         low_lane: int,
     ) -> list[str]:
         """The named tasks that may be claimed now, in the order to try them (as
-        :func:`~contend.store.etcd.candidates.pick` tells, the low lane's among them)."""
+        :func:`~contend.store.etcd.candidates.pick` tells, the low lane's among them): the
+        central tasks given to *expert* first (and no other central task)."""
         ids = list(dict.fromkeys(task_ids))
         qs = set(queues)
         kinds = None if types is None else set(types)
         kvs = await self.etcd.read_many([self.keys.task(t) for t in ids])
         named: list[Found] = []
+        mine: list[tuple[Rank, str]] = []
         fairs: dict[str, str] = {}  # fair task id -> its fair key
         for tid, kv in zip(ids, kvs, strict=True):
             if kv is None:
@@ -221,13 +233,18 @@ class Claims:
                 and (kinds is None or rec.type in kinds)
                 and caps.satisfies(Requirements.from_json(rec.req))
             ):
+                if rec.central:
+                    if rec.assignee == expert:
+                        mine.append((rank_of(rec, now), tid))
+                    continue
                 named.append((tid, rank_of(rec, now), (rec.queue, rec.priority)))
                 if rec.fair and rec.limit_key is not None:
                     fairs[tid] = rec.limit_key
         named.sort(key=lambda f: f[1])
+        first = [tid for _, tid in sorted(mine)]
         if fairs:
-            return await pick_fair(self.etcd, self.keys, named, fairs, limit, low_lane)
-        return pick(named, limit, low_lane)
+            return first + await pick_fair(self.etcd, self.keys, named, fairs, limit, low_lane)
+        return first + pick(named, limit, low_lane)
 
     def lost_session(self, claimant: Claimant) -> LeaseLost:
         """Forget a session a claim found ended; the error to raise."""
@@ -294,6 +311,7 @@ class Claims:
             if (
                 rec.owner == victim
                 and rec.state == TaskState.CLAIMED
+                and not rec.central  # a leader gave it to the victim: never stolen
                 and rec.queue in qs
                 and (kinds is None or rec.type in kinds)
                 and capabilities.satisfies(Requirements.from_json(rec.req))
@@ -458,7 +476,12 @@ class _ClaimRun:
             if t is None:
                 continue
             rec = Record.loads(t.value)
-            if rec.state == TaskState.PENDING and rec.indexed and rec.run_at <= now:
+            if (
+                rec.state == TaskState.PENDING
+                and rec.indexed
+                and rec.run_at <= now
+                and (not rec.central or rec.assignee == self.claimant.expert)
+            ):
                 ready.append((tid, t, rec))
         tries: list[Try] = []
         recs = [rec for _, _, rec in ready]

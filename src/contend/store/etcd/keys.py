@@ -105,5 +105,36 @@ class Keys:
         return f"{micros(rec.run_at):017d}/{enc(rec.id)}"
 
     def pending(self, rec: Record) -> bytes:
-        """``q/{queue}/{inv}/{due}/{task}``: *rec*'s key in the priority index."""
+        """``q/{queue}/{inv}/{due}/{task}``: *rec*'s key in the priority index; a central
+        task's key in the central index instead (:meth:`central`)."""
+        if rec.central:
+            return self.central(rec)
         return self.k("q", self.level(rec), self.spot(rec))
+
+    def leadership(self, name: str) -> bytes:
+        """``leader/{name}``: a central queue's leadership, ``{"holder", "session", "term",
+        "deadline"}`` (dispatch.py)."""
+        return self.k("leader", enc(name))
+
+    def unassigned(self, queue: str) -> bytes:
+        """``z/{queue}/u/``: the prefix of a central queue's pending tasks no leader gave to
+        anyone, ``z/{queue}/u/{inv}/{due}/{task}`` each."""
+        return self.k("z", enc(queue), "u", "")
+
+    def assigned(self, queue: str, expert: str | None = None) -> bytes:
+        """``z/{queue}/a/{expert}/``: the prefix of the pending central tasks given to
+        *expert*, ``z/{queue}/a/{expert}/{inv}/{due}/{task}`` each (None: of every expert)."""
+        if expert is None:
+            return self.k("z", enc(queue), "a", "")
+        return self.k("z", enc(queue), "a", enc(expert), "")
+
+    def central(self, rec: Record) -> bytes:
+        """A pending central task's key in the central index: under its assignee's prefix,
+        or the queue's unassigned one. Out of q/, so that no compete claim, peek or level
+        sweep ever reads a central backlog."""
+        base = (
+            self.unassigned(rec.queue)
+            if rec.assignee is None
+            else self.assigned(rec.queue, rec.assignee)
+        )
+        return base + f"{PRIORITY_BASE - rec.priority:08d}/{self.spot(rec)}".encode()

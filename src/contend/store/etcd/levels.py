@@ -26,8 +26,11 @@ _ID_BITS = 112  # task ids are 28 hex digits: 112 bits
 
 
 def enter_pending(keys: Keys, rec: Record) -> list[Op]:
-    """Put a pending *rec* in the index: its key, and its level's floor at most it."""
+    """Put a pending *rec* in the index: its key, and its level's floor at most it (a
+    central task: its key in the central index, which has no levels to list)."""
     rec.indexed = True
+    if rec.central:
+        return [put(keys.central(rec), index_value(rec))]
     level, spot = keys.level(rec), keys.spot(rec)
     return [
         put(keys.k("q", level, spot), index_value(rec)),

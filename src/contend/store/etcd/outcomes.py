@@ -57,6 +57,8 @@ def apply_outcome(keys: Keys, rec: Record, outcome: Outcome, now: float) -> list
         ops += unown(keys, rec, rec.owner)
     if rec.indexed and state != P:
         ops += leave_pending(keys, rec)
+    if state != P:
+        rec.assignee = None  # an assignment is used up by the claim (or by any other end)
     if outcome.attempts is not KEEP:
         rec.attempts = outcome.attempts.apply(rec.attempts)
     rec.run_at = outcome.run_at(rec.run_at, now)

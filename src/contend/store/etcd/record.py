@@ -78,6 +78,11 @@ class Record:
     rate: list[Any] | None = None
     # Claims share the slots fairly among the limit keys of fair tasks (fair_order).
     fair: bool = False
+    # A task of a central queue (contend.domain.dispatch): indexed under z/, not q/, and
+    # claimable by its assignee alone (dispatch.py). Its assignee is the expert the queue's
+    # leader gave it to, until a claim (or any move out of pending) uses the assignment up.
+    central: bool = False
+    assignee: str | None = None
 
     def dumps(self) -> bytes:
         # orjson writes and reads a record four to seven times as fast as the json module;

@@ -13,7 +13,7 @@ import asyncio
 import json
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aetcd import rpc
@@ -22,7 +22,7 @@ from contend.errors import LeaseLost, SchemaError, StoreError
 from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.etcd.keys import Keys, enc, unenc
 from contend.store.etcd.rpc import Etcd
-from contend.store.etcd.txn import absent, get, put, value_is
+from contend.store.etcd.txn import Op, absent, get, put, value_is
 from contend.store.port import ExpertInfo, ExpertRecord, Heartbeat
 
 #: How many sessions' lease ids and records one store instance keeps cached.
@@ -52,13 +52,29 @@ class Sessions:
 
     async def check(self, expert: str, session: str) -> tuple[int, bytes]:
         """(lease id, session key value) of a live session; raises LeaseLost."""
-        kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
+        lease, value, _ = await self.check_with(expert, session, ())
+        return lease, value
+
+    async def check_with(
+        self, expert: str, session: str, reads: Sequence[Op]
+    ) -> tuple[int, bytes, list[Any]]:
+        """:meth:`check`, and the RangeResponses of *reads* (GET operations): one read-only
+        Txn where the server's are safe (``Etcd.read_txns``), else the reads at once beside
+        the session's, so that they never cost a round trip of their own."""
+        own = get(self._keys.k("l", enc(expert)))
+        etcd = self._etcd
+        if etcd.read_txns or not reads:
+            got = await etcd.reads([own, *reads])
+        else:
+            first, rest = await asyncio.gather(etcd.reads([own]), etcd.reads(reads))
+            got = [*first, *rest]
+        kv = got[0].kvs[0] if got[0].kvs else None
         if kv is None or json.loads(kv.value)["session"] != session:
             self.cache.pop(session, None)
             raise session_not_live(expert, session)
         lease = int(json.loads(kv.value)["lease"])
         self.remember(session, lease, kv.value)
-        return lease, kv.value
+        return lease, kv.value, got[1:]
 
     def remember(self, session: str, lease: int, value: bytes) -> None:
         """Cache a live session's lease (etcd has the truth); keep the newest sessions only."""

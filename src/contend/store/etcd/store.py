@@ -12,6 +12,7 @@ from contend.store.etcd.auctions import Auctions
 from contend.store.etcd.claims import Claims
 from contend.store.etcd.config import Options
 from contend.store.etcd.dependants import Dependants
+from contend.store.etcd.dispatch import Dispatch
 from contend.store.etcd.housekeeping import Housekeeping
 from contend.store.etcd.inspection import Inspection
 from contend.store.etcd.keys import Keys
@@ -25,7 +26,7 @@ from contend.store.etcd.submit import PROMISES, Submitter
 from contend.store.etcd.transactions import Transactions
 from contend.store.etcd.txn import absent, get, put
 from contend.store.etcd.watch import Changes
-from contend.store.port import Store
+from contend.store.port import CentralDispatch, Store
 
 #: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
 SCHEMA_VERSION = 4
@@ -101,6 +102,10 @@ class EtcdStore:
         self.expire = housekeeping.expire  # housekeeping.py
         self.end_session = housekeeping.end_session
         self.bid = auctions.bid  # auctions.py
+        dispatch = Dispatch(etcd, keys, clock, touch)
+        self.lead = dispatch.lead  # dispatch.py
+        self.assign = dispatch.assign
+        self.central_backlog = dispatch.central_backlog
         self.cancel = manage.cancel  # manage.py
         self.retry = manage.retry
         self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
@@ -186,3 +191,7 @@ class EtcdStore:
 
 def _is_a_store(store: EtcdStore) -> Store:
     return store  # mypy checks here that EtcdStore implements the whole port
+
+
+def _dispatches(store: EtcdStore) -> CentralDispatch:
+    return store  # and that it implements central dispatch (promises.central_dispatch)

@@ -79,6 +79,7 @@ def new_record(
         limit=None if spec.limit_key is None else [spec.limit_key, spec.concurrency_limit],
         rate=None if spec.rate_limit is None else [spec.rate_limit.interval, spec.rate_limit.burst],
         fair=spec.fair,
+        central=spec.central,
     )
 
 
@@ -94,6 +95,7 @@ PROMISES = Promises(
     concurrency_limits=True,
     rate_limits=True,
     fair_share=True,
+    central_dispatch=True,
 )
 
 

@@ -1,5 +1,6 @@
-"""Wake-ups: a watch on the pending index (``q/``, new keys only) and this instance's own
-writes wake wait_for_change(). The watch starts from just after the last revision this
+"""Wake-ups: a watch on the pending index (``q/``, new keys only), one on the central index
+(``z/``: a central task submitted, for its queue's leader, or given, for its assignee) and
+this instance's own writes wake wait_for_change(). The watch starts from just after the last revision this
 client saw and resumes where it stopped when the stream breaks."""
 
 from __future__ import annotations
@@ -51,18 +52,19 @@ class Changes:
         breaks, with back-off."""
         etcd = self._etcd
         pause = 0.05
-        prefix = self._keys.k("q", "")
+        prefixes = (self._keys.k("q", ""), self._keys.k("z", ""))
         start = etcd.rev + 1 if etcd.rev else 0
         while etcd.channel is not None:
             call = etcd.watch.Watch()
             try:
-                create = rpc.WatchCreateRequest(
-                    key=prefix,
-                    range_end=prefix_end(prefix),
-                    filters=[rpc.WatchCreateRequest.NODELETE],
-                    start_revision=start,
-                )
-                await call.write(rpc.WatchRequest(create_request=create))
+                for prefix in prefixes:  # two watches on one stream
+                    create = rpc.WatchCreateRequest(
+                        key=prefix,
+                        range_end=prefix_end(prefix),
+                        filters=[rpc.WatchCreateRequest.NODELETE],
+                        start_revision=start,
+                    )
+                    await call.write(rpc.WatchRequest(create_request=create))
                 while True:
                     resp = await call.read()
                     if resp is None or not isinstance(resp, rpc.WatchResponse):
