@@ -9,6 +9,7 @@ from contend.testing.contract.history import *  # noqa: F403
 from contend.testing.contract.leases import *  # noqa: F403
 from contend.testing.contract.limits import *  # noqa: F403
 from contend.testing.contract.management import *  # noqa: F403
+from contend.testing.contract.prefixes import *  # noqa: F403
 from contend.testing.contract.retention import *  # noqa: F403
 from contend.testing.contract.sessions import *  # noqa: F403
 from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401

@@ -383,6 +383,12 @@ class Store(Protocol):
         by id, at most *limit*. ``[]`` for a task that none depends on, or that is not there.
         For people and tools (``contend tasks show``): it may read every task."""
 
+    async def ids_with_prefix(self, prefix: str, *, limit: int = 10) -> list[str]:
+        """The ids that start with *prefix*, by id, at most *limit*: what turns the few
+        characters a person types (``contend tasks show 01a231``) into a task. *prefix* is
+        6 to 28 hex digits (``contend.domain.ids.check_id_prefix``: a TaskError, and nothing
+        read, otherwise). A range read of the primary key, never a scan of every task."""
+
     async def stats(self) -> StoreStats: ...
 
     async def list_experts(self) -> list[ExpertRecord]: ...

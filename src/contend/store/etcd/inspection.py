@@ -7,12 +7,13 @@ import json
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
+from contend.domain.ids import check_id_prefix
 from contend.domain.scoring import TaskView
 from contend.domain.task import OWNED_STATES, Capabilities, Requirements, Task, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
 from contend.store.etcd.candidates import Views, choose
-from contend.store.etcd.keys import Keys, enc, micros, prefix_end
+from contend.store.etcd.keys import Keys, enc, micros, prefix_end, unenc
 from contend.store.etcd.levels import Levels, any_kv
 from contend.store.etcd.payloads import read_payloads
 from contend.store.etcd.record import Record, index_json, task_of
@@ -67,6 +68,18 @@ class Inspection:
         """A scan: the ``w/`` edges name a task's waiters only until it ends."""
         check_limit(limit)
         return await self._tasks_where(lambda rec: task_id in rec.depends_on, limit)
+
+    async def ids_with_prefix(self, prefix: str, *, limit: int = 10) -> list[str]:
+        """One range read of the record keys ``t/{prefix}…``, keys only, at most *limit*
+        (etcd returns them by key, which is by id: hex ids are not changed by ``enc``)."""
+        check_id_prefix(prefix)
+        check_limit(limit)
+        if not limit:
+            return []
+        start = self._keys.task(prefix)
+        resp = await self._etcd.range(start, prefix_end(start), limit=limit, keys_only=True)
+        base = len(self._keys.k("t", ""))
+        return [unenc(kv.key[base:].decode()) for kv in resp.kvs]
 
     async def _tasks_where(self, keep: Callable[[Record], bool], limit: int) -> list[Task]:
         """The first *limit* tasks by id whose record *keep* accepts, payloads read."""

@@ -82,6 +82,7 @@ class EtcdStore:
         self.get = inspection.get  # inspection.py
         self.list_tasks = inspection.list_tasks
         self.dependants = inspection.dependants
+        self.ids_with_prefix = inspection.ids_with_prefix
         self.stats = inspection.stats
         self.peek = inspection.peek
         self.next_due = inspection.next_due

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from contend.domain.ids import check_id_prefix, prefix_bound
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
@@ -68,6 +69,24 @@ async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Ta
     async def run(cur: Cursor) -> list[Task]:
         await cur.execute(sql, (task_id, limit))
         return [row_to_task(r) for r in await cur.fetchall()]
+
+    return await db.run(run, tx=False)
+
+
+async def ids_with_prefix(db: Database, prefix: str, *, limit: int = 10) -> list[str]:
+    """A range of the primary key (``id >= %s AND id < %s``: an index scan, whatever the
+    database's collation, as hex ids sort alike in all of them; a ``LIKE`` would need the C
+    collation or ``text_pattern_ops`` to use the index), ids only."""
+    check_id_prefix(prefix)
+    check_limit(limit)
+    bound = prefix_bound(prefix)
+    where = "id >= %s" + (" AND id < %s" if bound else "")
+    sql = db.sql(f"SELECT id FROM {{s}}.tasks WHERE {where} ORDER BY id LIMIT %s")
+    params = (prefix, bound, limit) if bound else (prefix, limit)
+
+    async def run(cur: Cursor) -> list[str]:
+        await cur.execute(sql, params)
+        return [r[0] for r in await cur.fetchall() if r[0].startswith(prefix)]
 
     return await db.run(run, tx=False)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from contend.domain.ids import check_id_prefix, prefix_bound
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
@@ -65,6 +66,18 @@ async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Ta
     needle = json.dumps(task_id)[1:-1]
     rows = await db.retry(lambda: db.conn.execute(sql, (needle, task_id, limit)).fetchall())
     return [row_to_task(r) for r in rows]
+
+
+async def ids_with_prefix(db: Database, prefix: str, *, limit: int = 10) -> list[str]:
+    """A range of the primary key (``id >= ? AND id < ?``, which SQLite's index answers; a
+    ``LIKE`` would scan the table), ids only."""
+    check_id_prefix(prefix)
+    check_limit(limit)
+    bound = prefix_bound(prefix)
+    sql = "SELECT id FROM tasks WHERE id >= ?" + (" AND id < ?" if bound else "")
+    params = (prefix, bound, limit) if bound else (prefix, limit)
+    rows = await db.retry(lambda: db.conn.execute(sql + " ORDER BY id LIMIT ?", params).fetchall())
+    return [r[0] for r in rows if r[0].startswith(prefix)]
 
 
 async def stats(db: Database) -> StoreStats:

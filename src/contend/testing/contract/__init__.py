@@ -26,6 +26,7 @@ A backend outside this repository runs it as this repository runs it on its own 
     from contend.testing.contract.leases import *  # noqa: F403
     from contend.testing.contract.limits import *  # noqa: F403
     from contend.testing.contract.management import *  # noqa: F403
+    from contend.testing.contract.prefixes import *  # noqa: F403
     from contend.testing.contract.sessions import *  # noqa: F403
     from contend.testing.contract.stateful import test_store_state_machine  # noqa: F401
     from contend.testing.contract.submission import *  # noqa: F403
@@ -51,6 +52,7 @@ pytest.register_assert_rewrite(
     "contend.testing.contract.leases",
     "contend.testing.contract.limits",
     "contend.testing.contract.management",
+    "contend.testing.contract.prefixes",
     "contend.testing.contract.sessions",
     "contend.testing.contract.stateful",
     "contend.testing.contract.submission",
