@@ -194,12 +194,17 @@ async def test_tasks_list_says_when_more_exist_and_shows_created_and_due(tmp_pat
     assert run_cli("tasks", "list", "--limit", "5", "--store", url).stderr == ""
 
 
-def test_a_short_id_says_ids_are_whole(tmp_path: Path) -> None:
+def test_a_short_id_says_what_an_id_is(tmp_path: Path) -> None:
+    """An id cut too short to be a prefix says how many characters name a task; a word that is
+    no id's prefix says what ids are (a prefix that is one: tests/acceptance/test_id_prefixes)."""
     url = f"sqlite:///{tmp_path / 'short.db'}"
     task_id = run_cli("submit", APP, "echo", "--args", "[1]", "--store", url).stdout.strip()
-    done = run_cli("tasks", "show", task_id[:8], "--store", url)
+    done = run_cli("tasks", "show", task_id[:5], "--store", url)
     assert done.returncode == 2
-    one_line_error(done, f"no task with id '{task_id[:8]}'", "task ids are 28 characters")
+    one_line_error(done, f"'{task_id[:5]}' is too short to name a task", "at least 6")
+    word = run_cli("tasks", "show", task_id[:8] + "x", "--store", url)
+    assert word.returncode == 2
+    one_line_error(word, f"no task with id '{task_id[:8]}x'", "task ids are 28 hex digits")
 
 
 def test_the_store_precedence_is_the_same_in_python_and_the_cli(tmp_path: Path) -> None:

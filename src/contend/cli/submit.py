@@ -24,8 +24,9 @@ from contend.cli.common import (
     seconds,
     text_arg,
 )
+from contend.cli.task_ids import check_prefix, is_prefix, resolve_id
 from contend.domain.payload import parse_json
-from contend.domain.task import IfFailed, Task, TaskState
+from contend.domain.task import IfFailed, Task, TaskSpec, TaskState
 from contend.errors import ContendError, TaskError, TaskFailed, shown
 from contend.runtime.app import After, App, TaskHandle
 
@@ -77,8 +78,9 @@ def add_parser(sub: Subcommands) -> None:
         type=text_arg("--depends-on"),
         metavar="ID[:IF_FAILED]",
         dest="depends_on",
-        help="a task that must end first; repeat for more. If it does not succeed, this task "
-        "dies (ID or ID:fail), is cancelled (ID:cancel) or runs anyway (ID:run)",
+        help="a task that must end first (its id, or a unique prefix of it); repeat for more. "
+        "If it does not succeed, this task dies (ID or ID:fail), is cancelled (ID:cancel) or "
+        "runs anyway (ID:run)",
     )
     s.add_argument(
         "--batch",
@@ -333,8 +335,8 @@ def _document(handle: TaskHandle, task: Task) -> dict[str, Any]:
     }
 
 
-async def _submit_one(app: App, args: argparse.Namespace) -> int:
-    spec = app.build_spec(
+def _spec(app: App, args: argparse.Namespace, edges: list[str | After]) -> TaskSpec:
+    return app.build_spec(
         args.task,
         args.args or [],
         args.kwargs,
@@ -344,8 +346,35 @@ async def _submit_one(app: App, args: argparse.Namespace) -> int:
         queue=args.queue,
         requirements=args.requirements,
         timeout=args.timeout,
-        depends_on=[edge_arg(d) for d in args.depends_on or ()],
+        depends_on=edges,
     )
+
+
+def _edge_id(edge: str | After) -> str:
+    if not isinstance(edge, After):
+        return edge
+    return edge.task if isinstance(edge.task, str) else edge.task.id
+
+
+async def _resolved(app: App, edges: list[str | After]) -> list[str | After]:
+    """*edges* with each id prefix (``--depends-on 01a231d2``) replaced by the id it names."""
+    store = await app.store()
+    out: list[str | After] = []
+    for edge in edges:
+        if isinstance(edge, After):
+            out.append(After(await resolve_id(store, _edge_id(edge)), edge.if_failed))
+        else:
+            out.append(await resolve_id(store, edge))
+    return out
+
+
+async def _submit_one(app: App, args: argparse.Namespace) -> int:
+    edges = [edge_arg(d) for d in args.depends_on or ()]
+    for edge in edges:
+        check_prefix(_edge_id(edge))
+    spec = _spec(app, args, edges)  # every check but the dependencies' before the store opens
+    if any(is_prefix(_edge_id(e)) for e in edges):
+        spec = _spec(app, args, await _resolved(app, edges))
     (handle,) = await app.submit_many([spec])
     if not args.wait:
         if args.json:

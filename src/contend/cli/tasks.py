@@ -1,4 +1,5 @@
-"""``contend tasks list|show|retry|cancel``: look at tasks and manage one by id."""
+"""``contend tasks list|show|retry|cancel``: look at tasks and manage one by id (or by a unique
+prefix of its id: ``task_ids``)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from contend.cli.common import (
     text_arg,
     with_store,
 )
+from contend.cli.task_ids import resolve_id
+from contend.domain.ids import ID_LENGTH, MIN_PREFIX
 from contend.domain.task import Task, TaskState
 from contend.errors import TaskNotFound
 from contend.store.diagnosis import diagnose
 from contend.store.port import Store
 
-#: How long a task id is (``contend.domain.task.new_task_id``).
-ID_LENGTH = 28
 #: The most dependants ``tasks show`` lists (a fan-out of thousands would bury the rest).
 CHILDREN_SHOWN = 100
 
@@ -59,6 +60,9 @@ SHOW_FIELDS = (
 )
 
 
+ID_HELP = f"a task id, or a unique prefix of at least {MIN_PREFIX} of its characters"
+
+
 def add_parser(sub: Subcommands) -> None:
     t = sub.add_parser("tasks", help="list, show, retry or cancel tasks")
     tsub = t.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
@@ -68,13 +72,13 @@ def add_parser(sub: Subcommands) -> None:
     tl.add_argument("--limit", type=positive_int("--limit", 1_000_000), default=100)
     tl.set_defaults(func=cmd_tasks_list)
     ts = tsub.add_parser("show", help="one task, with its history of claims")
-    ts.add_argument("id", type=text_arg("ID"))
+    ts.add_argument("id", type=text_arg("ID"), help=ID_HELP)
     ts.set_defaults(func=cmd_tasks_show)
     tr = tsub.add_parser("retry", help="send a failed, dead or cancelled task back to pending")
-    tr.add_argument("id", type=text_arg("ID"))
+    tr.add_argument("id", type=text_arg("ID"), help=ID_HELP)
     tr.set_defaults(func=cmd_tasks_retry)
     tc = tsub.add_parser("cancel", help="cancel a pending or running task")
-    tc.add_argument("id", type=text_arg("ID"))
+    tc.add_argument("id", type=text_arg("ID"), help=ID_HELP)
     tc.set_defaults(func=cmd_tasks_cancel)
     for sp in (tl, ts, tr, tc):
         add_read_options(sp)
@@ -143,21 +147,22 @@ async def cmd_tasks_list(args: argparse.Namespace) -> int:
 
 
 async def _get(store: Store, task_id: str, *, history: bool = False) -> Task:
-    """The task, or a TaskNotFound that says when the id given is shorter than an id."""
+    """The task, or a TaskNotFound that says what an id is when the one given is shorter."""
     try:
         return await store.get(task_id, history=history)
     except TaskNotFound:
         if len(task_id) < ID_LENGTH:
             raise TaskNotFound(
                 task_id,
-                f"task ids are {ID_LENGTH} characters: give it whole (`contend tasks list` prints them)",
+                f"task ids are {ID_LENGTH} hex digits: give one whole, or at least {MIN_PREFIX} "
+                "of its first (`contend tasks list` prints them)",
             ) from None
         raise
 
 
 async def cmd_tasks_show(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
-        task = await _get(store, args.id, history=True)
+        task = await _get(store, await resolve_id(store, args.id), history=True)
         data = task.to_json()
         why = await diagnose(store, task)
         parents = [await _parent(store, task, pid) for pid in task.depends_on]
@@ -243,10 +248,11 @@ async def _manage(args: argparse.Namespace, action: str) -> int:
     """``tasks retry`` and ``tasks cancel``: one store call, the task's new state printed."""
 
     async def run(store: Store) -> int:
+        task_id = await resolve_id(store, args.id)
         try:
-            task = await (store.retry if action == "retry" else store.cancel)(args.id)
+            task = await (store.retry if action == "retry" else store.cancel)(task_id)
         except TaskNotFound:
-            await _get(store, args.id)  # raises, saying when the id is too short
+            await _get(store, task_id)  # raises, saying when the id is too short
             raise
         if args.json:
             print_json(task_summary(task.to_json()))
