@@ -20,7 +20,17 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from contend import __version__
-from contend.cli import dashboard, expert, migrate, prune, status, submit, supervise, tasks
+from contend.cli import (
+    completion,
+    dashboard,
+    expert,
+    migrate,
+    prune,
+    status,
+    submit,
+    supervise,
+    tasks,
+)
 from contend.cli.common import (
     Parser,
     Subcommands,
@@ -147,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         dashboard.add_parser,
         _add_demo,
         _add_bench,
+        completion.add_parser,
     ):
         add(sub)
     return p
