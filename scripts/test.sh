@@ -6,6 +6,7 @@ scripts/venv.sh dev,postgres,etcd,dashboard,metrics,otel,cron
 scripts/install-chromium.sh   # the dashboard tests drive Debian's chromium
 scripts/install-etcd.sh   # the etcd tests start their own server from this binary
 scripts/install-chaos.sh  # nftables, libfaketime: the chaos suite's short mode (tests/chaos)
+scripts/install-shells.sh # zsh, fish: the completion scripts' tests
 echo "== ruff"; .venv/bin/ruff check src tests benchmarks
 echo "== ruff format"; .venv/bin/ruff format --check src tests benchmarks
 echo "== mypy (strict, src/)"; .venv/bin/mypy

@@ -7,6 +7,7 @@ bash is on every machine this runs on; zsh and fish are tried where they are ins
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -69,14 +70,23 @@ def test_bash_completes_every_command_of_the_parser() -> None:
     assert _bash_completions(["contend", "tasks", "show", "-"]) == [o for o, _ in tasks.options]
 
 
+def _need(shell: str) -> None:
+    """Skip without *shell*, except under CI=true, where a missing shell is a failure
+    (scripts/install-shells.sh installs it)."""
+    if shutil.which(shell) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {shell} is missing (scripts/install-shells.sh)")
+        pytest.skip(f"{shell} is not installed")
+
+
 def test_an_unknown_shell_is_refused() -> None:
     done = run_cli("completion", "tcsh")
     assert done.returncode == 2 and "invalid choice: 'tcsh'" in done.stderr
     assert done.stdout == ""
 
 
-@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
 def test_fish_completes_commands_options_and_choices() -> None:
+    _need("fish")
     lines = [" ".join(w) for w, _ in CASES]
     program = f"{CONTEND} completion fish | source; " + "; ".join(
         f"echo '## {line}'; complete -C '{line}'" for line in lines
@@ -93,10 +103,10 @@ def test_fish_completes_commands_options_and_choices() -> None:
         assert sorted(got[line]) == sorted(offered), line
 
 
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_completes_commands_options_and_choices() -> None:
     """zsh's completion builtins exist only inside a Tab, so they are stood in for by
     functions that print what they were given; the walk through the words is the script's."""
+    _need("zsh")
     stubs = (
         "compdef() { :; }; compadd() { shift; print -rl -- ${(P)1}; }; "
         "_describe() { print -rl -- ${(P)4%%:*}; }; _files() { print FILES; }; "
