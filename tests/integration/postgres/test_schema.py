@@ -101,7 +101,7 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
         f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
         f"('t1', 'b', 0.5, {close - 1})",
     )
-    assert await PostgresStore(pg_url).migrate() == [7, 8, 9, 10]
+    assert await PostgresStore(pg_url).migrate() == [7, 8, 9, 10, 11]
     clock = FakeClock(close + 0.25)
     store = await make_store(clock=clock)
     b = await store.register_expert(ExpertInfo("b"), 60.0)
@@ -131,7 +131,7 @@ async def test_migration_10_gives_old_tasks_of_a_key_its_new_rate(
         "args, kwargs, max_attempts, run_at, created_at, updated_at, limit_key, limit_max) "
         "VALUES ('old', 't', 'default', 'pending', 0, 0, 9e9, '[]', '{}', 3, 1, 1, 1, 'k', 5)",
     )
-    assert await PostgresStore(pg_url).migrate() == [10]
+    assert await PostgresStore(pg_url).migrate() == [10, 11]
     clock = FakeClock(1000.0)
     store = await make_store(clock=clock)
     # a new task gives key k a rate, which holds back the old task of k too
@@ -154,6 +154,55 @@ async def test_migration_10_gives_old_tasks_of_a_key_its_new_rate(
     assert rows == [("k", 60.0, 1, 1060.0, 1060.0)]
     clock.advance(60.0)
     assert await claim() == {new[0].id}
+
+
+async def _at_version(url: str, version: int) -> None:
+    """A database left by the contend whose schema had *version*."""
+    await sql(url, "CREATE SCHEMA contend")
+    await sql(url, VERSION_TABLE.replace("{s}", "contend"))
+    for step in MIGRATIONS[:version]:
+        for statement in step.statements:
+            await sql(url, statement.replace("{s}", "contend"))
+        await sql(url, f"INSERT INTO contend.contend_schema_version VALUES ({step.version}, '')")
+
+
+async def test_migration_11_leaves_central_tasks_out_of_the_claim_order(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    # version 10 knew no central queues: a plain and a fair task are pending
+    await _at_version(pg_url, 10)
+    await sql(
+        pg_url,
+        "INSERT INTO contend.tasks (id, type, queue, state, priority, eff_priority, promote_at, "
+        "args, kwargs, max_attempts, run_at, created_at, updated_at, limit_key, fair_key) "
+        "VALUES ('plain', 't', 'default', 'pending', 0, 0, 9e9, '[]', '{}', 3, 1, 1, 1, NULL,"
+        " NULL), ('fair', 't', 'default', 'pending', 1, 1, 9e9, '[]', '{}', 3, 1, 1, 1, 'k', 'k')",
+    )
+    assert await PostgresStore(pg_url).migrate() == [11]
+    indexes = dict(
+        await sql(
+            pg_url,
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'contend'"
+            " AND tablename = 'tasks'",
+        )
+    )
+    for name in ("tasks_claimable", "tasks_lane", "tasks_fair"):  # rebuilt under their names
+        assert "NOT central" in str(indexes[name]), indexes[name]
+    assert "WHERE ((state = 'pending'::text) AND central)" in str(indexes["tasks_central"])
+    assert not [n for n in indexes if str(n).endswith("_11")]
+    assert await sql(pg_url, "SELECT id, central, assignee FROM contend.tasks ORDER BY id") == [
+        ("fair", False, None),
+        ("plain", False, None),
+    ]
+    store = await make_store(clock=FakeClock(1000.0))
+    (given,) = await store.submit([TaskSpec.build("t", queue="default", central=True)])
+    e = await store.register_expert(ExpertInfo("e"), 600.0)
+    got = await store.claim("e", e, ["default"], Capabilities(), limit=10, lease_ttl=600.0)
+    assert [c.id for c in got] == ["fair", "plain"]  # the central task waits for its leader
+    assert await store.lead("e", e, "queue:default", 60.0) == 1
+    assert await store.assign("e", e, "queue:default", 1, {given.id: "e"}) == 1
+    got = await store.claim("e", e, ["default"], Capabilities(), limit=10, lease_ttl=600.0)
+    assert [c.id for c in got] == [given.id]
 
 
 async def test_foreign_tables_are_not_taken_over(make_store: StoreFactory, pg_url: str) -> None:

@@ -42,6 +42,7 @@ Where things are:
 ``sessions``            register, renew, deregister an expert; the liveness check
 ``housekeeping``        expire lapsed claims, age pending tasks, drop finished auctions
 ``auctions``            bids, their ranking, and the order claims keep
+``dispatch``            central queues: lead, assign (under a term), the leader's read
 ``dependants``          what a task's end does to the tasks waiting on it
 ``management``          cancel and retry by hand; purge a schema
 ``wakeups``             LISTEN/NOTIFY and ``wait_for_change``

@@ -60,15 +60,20 @@ ROOM = (
 )
 
 
-def _claimable(*, lock: bool, only_ids: bool, typed: bool, ordered: bool) -> str:
+def _claimable(
+    *, lock: bool, only_ids: bool, typed: bool, ordered: bool, mine: bool = False
+) -> str:
     """The condition on a task ``t`` (its queue aside) that it is claimable; with *lock*, only
     while the ``live`` CTE has the session; with *ordered*, only when no auction holds
     ``%(expert)s`` back from it (a claim; a peek shows bidders their lots). A claim (*lock*)
     also leaves out the tasks whose limit key has no room (:data:`ROOM`); a peek, as the
-    other stores' peeks, shows them."""
+    other stores' peeks, shows them. Central tasks are left out (``NOT t.central``, which
+    lets the planner use the claim order's partial indexes), unless *mine*: then only the
+    central tasks a leader gave ``%(expert)s`` (``tasks_central``)."""
+    central = "t.central AND t.assignee = %(expert)s" if mine else "NOT t.central"
     return (
         ("EXISTS (SELECT 1 FROM live) AND " if lock else "")
-        + "t.state = 'pending' AND t.run_at <= {now} "
+        + f"t.state = 'pending' AND {central} AND t.run_at <= {{now}} "
         + ("AND t.id = ANY(%(ids)s) " if only_ids else "")
         + ("AND t.type = ANY(%(types)s) " if typed else "")
         + f"AND {FITS}"
@@ -81,14 +86,16 @@ def _level_below(cond: str) -> str:
     """One step of the skip scan: the highest priority of queue ``l.queue``'s pending tasks
     that meets *cond* (one probe of ``tasks_lane``)."""
     return (
-        "(SELECT t.priority FROM {s}.tasks t WHERE t.state = 'pending' AND t.queue = l.queue"
+        "(SELECT t.priority FROM {s}.tasks t WHERE t.state = 'pending' AND NOT t.central"
+        " AND t.queue = l.queue"
         f" {cond} ORDER BY t.priority DESC LIMIT 1)"
     )
 
 
-def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
+def _lane(*, lock: bool, only_ids: bool, typed: bool, central: bool = False) -> str:
     """CTE ``lane``: up to ``%(lane)s`` claimable tasks, those due the longest among the ones
-    whose base priority is below the highest of the claimable tasks.
+    whose base priority is below the highest of the claimable tasks; with *central*, no more
+    than the ``mine`` CTE left of ``%(limit)s`` (:data:`LEFT`).
 
     Named tasks (*only_ids*) are few and found by primary key: the lane is one pick among
     them. Otherwise ``levels`` is the skip scan (for each queue of ``%(queues)s``, its top
@@ -105,6 +112,7 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
     a level with fewer than ``%(lane)s`` due tasks is read to its end (index entries only)."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
     where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock)
+    most = f"least(%(lane)s, {LEFT})" if central else "%(lane)s"
     if only_ids:
         return (
             "named AS (SELECT t.priority FROM {s}.tasks t"
@@ -113,7 +121,7 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
             " lane AS (SELECT t.id, t.limit_key, t.limit_max FROM {s}.tasks t"
             f"  WHERE {where} AND t.queue = ANY(%(queues)s)"
             "  AND t.priority < (SELECT max(priority) FROM named)"
-            f"  ORDER BY t.run_at, t.id LIMIT %(lane)s{tail})"
+            f"  ORDER BY t.run_at, t.id LIMIT {most}{tail})"
         )
     return (
         "levels (queue, priority, depth) AS ("
@@ -131,14 +139,31 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool) -> str:
         "), lane AS ("
         "  SELECT id, limit_key, limit_max FROM heads"
         "  WHERE priority < (SELECT max(priority) FROM heads)"
-        "  ORDER BY run_at, id LIMIT %(lane)s)"
+        f"  ORDER BY run_at, id LIMIT {most})"
+    )
+
+
+#: What the assigned central tasks (the ``mine`` CTE) leave of a claim's ``%(limit)s``.
+LEFT = "%(limit)s - (SELECT count(*) FROM mine)"
+
+
+def _mine(*, only_ids: bool, typed: bool) -> str:
+    """CTE ``mine``: the best ``%(limit)s`` claimable central tasks a leader gave
+    ``%(expert)s``, locked (a seek on ``tasks_central``'s (queue, assignee): the few tasks
+    given to it, never a walk over a central queue's backlog)."""
+    where = _claimable(lock=True, only_ids=only_ids, typed=typed, ordered=True, mine=True)
+    return (
+        "mine AS (SELECT t.id, t.limit_key, t.limit_max FROM {s}.tasks t"
+        f" WHERE {where} AND t.queue = ANY(%(queues)s)"
+        f" ORDER BY {BEST} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
     )
 
 
 def _candidates(
     *, lock: bool, queues: int, lane: bool, only_ids: bool = False, typed: bool = False
 ) -> str:
-    """CTEs ending in ``picked``: the ids to take. With *lane*, the ``lane`` (see
+    """CTEs ending in ``picked``: the ids to take. A claim (*lock*) takes first the central
+    tasks given to the claimer (:func:`_mine`). Then with *lane*, the ``lane`` (see
     :func:`_lane`) and then the best of the rest by effective priority, as many as the
     ``%(limit)s`` leaves; without, the best ``%(limit)s``. With *lock*, each pick takes its
     rows ``FOR UPDATE SKIP LOCKED`` (a claim; the rows must be locked where they are
@@ -150,12 +175,12 @@ def _candidates(
     pending task instead. With *typed*, only tasks whose type is in ``%(types)s``."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
     where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock)
-    limit = "%(limit)s"
-    ctes = []
+    limit = LEFT if lock else "%(limit)s"
+    ctes = [_mine(only_ids=only_ids, typed=typed)] if lock else []
     if lane:
-        ctes.append(_lane(lock=lock, only_ids=only_ids, typed=typed))
+        ctes.append(_lane(lock=lock, only_ids=only_ids, typed=typed, central=lock))
         where += " AND t.id <> ALL(ARRAY(SELECT id FROM lane))"
-        limit = "%(limit)s - (SELECT count(*) FROM lane)"
+        limit = f"{limit} - (SELECT count(*) FROM lane)"
     arms = []
     for n in range(queues):
         ctes.append(
@@ -169,6 +194,8 @@ def _candidates(
         f" ORDER BY {BEST} LIMIT {limit})"
     )
     union = " UNION ALL SELECT id, limit_key, limit_max FROM lane" if lane else ""
+    if lock:
+        union += " UNION ALL SELECT id, limit_key, limit_max FROM mine"
     ctes.append(f"picked AS (SELECT id, limit_key, limit_max FROM best{union})")
     return ", ".join(ctes)
 
@@ -330,13 +357,20 @@ async def claim(
         ctes, query = fair_sql(
             where, queues=n_queues, named=ids is not None, lane=lane > 0, lock=True
         )
-        head = _lane(lock=True, only_ids=ids is not None, typed=kinds is not None) if lane else ""
-        pick_sql = f"WITH RECURSIVE {live_cte(True)}, {head}{', ' if head else ''}{ctes} {query}"
+        named, typed = ids is not None, kinds is not None
+        mine = _mine(only_ids=named, typed=typed)
+        head = _lane(lock=True, only_ids=named, typed=typed, central=True) if lane else ""
+        pick_sql = (
+            f"WITH RECURSIVE {live_cte(True)}, {mine}, {head}{', ' if head else ''}{ctes}"
+            f" {query} UNION ALL SELECT 'mine', {PICK_COLUMNS} FROM mine JOIN {{s}}.tasks t"
+            " USING (id)"
+        )
     else:
         pick_sql = (
             f"WITH RECURSIVE {live_cte(True)}, {pick(False)}"
-            f" SELECT 'best', {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
-            " ORDER BY t.eff_priority DESC, t.run_at, t.id"
+            " SELECT CASE WHEN t.central THEN 'mine' ELSE 'best' END,"
+            f" {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
+            " ORDER BY t.central DESC, t.eff_priority DESC, t.run_at, t.id"
         )
     again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": line}
     limited = Limited(db, pick_sql, again, params, fair=fair, named=ids is not None, queues=queues)
@@ -367,7 +401,8 @@ async def steal(
         "), loot AS ("
         "  SELECT id FROM {s}.tasks"
         "  WHERE EXISTS (SELECT 1 FROM live)"
-        "   AND owner = %(victim)s AND state = 'claimed' AND lease_deadline >= {now}"
+        "   AND owner = %(victim)s AND state = 'claimed' AND NOT central"
+        "   AND lease_deadline >= {now}"
         f"   AND queue = ANY(%(queues)s){typed} AND {FITS}"
         "  ORDER BY eff_priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
         "), stolen AS ("

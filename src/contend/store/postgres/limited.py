@@ -12,6 +12,7 @@ from contend.store.postgres.database import NOW_LIVE, Cursor, Database
 from contend.store.postgres.limits import (
     KEY_STATES,
     SPEND,
+    Pick,
     fair_params,
     fair_picks,
     in_fair_order,
@@ -37,11 +38,13 @@ def live_cte(live: bool = False) -> str:
 def take_ctes(picked: str, *, live: bool = False) -> str:
     """CTEs ``claimed`` (the tasks of ``picked`` handed to the claimer) and ``events`` (their
     history lines); *picked* is what the update may take, as the ``picked`` CTE's condition
-    (``FROM picked WHERE t.id = picked.id AND …``)."""
+    (``FROM picked WHERE t.id = picked.id AND …``). A claim uses up a central task's
+    assignment: should the task be pending again, a leader gives it anew."""
     now = "{now_live}" if live else "{now}"
     return (
         "claimed AS ("
         "  UPDATE {s}.tasks t SET %(assign)s, owner = %%(expert)s, fence = t.fence + 1,"
+        "   assignee = NULL,"
         f"   lease_deadline = {now} + %%(ttl)s, updated_at = {now}"
         f"  FROM picked WHERE t.id = picked.id{picked}"
         f"  RETURNING {CLAIMED_COLUMNS}"
@@ -68,9 +71,10 @@ class Limited:
     Without fair tasks the pick is widened (``8 × limit + 64``), by effective priority alone
     as SQLite's and the memory store's limited claims are. With them, the candidates are the
     low lane's, then the heads of each queue's fair keys and the best without one
-    (:func:`~contend.store.postgres.limits.fair_sql`) in fair order. Either way
+    (:func:`~contend.store.postgres.limits.fair_sql`) in fair order. Either way the central
+    tasks a leader gave the claimer (``mine``) come before all of those, and
     :func:`contend.domain.limits.admit` chooses, in that order, the first ``limit`` their
-    keys admit."""
+    keys admit: an assigned task waits for its key's room as any other does."""
 
     def __init__(
         self,
@@ -113,9 +117,13 @@ class Limited:
         extra = fair_params(self.queues, cursor, self.want) if self.fair else {}
         await cur.execute(self.pick_sql, db.params(**self.params, **extra))
         walked = cursor if self.fair and not self.named else None  # the rotation moves on
-        lane, rest = fair_picks(await cur.fetchall(), walked, self.queues)
+        found = await cur.fetchall()
+        # the central tasks given to the claimer first, then the lane's, then the others
+        mine = sorted((Pick.of(r[1:]) for r in found if r[0] == "mine"), key=lambda p: p.best)
+        lane, rest = fair_picks((r for r in found if r[0] != "mine"), walked, self.queues)
         locked = set(keys)
-        met = sorted({p.limit_key for p in [*lane, *rest] if p.limited and p.limit_key} - locked)
+        seen = {p.limit_key for p in [*mine, *lane, *rest] if p.limited and p.limit_key}
+        met = sorted(seen - locked)
         if met:  # keys the first statement did not meet: only those free now
             await cur.execute(self.try_sql, {"keys": met})
             locked.update(r[0] for r in await cur.fetchall())
@@ -127,7 +135,7 @@ class Limited:
             await cur.execute(self.states_sql, db.params(keys=sorted(locked | fair_keys)))
             held, rates, now = key_states(await cur.fetchall())
         rates = {k: v for k, v in rates.items() if k in locked}
-        ordered = [*lane, *(in_fair_order(rest, held) if self.fair else rest)]
+        ordered = [*mine, *lane, *(in_fair_order(rest, held) if self.fair else rest)]
         usable = [p for p in ordered if not p.limited or p.limit_key in locked]
         chosen = admit(
             ((p.id, p.limit_key, p.limit_max) for p in usable), held, self.want, rooms(rates, now)

@@ -18,7 +18,7 @@ from contend.domain.limits import FAIR_KEYS, FairCandidate, Rate, fair_order, sp
 #: named tasks, whether one of those is fair.
 HAS_FAIR = (
     "EXISTS (SELECT 1 FROM {s}.tasks t WHERE t.state = 'pending' AND t.fair_key IS NOT NULL"
-    " AND {queue}{named})"
+    " AND NOT t.central AND {queue}{named})"
 )
 
 #: Whether a task ``t`` with a limit key needs that key's lock to be claimed: it has a
@@ -79,7 +79,8 @@ def _next_key(queue: str, after: str) -> str:
     ``tasks_fair`` (the skip scan's step)."""
     return (
         "(SELECT t.fair_key FROM {s}.tasks t WHERE t.state = 'pending'"
-        f" AND t.fair_key IS NOT NULL AND t.queue = {queue} AND t.fair_key > {after}"
+        " AND t.fair_key IS NOT NULL AND NOT t.central"
+        f" AND t.queue = {queue} AND t.fair_key > {after}"
         " ORDER BY t.fair_key LIMIT 1)"
     )
 

@@ -206,6 +206,44 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE state = 'pending' AND fair_key IS NOT NULL",
         ),
     ),
+    Migration(
+        11,
+        "central queues: a task's flag and assignee, the leaderships; claim order leaves them out",
+        (
+            # false: a compete or fifo task, as every task was before
+            "ALTER TABLE {s}.tasks ADD COLUMN central boolean NOT NULL DEFAULT false,"
+            " ADD COLUMN assignee text",
+            # the claim order's indexes without central tasks, so that a central backlog costs
+            # a compete claim nothing; each built before the old one goes, then given its name
+            "CREATE INDEX tasks_claimable_11 ON {s}.tasks (queue, eff_priority DESC, run_at, id)"
+            " WHERE state = 'pending' AND NOT central",
+            "DROP INDEX {s}.tasks_claimable",
+            "ALTER INDEX {s}.tasks_claimable_11 RENAME TO tasks_claimable",
+            "CREATE INDEX tasks_lane_11 ON {s}.tasks (queue, priority DESC, run_at, id)"
+            " WHERE state = 'pending' AND NOT central",
+            "DROP INDEX {s}.tasks_lane",
+            "ALTER INDEX {s}.tasks_lane_11 RENAME TO tasks_lane",
+            "CREATE INDEX tasks_fair_11 ON {s}.tasks"
+            " (queue, fair_key, eff_priority DESC, run_at, id)"
+            " WHERE state = 'pending' AND fair_key IS NOT NULL AND NOT central",
+            "DROP INDEX {s}.tasks_fair",
+            "ALTER INDEX {s}.tasks_fair_11 RENAME TO tasks_fair",
+            # an assignee's claim and the leader's read: a seek on (queue, assignee)
+            "CREATE INDEX tasks_central ON {s}.tasks"
+            " (queue, assignee, eff_priority DESC, run_at, id)"
+            " WHERE state = 'pending' AND central",
+            # term: raised by one each time the leadership changes hands; holder NULL: nobody
+            """
+            CREATE TABLE {s}.leaders (
+                name text PRIMARY KEY,
+                holder text,
+                session text,
+                term bigint NOT NULL,
+                deadline float8 NOT NULL
+            )
+            """,
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from contend.domain.task import Task
 from contend.store._common import bind
 from contend.store.port import (
+    CentralDispatch,
     Store,
 )
 from contend.store.postgres import (
     auctions,
     claims,
+    dispatch,
     housekeeping,
     inspection,
     management,
@@ -94,6 +96,9 @@ class PostgresStore:
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
         self.begin = bind(transactions.begin, db)  # transactions.py
         self.end_session = bind(housekeeping.end_session, db)
+        self.lead = bind(dispatch.lead, db)  # dispatch.py
+        self.assign = bind(dispatch.assign, db)
+        self.central_backlog = bind(dispatch.central_backlog, db)
 
     # -- opening and closing ---------------------------------------------------------------
 
@@ -163,3 +168,7 @@ class PostgresStore:
 
 def _is_a_store(store: PostgresStore) -> Store:
     return store  # mypy checks here that PostgresStore implements the whole port
+
+
+def _dispatches(store: PostgresStore) -> CentralDispatch:
+    return store  # and that it implements central dispatch (promises.central_dispatch)

@@ -45,12 +45,19 @@ _SUBMIT_COLUMNS = {
     "rate_interval": "float8",
     "rate_burst": "int",
     "fair_key": "text",
+    "central": "bool",
     "born_event": "text",
     "born_detail": "text",
 }
 
 #: What this backend keeps (``Store.promises``); submit refuses what it does not.
-PROMISES = Promises(transactions=True, concurrency_limits=True, rate_limits=True, fair_share=True)
+PROMISES = Promises(
+    transactions=True,
+    concurrency_limits=True,
+    rate_limits=True,
+    fair_share=True,
+    central_dispatch=True,
+)
 
 
 async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
@@ -165,6 +172,7 @@ def _columns(
             None if spec.rate_limit is None else spec.rate_limit.interval,
             None if spec.rate_limit is None else spec.rate_limit.burst,
             spec.limit_key if spec.fair else None,
+            spec.central,
             None if birth.event is None else str(birth.event),
             birth.detail,
         )
@@ -184,7 +192,7 @@ def _submit_sql(db: Database) -> str:
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
         "   requirements, max_attempts, run_at, created_at, updated_at, timeout, depends_on,"
         "   deps_left, error, eff_priority, promote_at, trace, if_failed, limit_key,"
-        "   limit_max, rate_interval, rate_burst, fair_key)"
+        "   limit_max, rate_interval, rate_burst, fair_key, central)"
         "  SELECT r.id, r.type, r.queue, r.state, r.priority, r.args, r.kwargs, r.key,"
         "   r.req::jsonb, r.max_attempts, {now} + r.delay, {now}, {now}, r.timeout,"
         "   CASE WHEN r.deps IS NULL THEN NULL"
@@ -192,7 +200,7 @@ def _submit_sql(db: Database) -> str:
         "   r.deps_left, r.error, r.priority, {now} + r.promote_in, r.trace,"
         "   CASE WHEN r.if_failed IS NULL THEN NULL"
         "    ELSE ARRAY(SELECT jsonb_array_elements_text(r.if_failed::jsonb)) END,"
-        "   r.limit_key, r.limit_max, r.rate_interval, r.rate_burst, r.fair_key"
+        "   r.limit_key, r.limit_max, r.rate_interval, r.rate_burst, r.fair_key, r.central"
         f"  FROM unnest({types}) AS r({', '.join(_SUBMIT_COLUMNS)})"
         "  ON CONFLICT (id) DO NOTHING RETURNING id"
         "), born AS ("
