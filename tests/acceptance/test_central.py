@@ -1,13 +1,14 @@
-"""A central queue on real processes: three experts on one SQLite file or one etcd, the leader
-killed mid-run. Another takes over and assigns again within one lease of the kill; every task runs
+"""A central queue on real processes: three experts on one SQLite file, one etcd or a fresh
+PostgreSQL database, the leader killed mid-run. Another takes over and assigns again within one lease of the kill; every task runs
 exactly once; and no assignment of the old term lands after the new term's first one (the
 store refuses an old term; a paused leader that wakes up is fenced out too)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from contend.domain.task import Task, TaskSpec, TaskState
 from contend.store.port import Store
 from contend.store.registry import open_store
 from contend.testing.etcd_server import EtcdServer
+from contend.testing.postgres import NoServer, fresh_database
 from tests.acceptance.conftest import Experts, wait_until
 
 APP = "tests.acceptance.central_app:app"
@@ -34,14 +36,30 @@ class Assignment:
     term: int
 
 
-@pytest.fixture(params=["sqlite", pytest.param("etcd", marks=pytest.mark.etcd)])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A SQLite file, or a fresh prefix of the acceptance run's real etcd (the stores that
-    promise central dispatch and run across processes)."""
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("etcd", marks=pytest.mark.etcd),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A SQLite file, a fresh prefix of the acceptance run's real etcd, or a fresh PostgreSQL
+    database (the stores that promise central dispatch and run across processes; without a
+    PostgreSQL server, under CI=true a failure)."""
     if request.param == "etcd":
         server: EtcdServer = request.getfixturevalue("etcd_server")
-        return f"{server.url}/central-{uuid.uuid4().hex[:12]}"
-    return f"sqlite:///{tmp_path / 'central.db'}"
+        yield f"{server.url}/central-{uuid.uuid4().hex[:12]}"
+    elif request.param == "postgres":
+        try:
+            async with fresh_database() as pg:
+                yield pg
+        except NoServer as exc:
+            if os.environ.get("CI") == "true":
+                raise
+            pytest.skip(f"not under CI and {exc}")
+    else:
+        yield f"sqlite:///{tmp_path / 'central.db'}"
 
 
 @pytest.fixture
