@@ -147,16 +147,29 @@ def _lane(*, lock: bool, only_ids: bool, typed: bool, central: bool = False) -> 
 LEFT = "%(limit)s - (SELECT count(*) FROM mine)"
 
 
-def _mine(*, only_ids: bool, typed: bool) -> str:
-    """CTE ``mine``: the best ``%(limit)s`` claimable central tasks a leader gave
-    ``%(expert)s``, locked (a seek on ``tasks_central``'s (queue, assignee): the few tasks
-    given to it, never a walk over a central queue's backlog)."""
+def _mine(*, queues: int, only_ids: bool, typed: bool) -> str:
+    """CTEs ending in ``mine``: the best ``%(limit)s`` claimable central tasks a leader gave
+    ``%(expert)s``, locked: one arm per queue, each a seek on ``tasks_central``'s (queue,
+    assignee) that reads the few tasks given to it, never a central queue's backlog.
+
+    An arm names its queue (``q0``, ``q1``, …) and orders by the index's own columns: with
+    ``queue = ANY(array)``, or before the table's statistics have seen a large submit, the
+    planner walks ``tasks_oldest`` instead and filters every pending task of the queues
+    (35-50 ms behind 100,000 central tasks)."""
     where = _claimable(lock=True, only_ids=only_ids, typed=typed, ordered=True, mine=True)
-    return (
-        "mine AS (SELECT t.id, t.limit_key, t.limit_max FROM {s}.tasks t"
-        f" WHERE {where} AND t.queue = ANY(%(queues)s)"
-        f" ORDER BY {BEST} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    ctes, arms = [], []
+    for n in range(queues):
+        ctes.append(
+            f"mine_{n} AS (SELECT t.id, t.eff_priority, t.run_at, t.limit_key, t.limit_max"
+            f" FROM {{s}}.tasks t WHERE {where} AND t.queue = %(q{n})s"
+            f" ORDER BY t.assignee, {BEST} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+        )
+        arms.append(f"SELECT * FROM mine_{n}")
+    ctes.append(
+        f"mine AS (SELECT id, limit_key, limit_max FROM ({' UNION ALL '.join(arms)}) u"
+        f" ORDER BY {BEST} LIMIT %(limit)s)"
     )
+    return ", ".join(ctes)
 
 
 def _candidates(
@@ -176,7 +189,7 @@ def _candidates(
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
     where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock)
     limit = LEFT if lock else "%(limit)s"
-    ctes = [_mine(only_ids=only_ids, typed=typed)] if lock else []
+    ctes = [_mine(queues=queues, only_ids=only_ids, typed=typed)] if lock else []
     if lane:
         ctes.append(_lane(lock=lock, only_ids=only_ids, typed=typed, central=lock))
         where += " AND t.id <> ALL(ARRAY(SELECT id FROM lane))"
@@ -358,7 +371,7 @@ async def claim(
             where, queues=n_queues, named=ids is not None, lane=lane > 0, lock=True
         )
         named, typed = ids is not None, kinds is not None
-        mine = _mine(only_ids=named, typed=typed)
+        mine = _mine(queues=n_queues, only_ids=named, typed=typed)
         head = _lane(lock=True, only_ids=named, typed=typed, central=True) if lane else ""
         pick_sql = (
             f"WITH RECURSIVE {live_cte(True)}, {mine}, {head}{', ' if head else ''}{ctes}"
