@@ -1,7 +1,7 @@
 """Does a central queue's backlog slow claims elsewhere? Compete claims beside 100,000 pending
-central tasks, on SQLite or etcd.
+central tasks, on SQLite, etcd or PostgreSQL.
 
-``python -m benchmarks.central_isolation [--backend sqlite|etcd] [--backlog 100000]
+``python -m benchmarks.central_isolation [--backend sqlite|etcd|postgresql] [--backlog 100000]
 [--claims 300] [--no-write]``
 times claims of one task then its completion by a probe session, each a fresh task of a
 compete queue (``default``), first with no central backlog, then with *backlog* pending tasks
@@ -10,8 +10,10 @@ once (what an expert serving both sends). It also times what the central queue i
 then: the leader's read of the tasks needing an assignee, and an assignee's claim of the task
 a leader gave it; and at last compete claims in turns on the store with the backlog and on a
 twin without one on the same server (less swayed by the machine's swings). Figures go to ``docs/central.json`` (SQLite) or ``docs/central_etcd.json``
-(a throwaway etcd with ``--max-txn-ops=1024``, as the other etcd benchmarks run it);
-``--no-write`` skips that.
+(a throwaway etcd with ``--max-txn-ops=1024``, as the other etcd benchmarks run it) or
+``docs/central_postgresql.json`` (a fresh database of the server ``CONTEND_TEST_PG`` names, one
+schema a store; the table ANALYZEd after the fill, see :func:`analyze`); ``--no-write`` skips
+that.
 """
 
 from __future__ import annotations
@@ -110,11 +112,31 @@ async def store_urls(backend: str) -> AsyncIterator[Callable[[str], str]]:
             yield lambda name: f"{server.url}/{name}?max_txn_ops=1024"
         finally:
             server.close()
+    elif backend == "postgresql":
+        from contend.testing.postgres import fresh_database
+
+        async with fresh_database() as url:
+            yield lambda name: f"{url}?schema={name}"
     elif backend == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda name: f"sqlite:///{Path(tmp) / name}.db"
     else:
-        raise SystemExit(f"unknown backend {backend!r} (sqlite, etcd)")
+        raise SystemExit(f"unknown backend {backend!r} (sqlite, etcd, postgresql)")
+
+
+async def analyze(url: str) -> None:
+    """ANALYZE the tasks table, as autovacuum does soon after a large submit. Until then the
+    statements a connection prepared while the table was small keep their plans (PostgreSQL
+    plans a prepared statement again only when the table's statistics change), and some of
+    those read the whole table: 25-80 ms claims and completions behind 100,000 pending
+    tasks of any kind, plain ones too."""
+    import psycopg
+
+    from contend.store.postgres.url import parse_postgres_url
+
+    dsn, opts = parse_postgres_url(url)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f'ANALYZE "{opts["schema"]}".tasks')
 
 
 async def interleaved(stores: Sequence[tuple[Store, str]], n: int) -> list[list[float]]:
@@ -139,6 +161,8 @@ async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             await fill(store, backlog)
             filled = time.perf_counter() - t0
+            if backend == "postgresql":
+                await analyze(url_of("central"))
             alone = await compete_claims(store, session, ["default"], n)
             both = await compete_claims(store, session, ["default", "c"], n)
             costs = await central_costs(store, session, n)
@@ -167,7 +191,7 @@ async def run(backend: str, backlog: int, n: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["sqlite", "etcd"], default="sqlite")
+    parser.add_argument("--backend", choices=["sqlite", "etcd", "postgresql"], default="sqlite")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=300)
     parser.add_argument("--no-write", action="store_true")
