@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import psycopg
 import pytest
 
 from contend.domain.retry import RetryPolicy
@@ -390,3 +392,23 @@ async def test_depending_on_a_spec_whose_key_matched_is_refused(store: PostgresS
     with pytest.raises(DependencyError, match="unknown dependencies"):
         await store.submit([again, child])
     assert [t.id for t in await store.list_tasks()] == [first.id]
+
+
+async def test_the_stores_connections_never_jit_compile(store: PostgresStore) -> None:
+    """A claim's plan over a large table costs past ``jit_above_cost``: compiling it took
+    200-370 ms of a 2-7 ms claim behind 100,000 pending tasks once ANALYZE had run. The
+    store's own connections turn JIT off; tasks' own transactions keep the server's
+    setting (a report in a task may want it)."""
+    db = store._db
+
+    async def jit(cur: Any) -> str:
+        await cur.execute("SHOW jit")
+        return str((await cur.fetchone())[0])
+
+    assert await db.run(jit, tx=False) == "off"
+    pool = await db.tx_pool()
+    async with pool.connection() as conn:
+        server = (await (await conn.execute("SHOW jit")).fetchone())[0]
+    async with await psycopg.AsyncConnection.connect(db.dsn) as plain:
+        default = (await (await plain.execute("SHOW jit")).fetchone())[0]
+    assert server == default
