@@ -27,11 +27,12 @@ from contend.errors import (
     TransactionConflict,
     UnknownTaskType,
 )
-from contend.runtime.app import After, App, TaskHandle, TaskType
+from contend.runtime.app import After, App, TaskHandle
 from contend.runtime.config import ExpertConfig
 from contend.runtime.context import TaskContext, current
 from contend.runtime.expert import Expert
 from contend.runtime.hooks import Hook
+from contend.runtime.task_type import TaskType
 
 __version__ = "0.1.0"
 

@@ -76,7 +76,7 @@ def _need(shell: str) -> None:
     if shutil.which(shell) is None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true and {shell} is missing (scripts/install-shells.sh)")
-        pytest.skip(f"{shell} is not installed")
+        pytest.skip(f"{shell} is not installed (under CI=true this fails instead)")
 
 
 def test_an_unknown_shell_is_refused() -> None:

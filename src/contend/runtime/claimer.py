@@ -23,7 +23,6 @@ from enum import StrEnum
 from contend.domain.scoring import TaskView
 from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
-from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
@@ -31,6 +30,7 @@ from contend.runtime.executor import Executor
 from contend.runtime.hooks import Hook, task_fields
 from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
 from contend.runtime.session import LeaseKeeper, Session
+from contend.runtime.task_type import TaskType
 from contend.store.port import Auction, Claimed, Store
 
 log = logging.getLogger("contend.expert")

@@ -37,7 +37,6 @@ from contend.errors import (
     PayloadError,
     TaskStopped,
 )
-from contend.runtime.app import TaskType
 from contend.runtime.clock import Clock, bounded, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
@@ -45,6 +44,7 @@ from contend.runtime.hooks import Hook, Outcome, task_fields
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.pipeline import forwarded
 from contend.runtime.session import Session
+from contend.runtime.task_type import TaskType
 from contend.runtime.threads import ThreadRunner
 from contend.store.port import Claimed, Completion, Failure, Store, TaskTransaction
 

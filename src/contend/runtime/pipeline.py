@@ -31,7 +31,8 @@ from contend.runtime.clock import Clock
 from contend.store.port import Store, StoreStats
 
 if TYPE_CHECKING:
-    from contend.runtime.app import App, TaskHandle, TaskType
+    from contend.runtime.app import App, TaskHandle
+    from contend.runtime.task_type import TaskType
 
 log = logging.getLogger("contend.expert")
 
