@@ -1,11 +1,17 @@
-"""Concurrency limits: at most K tasks of one limit key claimed or running at once, across all
-experts and hosts (Hatchet's concurrency keys; celery#5732 asks the same of rate limits).
+"""Limits per limit key, across all experts and hosts: the rules the stores keep at claim time.
 
-A task carries its key and its K from its submission (``TaskSpec.limit_key``,
-``TaskSpec.concurrency_limit``); a store admits a claimable task only while the tasks of its
-key that are claimed or running, plus those the same claim already took, number fewer than
-the task's K. :func:`admit` is that rule, for the stores that pick in code; the SQL stores
-apply it inside their claim's transaction.
+* Concurrency limits: at most K tasks of a key claimed or running at once (Hatchet's
+  concurrency keys). A task carries its key and its K from its submission
+  (``TaskSpec.limit_key``, ``TaskSpec.concurrency_limit``); :func:`admit` takes a claimable
+  task only while its key's claimed and running tasks, plus those the same claim already
+  took, number fewer than K.
+* Rate limits (celery#5732): the starts of a key spaced by :class:`Rate` (GCRA, one number
+  per key); :func:`admit` honours each key's room, :func:`spend` moves its state on.
+* Fair share (river#1060): :func:`fair_order` ranks a claim's candidates so that the keys'
+  claimed and running counts even out.
+
+The stores that pick in code call these; the SQL stores apply the same rules inside their
+claim's transaction.
 """
 
 from __future__ import annotations
