@@ -19,7 +19,8 @@ and load). The checks go from the task outwards, and the first that holds is the
    points at something the store cannot see (a stalled expert, a store that does not wake
    experts).
 
-contend has no queue pause and no rate or concurrency limits, so no reason names them.
+contend has no queue pause, so no reason names one. Concurrency and rate limits are not
+diagnosed yet: a task that waits for its key's room shows as ``claimable``.
 """
 
 from __future__ import annotations
