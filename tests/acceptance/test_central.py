@@ -24,7 +24,7 @@ from tests.acceptance.conftest import Experts, wait_until
 
 APP = "tests.acceptance.central_app:app"
 LEASE = 1.5
-TASKS = 400
+TASKS = 200
 
 
 @dataclass(frozen=True)
