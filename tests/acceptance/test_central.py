@@ -5,12 +5,8 @@ store refuses an old term; a paused leader that wakes up is fenced out too)."""
 
 from __future__ import annotations
 
-import os
 import signal
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +14,6 @@ from contend.domain.dispatch import ASSIGNED, term_of
 from contend.domain.task import Task, TaskSpec, TaskState
 from contend.store.port import Store
 from contend.store.registry import open_store
-from contend.testing.etcd_server import EtcdServer
-from contend.testing.postgres import NoServer, fresh_database
 from tests.acceptance.conftest import Experts, wait_until
 
 APP = "tests.acceptance.central_app:app"
@@ -36,37 +30,10 @@ class Assignment:
     term: int
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("etcd", marks=pytest.mark.etcd),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    """A SQLite file, a fresh prefix of the acceptance run's real etcd, or a fresh PostgreSQL
-    database (the stores that promise central dispatch and run across processes; without a
-    PostgreSQL server, under CI=true a failure)."""
-    if request.param == "etcd":
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        yield f"{server.url}/central-{uuid.uuid4().hex[:12]}"
-    elif request.param == "postgres":
-        try:
-            async with fresh_database() as pg:
-                yield pg
-        except NoServer as exc:
-            if os.environ.get("CI") == "true":
-                raise
-            pytest.skip(f"not under CI and {exc}")
-    else:
-        yield f"sqlite:///{tmp_path / 'central.db'}"
-
-
 @pytest.fixture
-def experts(url: str, tmp_path: Path) -> Iterator[Experts]:
-    group = Experts(url, tmp_path)
-    yield group
-    group.stop_all()
+def url(db_url: str) -> str:
+    """The acceptance run's stores: a SQLite file, a real etcd, a real PostgreSQL."""
+    return db_url
 
 
 async def _assignments(store: Store) -> list[Assignment]:
