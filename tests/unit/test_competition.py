@@ -82,6 +82,21 @@ def test_a_much_faster_rival_makes_the_race_matter_and_wait() -> None:
     assert 0.1 * 0.75 * 0.9 * 0.99 <= delay <= 0.1 * (1 + c.cluster_load / 0.8) * 0.76 * 1.1
 
 
+def test_speed_noise_smaller_than_the_window_runs_no_race() -> None:
+    # 1 ms tasks timed at 1.0 and 1.5 ms: 50 % apart, but a race would hold each task back
+    # for up to a window (0.1 s here) to save half a millisecond, so equals claim at once
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 0.0015)
+    c.update_peers([peer("twin", metrics={"types": {"t": [5, 0, 0.001]}})], 0)
+    assert not c.race_matters(0)
+    # the same ratio on tasks long enough to repay the wait does run the race
+    for _ in range(20):
+        c.tracker.record("t", True, 1.5)
+    c.update_peers([peer("twin", metrics={"types": {"t": [5, 0, 1.0]}})], 0)
+    assert c.race_matters(0)
+
+
 def test_equally_fit_rivals_break_the_tie_by_jitter() -> None:
     # docs/competition.md says jitter breaks ties; equals used to wait exactly 0, all alike
     draws = iter([0.25, 0.75])

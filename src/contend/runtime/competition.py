@@ -224,7 +224,12 @@ class Competition:
     def race_matters(self, load: int) -> bool:
         """A race changes nothing when this expert is alone or every live rival has the same
         profile (capabilities, tier, specialties, and speed within 20 % on every type): then
-        the expert claims at once, with no extra read and no wait."""
+        the expert claims at once, with no extra read and no wait.
+
+        Speeds that differ by less than the race window do not count either: the race would
+        hold a task back for longer than the faster expert could save on it. Without that,
+        the run-time noise of millisecond tasks (a garbage collection, a busy core) turns
+        races on and off among equal experts."""
         if self.window <= 0 or self.queues <= self.fifo | self.central:
             return False
         rivals = self.rivals()
@@ -246,7 +251,8 @@ class Competition:
                     return True
                 if a.mean_seconds and b.mean_seconds:
                     ratio = a.mean_seconds / b.mean_seconds
-                    if not 1 / 1.2 <= ratio <= 1.2:
+                    saved = abs(a.mean_seconds - b.mean_seconds)
+                    if not 1 / 1.2 <= ratio <= 1.2 and saved > self.window:
                         return True
         return False
 
