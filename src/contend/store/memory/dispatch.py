@@ -4,7 +4,7 @@ this applies, between two awaits, which is atomic in one event loop)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from contend.domain import dispatch as rules
 from contend.domain.limits import admit
@@ -106,8 +106,10 @@ class Leaders:
         types: Collection[str] | None,
         without: Collection[str],
         held: Mapping[str, int] | None,
+        rooms: Callable[[Collection[str | None]], Mapping[str, int]] | None = None,
     ) -> list[str]:
-        """The central tasks given to *expert* that it may claim now, in claim order."""
+        """The central tasks given to *expert* that it may claim now, in claim order, their
+        keys' limits kept (*rooms*: the starts each rate-limited key of those given allows)."""
         picks: list[tuple[tuple[int, float, str], str]] = []
         for q in dict.fromkeys(queues):
             for tid in self._index.central.get(q, {}):
@@ -126,5 +128,6 @@ class Leaders:
         if held is None:
             return chosen[:limit]
         rows = self._tasks
-        keyed = ((t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen)
-        return admit(keyed, held, limit)
+        keyed = [(t, rows[t].spec.limit_key, rows[t].spec.concurrency_limit) for t in chosen]
+        room = None if rooms is None else rooms({k for _, k, _ in keyed})
+        return admit(keyed, held, limit, room)

@@ -3,7 +3,7 @@ fair order, kept beside the task map. The rules are ``contend.domain.limits``'."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from contend.domain.limits import FairCandidate, Rate, admit, fair_order, rooms, spend
 from contend.domain.task import TaskSpec
@@ -60,6 +60,10 @@ class Limits:
             return fair_order(heads, held, len(ids))
 
         return order
+
+    def room_of(self, keys: Collection[str | None], now: float) -> dict[str, int]:
+        """Rate-limited key of *keys* -> the starts its rate allows at *now*."""
+        return rooms({k: v for k, v in self._rates.items() if k in keys}, now)
 
     def admit(
         self,

@@ -307,6 +307,7 @@ class MemoryStore:
             types=types,
             without=without,
             held=held,
+            rooms=lambda keys: self._limits.room_of(keys, now),
         )
         if held is not None:
             for tid in mine:  # they take their keys' places before the others are admitted

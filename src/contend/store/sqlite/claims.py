@@ -320,14 +320,20 @@ async def claim(
             if mine
             else []
         )
+        _spend(conn, given, now)  # before the rest, which reads what room the keys have left
         rest = limit - len(given)
         rows = _claim_rest(conn, db, queues, now, ids, kinds, rest, low_lane, held, update, head)
-        rates = rate_states(conn, {r[12] for r in [*given, *rows]})
-        if rates:
-            spend_rates(conn, rates, (r[12] for r in [*given, *rows]), now)
+        _spend(conn, rows, now)
         return _claimed(conn, outcome, given + rows, now, ttl)
 
     return await db.tx(run)
+
+
+def _spend(conn: sqlite3.Connection, rows: list[Any], now: float) -> None:
+    """Spend a start of the rate of each rate-limited key among the claimed *rows*."""
+    rates = rate_states(conn, {r[12] for r in rows})
+    if rates:
+        spend_rates(conn, rates, (r[12] for r in rows), now)
 
 
 def _claim_rest(
@@ -428,7 +434,8 @@ def _assigned(
     ).fetchall()
     if not picks:
         return []
-    return admit(picks, _holders(conn, {p[1] for p in picks if p[1]}), limit)
+    keys = {p[1] for p in picks if p[1]}
+    return admit(picks, _holders(conn, keys), limit, rooms(rate_states(conn, keys), now))
 
 
 RETURNING = (

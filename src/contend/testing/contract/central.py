@@ -14,6 +14,7 @@ from typing import cast
 import pytest
 
 from contend.domain.dispatch import ASSIGNED, term_of
+from contend.domain.limits import Rate
 from contend.domain.task import TaskSpec
 from contend.errors import ConfigError, LeaseLost, NotLeader
 from contend.runtime.app import App
@@ -214,3 +215,23 @@ async def test_a_central_task_is_never_stolen(harness: Harness) -> None:
     assert stolen == []
     assert await h.store.start("a", [(t1, held[0].fence)]) == [None]
     assert await h.store.complete("a", [Completion(t1, held[0].fence, "1")]) == [None]
+
+
+async def test_a_central_task_keeps_its_rate_limit(harness: Harness) -> None:
+    # the assignee's claim used to take every task given to it, whatever their key's rate
+    h = harness
+    d = await _refused(h)
+    if d is None or not h.store.promises.rate_limits:
+        return
+    every = Rate.of((1, h.ttl))  # one start per ttl
+    given = await _with(h, *(central(i, limit_key="k", rate_limit=every) for i in range(3)))
+    (rated,) = await _with(h, spec("job", 9, limit_key="k", rate_limit=every))
+    a = await join(h, "a")
+    term = cast(int, await d.lead("a", a.session, Q, h.ttl))
+    assert await d.assign("a", a.session, Q, term, dict.fromkeys(given, "a")) == 3
+    first = await _claim(a)
+    assert len(first) == 1 and first[0] in given, first  # one start of "k", not four
+    assert await _claim(a) == []
+    await pass_time(h, h.ttl, a)
+    assert len(await _claim(a)) == 1
+    assert rated not in first
