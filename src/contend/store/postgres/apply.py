@@ -83,7 +83,12 @@ def apply(
     A field that has one value for the whole batch (for a completion, all but the result) is
     sent once rather than as an array: the text depends only on which fields vary, so each
     kind of write keeps one prepared statement, and the parameters cost what they did before
-    the outcomes were decided in the domain."""
+    the outcomes were decided in the domain.
+
+    The rows are given in id order, so that the statement locks them in that order (a
+    nested loop over the arrays), as a lease renewal does: a renewal and a write of one
+    expert's tasks used to deadlock, and each deadlock stalled both for deadlock_timeout."""
+    decided = sorted(decided, key=lambda d: d[0])
     params: dict[str, Any] = {
         "o_id": [tid for tid, _, _ in decided],
         "o_fence": [fence for _, fence, _ in decided],

@@ -91,9 +91,13 @@ async def renew(
             raise session_not_live(expert, session)
         await cur.execute(
             db.sql(
-                "UPDATE {s}.tasks SET lease_deadline = {now} + %(ttl)s "
-                "WHERE owner = %(expert)s AND state IN ('claimed', 'running') "
-                "AND lease_deadline >= {now} RETURNING id, fence"
+                # in id order, as every owner write takes its rows (apply.apply): two
+                # writers of one expert's tasks never wait on each other in a cycle
+                "WITH held AS (SELECT id FROM {s}.tasks WHERE owner = %(expert)s "
+                "AND state IN ('claimed', 'running') AND lease_deadline >= {now} "
+                "ORDER BY id FOR UPDATE) "
+                "UPDATE {s}.tasks t SET lease_deadline = {now} + %(ttl)s FROM held "
+                "WHERE t.id = held.id RETURNING t.id, t.fence"
             ),
             db.params(ttl=ttl, expert=expert),
         )
