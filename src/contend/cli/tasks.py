@@ -160,6 +160,14 @@ async def _get(store: Store, task_id: str, *, history: bool = False) -> Task:
         raise
 
 
+def limit_text(task: Task) -> str:
+    """``tenant:a (at most 3 at once, fair share)``: a task's limit key and its limits."""
+    notes = [f"at most {task.concurrency_limit} at once"] if task.concurrency_limit else []
+    if task.fair:
+        notes.append("fair share")
+    return f"{task.limit_key}" + (f" ({', '.join(notes)})" if notes else "")
+
+
 async def cmd_tasks_show(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
         task = await _get(store, await resolve_id(store, args.id), history=True)
@@ -178,6 +186,8 @@ async def cmd_tasks_show(args: argparse.Namespace) -> int:
         now = await store.now()
         for k in SHOW_FIELDS:
             print(f"{k:>13}: {data[k] if data[k] is not None else '-'}")
+        if task.limit_key is not None:
+            print(f"{'limit key':>13}: {limit_text(task)}")
         if why is not None:
             print(f"{'not running':>13}: {why.blocker}: {why.message}")
         print(f"{'created':>13}: {age(now - task.created_at)} ago")

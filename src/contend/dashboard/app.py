@@ -162,7 +162,9 @@ def routes(d: Dashboard) -> list[Route | Mount]:
             if (f.type is None or t.type == f.type) and (not text or text in _searchable(t))
         ]
         now, experts_ = await store.now(), await store.list_experts()
-        found = [(t, explain(t, now, experts_)) for t in chosen[:SHOW]]
+        shown = chosen[:SHOW]
+        keys = await store.key_states({t.limit_key for t in shown if t.limit_key is not None})
+        found = [(t, explain(t, now, experts_, keys)) for t in shown]
         names = sorted((await d.stats()).counts)
         more = len(listed) >= SCAN or len(chosen) > SHOW
         return _html(pages.tasks(found, f, names, now, len(listed), more))
@@ -174,8 +176,10 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         except TaskNotFound:
             return _html(pages.error("Not found", f"no task {task_id}"), 404)
         now, experts_ = await store.now(), await store.list_experts()
+        keys = await store.key_states([task.limit_key] if task.limit_key is not None else [])
         note = request.query_params.get("note", "")[:200]
-        body = pages.task_detail(task, explain(task, now, experts_), now, d.csrf(request), note)
+        why = explain(task, now, experts_, keys)
+        body = pages.task_detail(task, why, now, d.csrf(request), note)
         return _html(body)
 
     async def act(request: Request) -> Response:

@@ -301,6 +301,10 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
     ]
     if task.lease_deadline is not None and task.state.owned:
         facts.append(("lease left", age(task.lease_deadline - now)))
+    if task.limit_key is not None:
+        notes = [f"at most {task.concurrency_limit} at once"] if task.concurrency_limit else []
+        notes += ["fair share"] if task.fair else []
+        facts.append(("limit key", task.limit_key + (f" ({', '.join(notes)})" if notes else "")))
     if task.depends_on:
         links = join((_edge(task, d) for d in task.depends_on), " ")
         facts.append(("depends on", links))

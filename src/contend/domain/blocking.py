@@ -11,24 +11,28 @@ and load). The checks go from the task outwards, and the first that holds is the
 4. ``no_expert_with_type`` — experts serve the queue, but none has the task's type;
 5. ``no_expert_with_requirements`` — experts have the type, but none has the capability tags
    and resource amounts the task requires;
-6. ``emergency_standby`` — the only experts that could run it are emergency experts, which
+6. ``held_by_concurrency_limit`` — its limit key already has as many tasks claimed or
+   running as the task's concurrency limit allows;
+7. ``held_by_rate_limit`` — its limit key's rate allows no start this moment;
+8. ``emergency_standby`` — the only experts that could run it are emergency experts, which
    join in only while the cluster is under pressure;
-7. ``all_capable_experts_busy`` — the experts that could run it have no free slot;
-8. ``claimable`` — an expert that could run it has a free slot: it should be claimed at once
-   (it may be in a race window or an auction this moment). A task that stays here for long
-   points at something the store cannot see (a stalled expert, a store that does not wake
-   experts).
+9. ``all_capable_experts_busy`` — the experts that could run it have no free slot;
+10. ``claimable`` — an expert that could run it has a free slot: it should be claimed at once
+    (it may be in a race window or an auction this moment, or wait for its turn among the
+    keys of a fair queue). A task that stays here for long points at something the store
+    cannot see (a stalled expert, a store that does not wake experts).
 
-contend has no queue pause, so no reason names one. Concurrency and rate limits are not
-diagnosed yet: a task that waits for its key's room shows as ``claimable``.
+The limits are read from the store's state of the task's key (``Store.key_states``), the
+same numbers a claim compares. contend has no queue pause, so no reason names one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from contend.domain.limits import KeyState
 from contend.domain.task import Capabilities, Requirements, TaskState
 
 
@@ -40,6 +44,8 @@ class Blocker(StrEnum):
     NO_LIVE_EXPERT = "no_live_expert"
     NO_EXPERT_WITH_TYPE = "no_expert_with_type"
     NO_EXPERT_WITH_REQUIREMENTS = "no_expert_with_requirements"
+    HELD_BY_CONCURRENCY_LIMIT = "held_by_concurrency_limit"
+    HELD_BY_RATE_LIMIT = "held_by_rate_limit"
     EMERGENCY_STANDBY = "emergency_standby"
     ALL_CAPABLE_EXPERTS_BUSY = "all_capable_experts_busy"
     CLAIMABLE = "claimable"
@@ -84,6 +90,8 @@ class PendingFacts:
     requirements: Requirements = field(default_factory=Requirements)
     attempts: int = 0
     depends_on: tuple[str, ...] = ()
+    limit_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +118,35 @@ def _wanted(req: Requirements) -> str:
     return ", ".join(parts) or "nothing"
 
 
+def _held_by_limit(task: PendingFacts, now: float, key: KeyState | None) -> Diagnosis | None:
+    if task.limit_key is None or key is None:
+        return None
+    most = task.concurrency_limit
+    if most is not None and key.held >= most:
+        return Diagnosis(
+            Blocker.HELD_BY_CONCURRENCY_LIMIT,
+            f"its limit key {task.limit_key!r} has {key.held} task(s) claimed or running, "
+            f"at most {most} at once",
+        )
+    if key.rate is not None and key.rate_room(now) == 0:
+        again = key.rate.next_start(key.tat)
+        wait = f"; room again in {again - now:.2f}s" if again is not None else ""
+        return Diagnosis(
+            Blocker.HELD_BY_RATE_LIMIT,
+            f"its limit key {task.limit_key!r} is at its rate ({key.rate.text()}){wait}",
+        )
+    return None
+
+
 def why_not_running(
-    task: PendingFacts, now: float, experts: Sequence[ExpertFacts]
+    task: PendingFacts,
+    now: float,
+    experts: Sequence[ExpertFacts],
+    keys: Mapping[str, KeyState] | None = None,
 ) -> Diagnosis | None:
     """Why *task* is not running at store time *now*; None when it is not pending or waiting
-    (it is owned, or it has ended)."""
+    (it is owned, or it has ended). *keys*: the state of the limit keys (those missing, or
+    None, are not diagnosed)."""
     if task.state == TaskState.WAITING:
         n = len(task.depends_on)
         return Diagnosis(
@@ -142,6 +174,11 @@ def why_not_running(
             Blocker.NO_EXPERT_WITH_REQUIREMENTS,
             f"no live expert has what it requires ({_wanted(task.requirements)})",
         )
+    limited = _held_by_limit(
+        task, now, None if task.limit_key is None else (keys or {}).get(task.limit_key)
+    )
+    if limited is not None:
+        return limited
     joining = [e for e in able if not e.standing_by]
     if not joining:
         return Diagnosis(
@@ -166,12 +203,15 @@ def why_not_running(
 
 
 def count_blockers(
-    tasks: Iterable[PendingFacts], now: float, experts: Sequence[ExpertFacts]
+    tasks: Iterable[PendingFacts],
+    now: float,
+    experts: Sequence[ExpertFacts],
+    keys: Mapping[str, KeyState] | None = None,
 ) -> dict[tuple[str, Blocker], int]:
     """How many of *tasks* each reason holds back, by (queue, reason)."""
     counts: dict[tuple[str, Blocker], int] = {}
     for task in tasks:
-        d = why_not_running(task, now, experts)
+        d = why_not_running(task, now, experts, keys)
         if d is not None:
             key = (task.queue, d.blocker)
             counts[key] = counts.get(key, 0) + 1

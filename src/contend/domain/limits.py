@@ -156,6 +156,10 @@ class Rate:
         """The key's state after *starts* more starts at *now*."""
         return max(tat if tat is not None else now, now) + starts * self.interval
 
+    def next_start(self, tat: float | None) -> float | None:
+        """When the key may start a task again, its state being *tat* (None: at any time)."""
+        return None if tat is None else tat - (self.burst - 1) * self.interval
+
     def full_after(self, now: float) -> float:
         """The smallest ``tat`` at which the key has no room at *now*, for a store that finds
         throttled keys with one comparison: ``tat > now + (burst - 1) * interval``."""
@@ -172,6 +176,20 @@ class Rate:
             else f"{per * 3600:g}/h"
         )
         return shape if self.burst == 1 else f"{shape} (burst {self.burst})"
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What a store holds of one limit key at a moment (``Store.key_states``): how many of
+    its tasks are claimed or running, and its rate with the rate's state, if it has one."""
+
+    held: int = 0
+    rate: Rate | None = None
+    tat: float | None = None
+
+    def rate_room(self, now: float) -> int | None:
+        """Starts the key's rate allows at *now* (None: the key has no rate)."""
+        return None if self.rate is None else self.rate.room(self.tat, now)
 
 
 def _count_and_period(rate: object) -> tuple[float, float]:

@@ -549,6 +549,11 @@ class Task:
     trace: dict[str, str] | None = None
     #: The choice of each edge, aligned with ``depends_on`` (``()``: every edge ``fail``).
     if_failed: tuple[str, ...] = ()
+    #: Its limit key, the most of that key's tasks to be claimed or running at once, and
+    #: whether it shares its queue's slots fairly among keys (``@app.task(limit_key=…)``).
+    limit_key: str | None = None
+    concurrency_limit: int | None = None
+    fair: bool = False
 
     def if_failed_of(self, dependency: str) -> str:
         """The choice of the edge to *dependency*."""
@@ -580,6 +585,9 @@ class Task:
             "progress": self.progress,
             "depends_on": list(self.depends_on),
             "if_failed": [self.if_failed_of(d) for d in self.depends_on],
+            "limit_key": self.limit_key,
+            "concurrency_limit": self.concurrency_limit,
+            "fair": self.fair,
             "history": [e.to_json() for e in self.history],
         }
 

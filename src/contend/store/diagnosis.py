@@ -4,7 +4,7 @@ gathers its facts from the store."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from contend.domain.blocking import (
@@ -15,6 +15,7 @@ from contend.domain.blocking import (
     count_blockers,
     why_not_running,
 )
+from contend.domain.limits import KeyState
 from contend.domain.task import Task, TaskState
 from contend.store.port import ExpertRecord, Store
 
@@ -47,19 +48,27 @@ def pending_facts(task: Task) -> PendingFacts:
         requirements=task.requirements,
         attempts=task.attempts,
         depends_on=task.depends_on,
+        limit_key=task.limit_key,
+        concurrency_limit=task.concurrency_limit,
     )
 
 
-def explain(task: Task, now: float, experts: Sequence[ExpertRecord]) -> Diagnosis | None:
-    """Why *task* is not running, given the store's time and experts already read."""
-    return why_not_running(pending_facts(task), now, [expert_facts(e) for e in experts])
+def explain(
+    task: Task,
+    now: float,
+    experts: Sequence[ExpertRecord],
+    keys: Mapping[str, KeyState] | None = None,
+) -> Diagnosis | None:
+    """Why *task* is not running, given the store's time, experts and key states read."""
+    return why_not_running(pending_facts(task), now, [expert_facts(e) for e in experts], keys)
 
 
 async def diagnose(store: Store, task: Task) -> Diagnosis | None:
     """Why *task* is not running, as *store* sees it now; None when it runs or has ended."""
     if task.state not in (TaskState.PENDING, TaskState.WAITING):
         return None
-    return explain(task, await store.now(), await store.list_experts())
+    keys = await store.key_states([task.limit_key]) if task.limit_key is not None else {}
+    return explain(task, await store.now(), await store.list_experts(), keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +96,8 @@ async def blocked_counts(
     now = await store.now()
     pending = await store.list_tasks(state=TaskState.PENDING, limit=sample)
     facts = [expert_facts(e) for e in experts]
-    found = count_blockers((pending_facts(t) for t in pending), now, facts)
+    keys = await store.key_states({t.limit_key for t in pending if t.limit_key is not None})
+    found = count_blockers((pending_facts(t) for t in pending), now, facts, keys)
     for queue, states in counts.items():
         waiting = states.get(str(TaskState.WAITING), 0)
         if waiting:

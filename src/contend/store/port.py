@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from contend.domain import auction
+from contend.domain.limits import KeyState
 from contend.domain.scoring import TaskView
 from contend.domain.task import JSON, Capabilities, Task, TaskSpec, TaskState
 from contend.errors import FencedOut
@@ -388,6 +389,13 @@ class Store(Protocol):
         characters a person types (``contend tasks show 01a231``) into a task. *prefix* is
         6 to 28 hex digits (``contend.domain.ids.check_id_prefix``: a TaskError, and nothing
         read, otherwise). A range read of the primary key, never a scan of every task."""
+
+    async def key_states(self, keys: Collection[str]) -> dict[str, KeyState]:
+        """Each of *keys* (limit keys) as the store holds it now: how many of its tasks are
+        claimed or running, and its rate (the latest submission's) with the rate's state.
+        Every key asked for is in the answer (``KeyState()`` for one the store knows nothing
+        of). What ``contend tasks show`` and the dashboard say holds a task back; a claim
+        reads the same numbers inside its own step."""
 
     async def stats(self) -> StoreStats: ...
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from contend.domain.limits import FairCandidate, Rate, admit, fair_order, rooms, spend
+from contend.domain.limits import (
+    FairCandidate,
+    KeyState,
+    Rate,
+    admit,
+    fair_order,
+    rooms,
+    spend,
+)
 from contend.domain.task import TaskSpec
 from contend.store.memory.records import Row
 
@@ -60,6 +68,19 @@ class Limits:
             return fair_order(heads, held, len(ids))
 
         return order
+
+    def states(self, keys: Collection[str], owned: Iterable[str]) -> dict[str, KeyState]:
+        """Each of *keys* now (*owned*: the ids of the claimed and running tasks)."""
+        held = {k: 0 for k in keys}
+        for tid in owned:
+            key = self._tasks[tid].spec.limit_key
+            if key in held:
+                held[key] += 1
+        out = {}
+        for key in keys:
+            rate, tat = self._rates.get(key, (None, None))
+            out[key] = KeyState(held[key], rate, tat)
+        return out
 
     def room_of(self, keys: Collection[str | None], now: float) -> dict[str, int]:
         """Rate-limited key of *keys* -> the starts its rate allows at *now*."""

@@ -83,6 +83,9 @@ def task_of(tid: str, row: Row, history: bool = False) -> Task:
         history=tuple(row.history) if history else (),
         progress=_load(row.progress),
         trace=load_trace(s.trace),
+        limit_key=s.limit_key,
+        concurrency_limit=s.concurrency_limit,
+        fair=s.fair,
     )
 
 

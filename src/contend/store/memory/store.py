@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contend.domain import auction
 from contend.domain import transitions as rules
 from contend.domain.ids import check_id_prefix
+from contend.domain.limits import KeyState
 from contend.domain.retention import PRUNABLE_STATES, check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
@@ -217,6 +218,9 @@ class MemoryStore:
         check_limit(limit)
         found = sorted(tid for tid, row in self._tasks.items() if task_id in row.spec.depends_on)
         return [task_of(tid, self._tasks[tid]) for tid in found[:limit]]
+
+    async def key_states(self, keys: Collection[str]) -> dict[str, KeyState]:
+        return self._limits.states(set(keys), self._index.held)
 
     async def ids_with_prefix(self, prefix: str, *, limit: int = 10) -> list[str]:
         check_id_prefix(prefix)

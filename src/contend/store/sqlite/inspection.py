@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from contend.domain.ids import check_id_prefix, prefix_bound
+from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
@@ -78,6 +79,39 @@ async def ids_with_prefix(db: Database, prefix: str, *, limit: int = 10) -> list
     params = (prefix, bound, limit) if bound else (prefix, limit)
     rows = await db.retry(lambda: db.conn.execute(sql + " ORDER BY id LIMIT ?", params).fetchall())
     return [r[0] for r in rows if r[0].startswith(prefix)]
+
+
+async def key_states(db: Database, keys: Collection[str]) -> dict[str, KeyState]:
+    """Held tasks counted on ``tasks_limited`` (claimed and running only), rates from
+    ``rate_keys``, a batch of keys a statement."""
+    wanted = list(dict.fromkeys(keys))
+    out = {k: KeyState() for k in wanted}
+
+    def read() -> None:
+        for first in range(0, len(wanted), 500):
+            batch = wanted[first : first + 500]
+            marks = ",".join("?" * len(batch))
+            held = dict(
+                db.conn.execute(
+                    f"SELECT limit_key, count(*) FROM tasks INDEXED BY tasks_limited "
+                    f"WHERE limit_key IN ({marks}) AND state IN ('claimed', 'running') "
+                    "GROUP BY limit_key",
+                    batch,
+                ).fetchall()
+            )
+            rates = {
+                key: (Rate(interval, burst), tat)
+                for key, interval, burst, tat in db.conn.execute(
+                    f"SELECT key, interval, burst, tat FROM rate_keys WHERE key IN ({marks})",
+                    batch,
+                )
+            }
+            for key in batch:
+                rate, tat = rates.get(key, (None, None))
+                out[key] = KeyState(held.get(key, 0), rate, tat)
+
+    await db.retry(read)
+    return out
 
 
 async def stats(db: Database) -> StoreStats:

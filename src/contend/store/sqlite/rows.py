@@ -45,6 +45,9 @@ def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...]
         progress=load(r[22]),
         trace=load_trace(r[23]),
         if_failed=tuple(load(r[24]) or ()),
+        limit_key=r[25],
+        concurrency_limit=r[26],
+        fair=bool(r[27]),
     )
 
 

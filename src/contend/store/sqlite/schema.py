@@ -106,7 +106,8 @@ CREATE TABLE leaders (
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on, progress, trace, if_failed"
+    "checkpoint, depends_on, progress, trace, if_failed, limit_key, limit_max, "
+    "fair_key IS NOT NULL"
 )
 
 #: What each version adds to the one before it (a file of version 1 is upgraded on open).

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from contend.domain.limits import Rate
+from contend.domain.limits import KeyState, Rate
 from contend.domain.task import TaskSpec, TaskState
 from contend.errors import ConfigError, TaskError
 from contend.store.port import Completion
@@ -224,3 +224,33 @@ async def test_a_key_that_refuses_places_leaves_them_to_the_others(harness: Harn
     e = await Expert.join(h.store, "e", h.ttl)
     got = {c.id for c in await e.claim(4)}
     assert len(got & a) == 1 and len(got & b) == 3, got  # the claim is not left short
+
+
+async def test_the_store_reports_its_limit_keys_as_a_claim_sees_them(harness: Harness) -> None:
+    # what `contend tasks show` and the dashboard say holds a task back (Store.key_states)
+    h = harness
+    if await _refused(h) or await _refused_rates(h):
+        return
+    every = Rate.of((1, h.ttl), burst=2)
+    a1, a2, a3 = (s.id for s in await h.store.submit([limited("a", 2, i) for i in range(3)]))
+    await h.store.submit([rated("r", every, i) for i in range(3)])
+    (plain,) = await h.store.submit([spec("job", 9)])
+    task = await h.store.get(a1)
+    assert (task.limit_key, task.concurrency_limit, task.fair) == ("a", 2, False)
+    assert (await h.store.get(plain.id)).limit_key is None
+    assert await h.store.key_states([]) == {}
+    before = await h.store.key_states(["a", "r", "never"])
+    assert before["a"] == KeyState(0) and before["never"] == KeyState()
+    assert (before["r"].held, before["r"].rate, before["r"].tat) == (0, every, None)
+    e = await Expert.join(h.store, "e", h.ttl)
+    got = {c.id for c in await e.claim(10)}
+    assert len(got & {a1, a2, a3}) == 2 and len(got) == 5  # two of "a", two of "r", plain
+    now = await h.store.now()
+    after = await h.store.key_states(["a", "r"])
+    assert after["a"].held == 2
+    assert after["r"].held == 2 and after["r"].rate_room(now) == 0
+    assert after["r"].tat is not None and after["r"].tat > now
+    # a task's end frees its place
+    done = [c for c in await h.store.list_tasks(state=TaskState.RUNNING) if c.limit_key == "a"]
+    await h.store.complete("e", [Completion(done[0].id, done[0].fence, "1")])
+    assert (await h.store.key_states(["a"]))["a"].held == 1
