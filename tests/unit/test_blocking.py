@@ -14,6 +14,7 @@ from contend.domain.blocking import (
     count_blockers,
     why_not_running,
 )
+from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Capabilities, Requirements, TaskSpec, TaskState
 from contend.store.diagnosis import blocked_counts, diagnose
 from contend.store.memory import MemoryStore
@@ -132,4 +133,51 @@ async def test_diagnose_and_count_through_the_store_port() -> None:
     }
     sampled = await blocked_counts(store, sample=1)
     assert not sampled.complete
+    await store.close()
+
+
+def test_a_key_at_its_concurrency_limit_or_its_rate_holds_the_task() -> None:
+    keyed = replace(TASK, limit_key="tenant:a", concurrency_limit=2)
+    full = {"tenant:a": KeyState(held=2)}
+    d = why_not_running(keyed, NOW, [expert()], full)
+    assert d is not None and d.blocker == Blocker.HELD_BY_CONCURRENCY_LIMIT
+    assert "'tenant:a' has 2 task(s) claimed or running, at most 2" in d.message
+    assert reason_with(keyed, {"tenant:a": KeyState(held=1)}) == Blocker.CLAIMABLE
+    # a rate with no room: one start a second, the last start this moment
+    rate = Rate.of("1/s")
+    spent = {"tenant:a": KeyState(held=0, rate=rate, tat=NOW + 0.75)}
+    d = why_not_running(keyed, NOW, [expert()], spent)
+    assert d is not None and d.blocker == Blocker.HELD_BY_RATE_LIMIT
+    assert "(1/s); room again in 0.75s" in d.message
+    assert reason_with(keyed, {"tenant:a": KeyState(rate=rate, tat=NOW)}) == Blocker.CLAIMABLE
+    # no expert could run it anyway: that is said first; an unread key is not diagnosed
+    assert reason_with(keyed, full, experts=()) == Blocker.NO_LIVE_EXPERT
+    assert reason_with(keyed, {}) == Blocker.CLAIMABLE
+
+
+def reason_with(
+    task: PendingFacts, keys: dict[str, KeyState], experts: tuple[ExpertFacts, ...] | None = None
+) -> Blocker:
+    d = why_not_running(task, NOW, list((expert(),) if experts is None else experts), keys)
+    assert d is not None
+    return d.blocker
+
+
+async def test_a_limit_is_diagnosed_through_the_store_port() -> None:
+    clock = FakeClock(NOW)
+    store = MemoryStore("memory://", clock=clock)
+    await store.open()
+    first, second = (
+        TaskSpec.build("resize", [n], queue="images", limit_key="k", concurrency_limit=1)
+        for n in range(2)
+    )
+    await store.submit([first, second])
+    info = ExpertInfo("e1", queues=("images",), capacity=4, task_types=("resize",))
+    session = await store.register_expert(info, 15.0)
+    (got,) = await store.claim("e1", session, ["images"], Capabilities(), limit=4, lease_ttl=15)
+    waiting = await store.get(second.id if got.id == first.id else first.id)
+    d = await diagnose(store, waiting)
+    assert d is not None and d.blocker == Blocker.HELD_BY_CONCURRENCY_LIMIT
+    counts = await blocked_counts(store)
+    assert counts.counts == {("images", Blocker.HELD_BY_CONCURRENCY_LIMIT): 1}
     await store.close()
