@@ -4,6 +4,7 @@ by expert processes)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 from contend import App
 
@@ -19,3 +20,10 @@ async def call_api(tenant: str, n: int) -> int:
 async def report(tenant: str, n: int) -> int:
     await asyncio.sleep(0.002)
     return n
+
+
+@app.task(concurrency_limit=1, limit_key="door:{door}")
+async def hold(door: str, release: str) -> None:
+    """Runs until the file *release* exists: one at a time per door."""
+    while not os.path.exists(release):
+        await asyncio.sleep(0.01)

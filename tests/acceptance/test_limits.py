@@ -4,12 +4,14 @@ tenants' limits stay independent of each other."""
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
+from pathlib import Path
 
 from contend.domain.task import TaskState
 from contend.store.port import Store
-from tests.acceptance.conftest import Experts, wait_until
-from tests.acceptance.limits_app import app, call_api, report
+from tests.acceptance.conftest import Experts, run_cli, wait_until
+from tests.acceptance.limits_app import app, call_api, hold, report
 
 APP = "tests.acceptance.limits_app:app"
 INTERVAL = 1 / 20  # call_api's rate: 20 a second per tenant, burst 1
@@ -82,3 +84,36 @@ async def test_a_tenants_burst_does_not_hold_back_another_tenant(
     assert a_meanwhile <= 20 + 2 * 16, (a_meanwhile, sum(1 for t in a_times if t > b_at))
     # and a's burst was still going on: many of it were left when b was done
     assert len(burst) - sum(1 for t in a_times if t <= b_last) > 500
+
+
+async def test_tasks_show_says_a_task_waits_for_its_keys_room(
+    store: Store, experts: Experts, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    first, second = (
+        s.id
+        for s in await store.submit([app.build_spec(hold, ["front", str(release)]) for _ in "ab"])
+    )
+    experts.start("e1", concurrency=4, app=APP)
+
+    async def one_running() -> list[str]:
+        running = await store.list_tasks(state=TaskState.RUNNING)
+        return [t.id for t in running]
+
+    (busy,) = await wait_until(one_running, what="one task of the door running", watch=experts)
+    waiting = second if busy == first else first
+    shown = run_cli("tasks", "show", waiting, "--json", "--store", experts.url)
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert (data["limit_key"], data["concurrency_limit"]) == ("door:front", 1)
+    assert data["why_not_running"]["reason"] == "held_by_concurrency_limit"
+    text = run_cli("tasks", "show", waiting, "--store", experts.url)
+    assert "limit key: door:front (at most 1 at once)" in text.stdout
+    assert "held_by_concurrency_limit: its limit key 'door:front' has 1 task(s)" in text.stdout
+    release.touch()
+
+    async def both_done() -> bool:
+        states = [t.state for t in await store.list_tasks()]
+        return states == [TaskState.SUCCEEDED] * 2
+
+    await wait_until(both_done, what="both tasks done", watch=experts)
