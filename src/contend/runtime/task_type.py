@@ -7,6 +7,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from contend.domain.limits import Rate
@@ -97,12 +98,13 @@ class TaskType:
                 f"the task's arguments ({type(exc).__name__}: {exc})"
             ) from None
 
-    @property
+    # read for every run: worked out once (a frozen dataclass keeps a __dict__ for these)
+    @cached_property
     def wants_parents(self) -> bool:
         """A parameter named ``parents``: it gets the results of the task's dependencies."""
         return self.signature is not None and "parents" in self.signature.parameters
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
