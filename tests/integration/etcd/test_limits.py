@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.store.etcd import EtcdStore
 from contend.store.etcd.record import Record
@@ -243,3 +244,56 @@ async def test_a_claim_reads_past_a_head_of_tasks_whose_key_is_full(
     assert len(records) < 20, len(records)
     (last,) = await store.claim("e", s, Q, ANY, limit=5, lease_ttl=10)
     assert last.id == rest[4].id
+
+
+@pytest.mark.parametrize("read_txns", [False, True], ids=["ranges", "read-txn"])
+async def test_key_states_reads_every_key_in_as_few_reads_as_the_txn_limit_allows(
+    store_url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, read_txns: bool
+) -> None:
+    # max_txn_ops 16: a read-only Txn carries 15 operations, 7 keys (two reads each)
+    store = EtcdStore(store_url, clock=clock, max_txn_ops=16)
+    await store.open()
+    try:
+        store._etcd.read_txns = read_txns  # etcd 3.5.1 (the tests' own) reads in ranges
+        every = Rate.of((1, 60.0), burst=2)
+        names = [f"k/{n:02}" for n in range(20)]  # a "/" in a key is encoded
+        specs = [
+            TaskSpec.build(
+                "job", [n, i], limit_key=k, concurrency_limit=9, rate_limit=every if n % 2 else None
+            )
+            for n, k in enumerate(names)
+            for i in range(n % 3 + 1)  # 1 to 3 tasks a key
+        ]
+        await store.submit(specs)
+        (fair,) = await store.submit([TaskSpec.build("job", limit_key="f", fair=True)])
+        got = await store.get(fair.id)
+        assert (got.limit_key, got.concurrency_limit, got.fair) == ("f", None, True)
+        s = await store.register_expert(ExpertInfo("a"), 60)
+        taken = 0
+        while got_some := await store.claim("a", s, Q, ANY, limit=100, lease_ttl=60):
+            taken += len(got_some)
+        assert taken == len(specs) - 3 + 1  # a rated key starts two, then none
+        calls: list[int] = []
+        reads = store._etcd.reads
+
+        async def reading(ops: Any) -> Any:
+            calls.append(len(ops))
+            return await reads(ops)
+
+        monkeypatch.setattr(store._etcd, "reads", reading)
+        asked = [*names, "never", names[0]]  # a key asked for twice is read once
+        states = await store.key_states(asked)
+        assert calls == [14, 14, 14] and max(calls) <= store._etcd.max_ops
+        assert set(states) == set(asked) and states["never"] == KeyState()
+        now = clock()
+        for n, k in enumerate(names):
+            state, tasks = states[k], n % 3 + 1
+            if n % 2:
+                assert state.held == min(tasks, 2) and state.rate == every, (k, state)
+                assert state.tat is not None and state.rate_room(now) == 2 - state.held
+            else:
+                assert state == KeyState(tasks), (k, state)
+        calls.clear()
+        assert await store.key_states([]) == {} and calls == []
+    finally:
+        await store.close()

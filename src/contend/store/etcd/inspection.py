@@ -1,4 +1,5 @@
-"""Reads for people and dashboards: get, list_tasks, stats, peek, backlog, next_due."""
+"""Reads for people and dashboards: get, list_tasks, stats, key_states, peek, backlog,
+next_due."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from contend.domain.ids import check_id_prefix
+from contend.domain.limits import KeyState
 from contend.domain.scoring import TaskView
 from contend.domain.task import OWNED_STATES, Capabilities, Requirements, Task, TaskState
 from contend.errors import TaskNotFound
@@ -16,9 +18,11 @@ from contend.store.etcd.candidates import Views, choose
 from contend.store.etcd.keys import Keys, enc, micros, prefix_end, unenc
 from contend.store.etcd.levels import Levels, any_kv
 from contend.store.etcd.payloads import read_payloads
+from contend.store.etcd.rates import rate_state
 from contend.store.etcd.record import Record, index_json, task_of
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions, session_deadline
+from contend.store.etcd.txn import get
 from contend.store.port import Backlog, StoreStats
 
 #: stats()'s cache: task key -> ((mod, create revision, version), queue, state, updated, run_at)
@@ -80,6 +84,37 @@ class Inspection:
         resp = await self._etcd.range(start, prefix_end(start), limit=limit, keys_only=True)
         base = len(self._keys.k("t", ""))
         return [unenc(kv.key[base:].decode()) for kv in resp.kvs]
+
+    async def key_states(self, keys: Collection[str]) -> dict[str, KeyState]:
+        """What a claim reads of each key: its holder keys ``n/{limit key}/`` counted (one per
+        task of it claimed or running) and its ``r/{limit key}``, two reads a key in one
+        read-only Txn of one snapshot (``Etcd.reads``: pinned ranges on etcd 3.5.0-3.5.4),
+        as many Txns as ``max_txn_ops`` needs (63 keys each at the default 128), at once."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        ops = [
+            op
+            for k in wanted
+            for op in (
+                get(self._keys.holders(k), prefix=True, count_only=True),
+                get(self._keys.rate(k)),
+            )
+        ]
+        step = self._etcd.max_ops // 2 * 2  # a key's two reads in the same snapshot
+        parts = await asyncio.gather(
+            *(self._etcd.reads(ops[i : i + step]) for i in range(0, len(ops), step))
+        )
+        got = [r for part in parts for r in part]
+        out = {}
+        for n, key in enumerate(wanted):
+            held, rate = got[2 * n], got[2 * n + 1]
+            state = rate_state(rate.kvs[0] if rate.kvs else None)
+            if state is None:
+                out[key] = KeyState(int(held.count))
+            else:
+                out[key] = KeyState(int(held.count), state.rate, state.tat)
+        return out
 
     async def _tasks_where(self, keep: Callable[[Record], bool], limit: int) -> list[Task]:
         """The first *limit* tasks by id whose record *keep* accepts, payloads read."""

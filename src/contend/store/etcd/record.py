@@ -194,4 +194,7 @@ def task_of(
         progress=_load(rec.progress),
         trace=load_trace(rec.trace),
         if_failed=tuple(rec.if_failed or ()),
+        limit_key=rec.limit_key,
+        concurrency_limit=rec.concurrency_limit,
+        fair=rec.fair and rec.limit is not None,
     )

@@ -83,6 +83,7 @@ class EtcdStore:
         self.list_tasks = inspection.list_tasks
         self.dependants = inspection.dependants
         self.ids_with_prefix = inspection.ids_with_prefix
+        self.key_states = inspection.key_states
         self.stats = inspection.stats
         self.peek = inspection.peek
         self.next_due = inspection.next_due
