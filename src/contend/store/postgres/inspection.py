@@ -4,9 +4,10 @@ backlog of some queues and when their next task is due."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from contend.domain.ids import check_id_prefix, prefix_bound
+from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
@@ -87,6 +88,37 @@ async def ids_with_prefix(db: Database, prefix: str, *, limit: int = 10) -> list
     async def run(cur: Cursor) -> list[str]:
         await cur.execute(sql, params)
         return [r[0] for r in await cur.fetchall() if r[0].startswith(prefix)]
+
+    return await db.run(run, tx=False)
+
+
+#: Each of ``%(keys)s`` (distinct): its claimed and running tasks, counted on
+#: ``tasks_limited`` (its ``IS NOT NULL`` repeated: no planner has to prove it), and its
+#: rate and GCRA state from ``rate_keys`` (NULL: none). One statement, one snapshot.
+KEY_STATES = (
+    "SELECT k.key, coalesce(h.n, 0), r.interval, r.burst, r.tat"
+    " FROM unnest(%(keys)s::text[]) AS k(key)"
+    " LEFT JOIN (SELECT limit_key, count(*) AS n FROM {s}.tasks"
+    "  WHERE limit_key = ANY(%(keys)s) AND limit_key IS NOT NULL"
+    "   AND state IN ('claimed', 'running') GROUP BY limit_key) h ON h.limit_key = k.key"
+    " LEFT JOIN {s}.rate_keys r ON r.key = k.key"
+)
+
+
+async def key_states(db: Database, keys: Collection[str]) -> dict[str, KeyState]:
+    """Every key of *keys* in the answer (``KeyState()`` for one with no held task and no
+    rate); no keys, no statement."""
+    wanted = list(dict.fromkeys(keys))
+    if not wanted:
+        return {}
+    sql = db.sql(KEY_STATES)
+
+    async def run(cur: Cursor) -> dict[str, KeyState]:
+        await cur.execute(sql, {"keys": wanted})
+        return {
+            key: KeyState(int(n), None if interval is None else Rate(interval, burst), tat)
+            for key, n, interval, burst, tat in await cur.fetchall()
+        }
 
     return await db.run(run, tx=False)
 

@@ -21,7 +21,8 @@ from contend.store.port import Claimed
 TASK_COLUMNS = (
     "id, type, queue, state, priority, args, kwargs, key, requirements, attempts, max_attempts, "
     "fence, owner, lease_deadline, run_at, created_at, updated_at, timeout, result, error, "
-    "checkpoint, depends_on, progress, trace, if_failed"
+    "checkpoint, depends_on, progress, trace, if_failed, limit_key, limit_max, "
+    "fair_key IS NOT NULL"
 )
 
 #: What a claim or a steal returns of each task it takes (read by :func:`claimed`).
@@ -77,6 +78,9 @@ def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
         progress=load(r[22]),
         trace=load_trace(r[23]),
         if_failed=tuple(r[24] or ()),
+        limit_key=r[25],
+        concurrency_limit=r[26],
+        fair=bool(r[27]),
     )
 
 

@@ -76,6 +76,7 @@ class PostgresStore:
         self.list_tasks = bind(inspection.list_tasks, db)
         self.dependants = bind(inspection.dependants, db)
         self.ids_with_prefix = bind(inspection.ids_with_prefix, db)
+        self.key_states = bind(inspection.key_states, db)
         self.stats = bind(inspection.stats, db)
         self.list_experts = bind(inspection.list_experts, db)
         self.backlog = bind(inspection.backlog, db)
