@@ -94,8 +94,14 @@ def build(kind: str, tmp_path: Path) -> tuple[Path, list[str]]:
 
 
 def fresh_venv(where: Path) -> Path:
-    venv.EnvBuilder(with_pip=True, clear=True).create(where)
+    """An empty venv (no pip of its own: ensurepip costs 5 s; this pip installs into it)."""
+    venv.EnvBuilder(with_pip=False, clear=True).create(where)
     return where / "bin"
+
+
+def pip_install(bin_: Path, what: Path, cwd: Path) -> None:
+    cmd = [sys.executable, "-m", "pip", "--python", str(bin_ / "python"), "install"]
+    run([*cmd, "--no-input", str(what)], f"pip install {what.name}", cwd, timeout=180)
 
 
 def shipped_sources(files: list[str]) -> list[str]:
@@ -117,11 +123,7 @@ def test_the_wheel_installs_alone_and_runs_the_demo(tmp_path: Path) -> None:
     assert f"Version: {VERSION}" in metadata and "Requires-Dist: starlette" in metadata
 
     bin_ = fresh_venv(tmp_path / "venv")
-    run(
-        [str(bin_ / "python"), "-m", "pip", "install", "--no-input", str(wheel)],
-        "pip install the wheel",
-        tmp_path,
-    )
+    pip_install(bin_, wheel, tmp_path)
     version = run([str(bin_ / "contend"), "--version"], "contend --version", tmp_path)
     assert version.strip() == f"contend {VERSION}"
     where = run(
@@ -144,9 +146,11 @@ def test_the_wheel_installs_alone_and_runs_the_demo(tmp_path: Path) -> None:
     assert "contend[dashboard]" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "x.db").exists()
 
-    # the README's first command, `make demo`, runs `contend demo`: here a short run of it
+    # the README's first command, `make demo`, runs `contend demo`: here a short run of it.
+    # Three experts, since with two only one may be killed (the other alone has `geo`), and
+    # on a busy machine that one may hold no task whenever the demo looks.
     out = run(
-        [str(bin_ / "contend"), "demo", "--tasks", "300", "--experts", "2", "--json"],
+        [str(bin_ / "contend"), "demo", "--tasks", "300", "--experts", "3", "--json"],
         "contend demo",
         tmp_path,
         timeout=120,
@@ -155,7 +159,7 @@ def test_the_wheel_installs_alone_and_runs_the_demo(tmp_path: Path) -> None:
     assert report["ok"] is True, report
     assert report["states"] == {"succeeded": 300}
     assert report["committed_more_than_once"] == 0 and report["results_wrong"] == 0
-    assert report["checked_exactly_once"] == 300 and report["killed_expert"]
+    assert report["checked_exactly_once"] == 300 and report["killed_expert"], report
 
 
 def test_the_sdist_carries_the_sources_and_installs(tmp_path: Path) -> None:
@@ -173,12 +177,7 @@ def test_the_sdist_carries_the_sources_and_installs(tmp_path: Path) -> None:
     assert "Decentralized task scheduling" in pkg_info  # the README is its long description
 
     bin_ = fresh_venv(tmp_path / "venv")
-    run(
-        [str(bin_ / "python"), "-m", "pip", "install", "--no-input", str(sdist)],
-        "pip install the sdist",
-        tmp_path,
-        timeout=180,
-    )
+    pip_install(bin_, sdist, tmp_path)
     version = run([str(bin_ / "contend"), "--version"], "contend --version", tmp_path)
     assert version.strip() == f"contend {VERSION}"
     installed = run(
