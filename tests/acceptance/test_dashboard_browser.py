@@ -6,86 +6,30 @@ as tasks finish without a reload, and the cancel and retry buttons work. Screens
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from contend.domain.task import TaskSpec, TaskState
-from contend.store.port import Store
-from contend.store.registry import open_store
 from tests.acceptance.conftest import ROOT, Experts, cli_env
+from tests.acceptance.web import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    free_port,
+    need_browser,
+    on_store,
+    wait_http,
+)
 
-CHROMIUM = os.environ.get("CONTEND_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SHOTS = Path(__file__).parent / "screenshots"
 TOKEN = "browser-test-token"
-
-
-def _need_browser() -> Any:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:
-        missing = f"the playwright package is missing ({exc})"
-    else:
-        if os.access(CHROMIUM, os.X_OK):
-            return sync_playwright
-        missing = f"{CHROMIUM} is missing (scripts/install-chromium.sh installs it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and {missing}")
-    pytest.skip(f"{missing} (not under CI: there this is a failure)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def on_store(url: str, fn: Callable[[Store], Coroutine[Any, Any, Any]]) -> Any:
-    """Run *fn* on the store in a thread of its own (the browser's driver owns this one)."""
-
-    async def run() -> Any:
-        store = await open_store(url)
-        try:
-            return await fn(store)
-        finally:
-            await store.close()
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run()).result(timeout=60)
-
-
-def wait_http(url: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 @pytest.fixture
@@ -116,11 +60,11 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, str, Experts, int]]:
 
 
 def test_the_dashboard_in_a_real_browser(dashboard: tuple[str, str, Experts, int]) -> None:
-    sync_playwright = _need_browser()
+    sync_playwright = need_browser()
     url, base, experts, metrics_port = dashboard
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(20_000)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from html.parser import HTMLParser
 
 import httpx
 import pytest
+from starlette.routing import Mount, Route
 
-from contend.dashboard import check_bind, create_app
+from contend.dashboard import check_bind, check_root_path, create_app
+from contend.dashboard.app import OWN_PATHS
 from contend.dashboard.auth import COOKIE, Guard
 from contend.domain.task import TaskSpec, TaskState
 from contend.errors import ConfigError
@@ -151,3 +154,118 @@ async def test_a_task_page_shows_each_dependency_s_choice(store: MemoryStore) ->
         detail = (await c.get(f"/tasks/{child.id}")).text
     assert f'href="/tasks/{a.id}"' in detail and f'href="/tasks/{b.id}"' in detail
     assert detail.count("(if failed: run)") == 1 and "if failed: fail" not in detail
+
+
+# -- served under a path prefix (behind a reverse proxy) ----------------------------------------
+ROOT = "/contend"
+
+
+class Links(HTMLParser):
+    """Every URL a page points at: href, src, action, and ``<html data-root>``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.data_root: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in ("href", "src", "action") and value is not None:
+                self.urls.append(value)
+            if tag == "html" and name == "data-root":
+                self.data_root = value
+
+
+def links_of(page: str) -> Links:
+    parser = Links()
+    parser.feed(page)
+    return parser
+
+
+@pytest.mark.parametrize(
+    ("given", "root"),
+    [("", ""), ("/", ""), ("/contend", "/contend"), ("/contend/", "/contend"),
+     ("/ops/contend-1.x", "/ops/contend-1.x"), ("/taskboard", "/taskboard")],
+)  # fmt: skip
+def test_a_root_path_loses_its_trailing_slash(given: str, root: str) -> None:
+    assert check_root_path(given) == root
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [("contend", "must start with '/'"), ("//contend", "between single slashes"),
+     ("/contend//", "between single slashes"), ("/a b", "between single slashes"),
+     ("/a?b", "between single slashes"), ("/../etc", "between single slashes"),
+     ("/contend/./x", "between single slashes"), ('/"><script>', "between single slashes"),
+     ("/tasks", "own /tasks path"), ("/static/x", "own /static path"),
+     ("/api", "own /api path")],
+)  # fmt: skip
+def test_a_bad_root_path_is_refused_by_its_option_s_name(given: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+        check_root_path(given, "--root-path")
+    assert str(caught.value).startswith("--root-path ")
+    with pytest.raises(ConfigError, match=r"^root_path "):
+        create_app(MemoryStore("memory://"), root_path=given)
+
+
+def test_the_paths_a_root_path_may_not_begin_with_are_the_app_s_own(store: MemoryStore) -> None:
+    app = create_app(store)
+    firsts = {r.path.split("/")[1] for r in app.routes if isinstance(r, Route | Mount)}
+    assert firsts - {""} == OWN_PATHS
+
+
+async def test_under_a_root_path_every_link_form_and_redirect_carries_it(
+    store: MemoryStore,
+) -> None:
+    task_id = await dead_task(store)
+    app = create_app(store, token=TOKEN, root_path=ROOT + "/")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=f"http://{HOST}") as c:
+        # a proxy that strips the prefix sends /tasks; a direct visit sends /contend/tasks
+        for path in ("/", f"{ROOT}/", "/tasks", f"{ROOT}/tasks"):
+            r = await c.get(path)
+            assert r.status_code == 303 and r.headers["location"] == f"{ROOT}/login", path
+        assert (await c.get(f"{ROOT}/api/live")).status_code == 401
+        login_page = (await c.get("/login")).text
+        assert links_of(login_page).data_root == ROOT
+        good = await c.post(f"{ROOT}/login", data={"token": TOKEN})
+        assert good.status_code == 303 and good.headers["location"] == f"{ROOT}/"
+        assert f"Path={ROOT}" in good.headers["set-cookie"]
+        c.cookies.set(COOKIE, good.cookies[COOKIE])  # the jar would keep it for /contend only
+        seen: list[str] = []
+        for path in ("/", "/experts", "/queues", "/competition", "/tasks", f"/tasks/{task_id}",
+                     "/tasks/nope", "/tasks?state=bogus", "/login"):  # fmt: skip
+            for url in (path, ROOT + path):
+                page = await c.get(url)
+                assert page.status_code in (200, 303, 400, 404), url
+                if page.status_code == 303:
+                    assert page.headers["location"] == f"{ROOT}/"  # /login, once signed in
+                    continue
+                links = links_of(page.text)
+                assert links.data_root == ROOT, url
+                seen += links.urls
+        assert seen and all(u.startswith(f"{ROOT}/") for u in seen), sorted(set(seen))
+        assert f"{ROOT}/static/dashboard.js" in seen and f"{ROOT}/tasks/{task_id}/retry" in seen
+        for static in ("/static/dashboard.js", f"{ROOT}/static/dashboard.css"):
+            assert (await c.get(static)).status_code == 200, static
+        js = (await c.get(f"{ROOT}/static/dashboard.js")).text
+        assert 'fetch(root + "/api/live"' in js and 'getAttribute("data-root")' in js
+        assert (await c.get(f"{ROOT}/api/live")).json()["numbers"]["total:dead"] == 1
+        detail = (await c.get(f"{ROOT}/tasks/{task_id}")).text
+        done = await c.post(f"{ROOT}/tasks/{task_id}/retry", data={"csrf": csrf_of(detail)})
+        assert done.status_code == 303
+        assert done.headers["location"].startswith(f"{ROOT}/tasks/{task_id}?note=retry")
+        # a slash too many: Starlette's redirect keeps the prefix
+        slash = await c.get(f"{ROOT}/tasks/")
+        assert slash.status_code in (307, 308)
+        assert httpx.URL(slash.headers["location"]).path == f"{ROOT}/tasks"
+    assert (await store.get(task_id)).state == TaskState.PENDING
+
+
+async def test_without_a_root_path_links_start_at_the_host_s_root(store: MemoryStore) -> None:
+    async with client(store) as c:
+        page = (await c.get("/tasks")).text
+        assert (await c.get("/contend/tasks")).status_code == 404
+    links = links_of(page)
+    assert links.data_root == "" and "/tasks" in links.urls
+    assert all(u.startswith("/") and not u.startswith("/contend") for u in links.urls)

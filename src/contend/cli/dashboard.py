@@ -25,17 +25,25 @@ def add_parser(sub: Subcommands) -> None:
         type=text_arg("--token"),
         help="a token the dashboard asks for (default: $CONTEND_DASHBOARD_TOKEN)",
     )
+    d.add_argument(
+        "--root-path",
+        default="",
+        metavar="PREFIX",
+        help="the path a reverse proxy serves it under, like /contend (default: none); its "
+        "links carry it, and it answers paths with or without it",
+    )
     d.set_defaults(func=cmd_dashboard)
 
 
 async def cmd_dashboard(args: argparse.Namespace) -> int:
-    from contend.dashboard import ENV_TOKEN, check_bind, serve
+    from contend.dashboard import ENV_TOKEN, check_bind, check_root_path, serve
 
     token = args.token or os.environ.get(ENV_TOKEN) or None
     check_bind(args.host, token)  # before the store is opened
+    root = check_root_path(args.root_path, "--root-path")
 
     async def run(store: Store) -> int:
-        await serve(store, host=args.host, port=args.port, token=token)
+        await serve(store, host=args.host, port=args.port, token=token, root_path=root)
         return 0
 
     return await with_store(args, run)

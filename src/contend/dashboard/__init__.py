@@ -16,8 +16,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise MissingExtraError("the dashboard", "dashboard", exc.name or "starlette") from exc
 
-from contend.dashboard.app import create_app
+from contend.dashboard.app import check_root_path, create_app
 from contend.dashboard.auth import ENV_TOKEN, check_bind
 from contend.dashboard.serve import serve
 
-__all__ = ["ENV_TOKEN", "check_bind", "create_app", "serve"]
+__all__ = ["ENV_TOKEN", "check_bind", "check_root_path", "create_app", "serve"]

@@ -4,6 +4,11 @@ It reads and acts through the Store port alone, so it works with every backend. 
 rendered on the server (``contend.dashboard.pages``); one small script of our own
 (``static/dashboard.js``) polls ``/api/live`` each second to refresh the numbers marked live
 and redraw the charts. Who may look and act is ``contend.dashboard.auth``'s business.
+
+Behind a reverse proxy it may be served under a path prefix (``root_path="/contend"``): every
+link, form, redirect, static URL, the live feed and the cookie carry the prefix, and a request
+is answered with the prefix (a direct visit) or without it (a proxy that strips it, as nginx's
+``proxy_pass http://127.0.0.1:8765/;`` does).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,17 +25,19 @@ from urllib.parse import parse_qs, quote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contend.dashboard import pages
 from contend.dashboard.auth import COOKIE, Guard
 from contend.dashboard.html import age, percent
 from contend.dashboard.sampler import Sampler
 from contend.domain.task import TaskState
-from contend.errors import InvalidTransition, TaskNotFound
+from contend.errors import ConfigError, InvalidTransition, TaskNotFound
 from contend.metrics.store import StoreMetrics, StoreSnapshot, read_snapshot
 from contend.store.diagnosis import explain
 from contend.store.port import Store, StoreStats
@@ -43,6 +51,69 @@ SHOW = 200
 BLOCKED_TTL = 5.0
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+#: The first segment of each of the app's own paths: a root path may not begin with one (a
+#: request for ``/tasks/…`` could not tell a prefix from a page).
+OWN_PATHS = frozenset(
+    ["experts", "queues", "competition", "tasks", "api", "metrics", "login", "static"]
+)
+_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def check_root_path(value: str, option: str = "root_path") -> str:
+    """The path prefix *value* (``/contend``, ``/contend/``, ``/ops/contend``; "" or "/" for
+    none) without its trailing slash, or a ConfigError naming *option*."""
+    if value in ("", "/"):
+        return ""
+    if not value.startswith("/"):
+        raise ConfigError(f"{option} must start with '/', like /contend: got {value!r}")
+    segments = value[1:].removesuffix("/").split("/")
+    for seg in segments:
+        if not _SEGMENT.fullmatch(seg) or seg in (".", ".."):
+            raise ConfigError(
+                f"{option} may hold only letters, digits and . _ ~ - between single slashes "
+                f"(one trailing slash is dropped): got {value!r}"
+            )
+    if segments[0] in OWN_PATHS:
+        raise ConfigError(
+            f"{option} {value!r} begins like the dashboard's own /{segments[0]} path: "
+            "choose another prefix, like /contend"
+        )
+    return "/" + "/".join(segments)
+
+
+class UnderRoot:
+    """ASGI middleware that serves the app under *root*: whether a request came with the
+    prefix or without it, the app sees ``root_path`` = *root* and ``path`` = *root* + the
+    route's path, as the ASGI spec has it, so URLs Starlette builds carry the prefix too."""
+
+    def __init__(self, app: ASGIApp, root: str) -> None:
+        self.app = app
+        self.root = root
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path: str = scope["path"]
+            if path != self.root and not path.startswith(self.root + "/"):
+                scope = dict(scope, path=self.root + path)
+                raw = scope.get("raw_path")
+                if raw is not None:
+                    scope["raw_path"] = self.root.encode() + raw
+            scope = dict(scope, root_path=self.root)
+        await self.app(scope, receive, send)
+
+
+def _root(request: Request) -> str:
+    """The prefix this request's links carry ("" for none)."""
+    root: str = request.scope.get("root_path", "")
+    return root.rstrip("/")
+
+
+def _route_path(request: Request) -> str:
+    """The request's path inside the app, without the prefix."""
+    path: str = request.scope["path"]
+    root = _root(request)
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class Dashboard:
@@ -81,9 +152,9 @@ class Dashboard:
 
         async def guarded(request: Request) -> Response:
             if not self.allowed(request):
-                if request.url.path.startswith(("/api/", "/metrics")):
+                if _route_path(request).startswith(("/api/", "/metrics")):
                     return JSONResponse({"error": "a token is needed"}, status_code=401)
-                return RedirectResponse("/login", status_code=303)
+                return RedirectResponse(_root(request) + "/login", status_code=303)
             return await handler(request)
 
         return guarded
@@ -131,24 +202,27 @@ def routes(d: Dashboard) -> list[Route | Mount]:
     async def overview(request: Request) -> Response:
         snap = await d.snapshot()
         stats = await d.stats()
-        return _html(pages.overview(stats, pages.blocked_by_reason(snap.blocked.counts)))
+        blocked = pages.blocked_by_reason(snap.blocked.counts)
+        return _html(pages.overview(stats, blocked, root=_root(request)))
 
     async def experts(request: Request) -> Response:
-        return _html(pages.experts(await d.stats()))
+        return _html(pages.experts(await d.stats(), root=_root(request)))
 
     async def queues(request: Request) -> Response:
         stats = await d.stats()
         oldest = {q: (await store.backlog([q])).oldest_age for q in stats.counts}
-        return _html(pages.queues(stats, d.sampler.queue_throughput(), oldest))
+        throughput = d.sampler.queue_throughput()
+        return _html(pages.queues(stats, throughput, oldest, root=_root(request)))
 
     async def competition(request: Request) -> Response:
-        return _html(pages.competition(await d.stats()))
+        return _html(pages.competition(await d.stats(), root=_root(request)))
 
     async def tasks(request: Request) -> Response:
+        root = _root(request)
         qp = request.query_params
         state = qp.get("state") or None
         if state is not None and state not in pages.STATES:
-            return _html(pages.error("Tasks", f"no such state: {state}"), 400)
+            return _html(pages.error("Tasks", f"no such state: {state}", root=root), 400)
         f = pages.TaskFilter(
             state, qp.get("queue") or None, qp.get("type") or None, qp.get("q") or None
         )
@@ -167,43 +241,44 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         found = [(t, explain(t, now, experts_, keys)) for t in shown]
         names = sorted((await d.stats()).counts)
         more = len(listed) >= SCAN or len(chosen) > SHOW
-        return _html(pages.tasks(found, f, names, now, len(listed), more))
+        return _html(pages.tasks(found, f, names, now, len(listed), more, root=root))
 
     async def task_detail(request: Request) -> Response:
+        root = _root(request)
         task_id = request.path_params["task_id"]
         try:
             task = await store.get(task_id, history=True)
         except TaskNotFound:
-            return _html(pages.error("Not found", f"no task {task_id}"), 404)
+            return _html(pages.error("Not found", f"no task {task_id}", root=root), 404)
         now, experts_ = await store.now(), await store.list_experts()
         keys = await store.key_states([task.limit_key] if task.limit_key is not None else [])
         note = request.query_params.get("note", "")[:200]
         why = explain(task, now, experts_, keys)
-        body = pages.task_detail(task, why, now, d.csrf(request), note)
-        return _html(body)
+        return _html(pages.task_detail(task, why, now, d.csrf(request), note, root=root))
 
     async def act(request: Request) -> Response:
+        root = _root(request)
         task_id, action = request.path_params["task_id"], request.path_params["action"]
         if action not in ("retry", "cancel"):
-            return _html(pages.error("Not found", f"no action {action}"), 404)
+            return _html(pages.error("Not found", f"no action {action}", root=root), 404)
         if not d.allowed(request):
-            return _html(pages.error("Refused", "a token is needed to change a task"), 401)
+            refused = pages.error("Refused", "a token is needed to change a task", root=root)
+            return _html(refused, 401)
         form = await _form(request)
         host = request.headers.get("host", "")
         if not d.guard.csrf_ok(
             request.cookies.get(COOKIE), form.get("csrf"), request.headers.get("origin"), host
         ):
-            return _html(
-                pages.error("Refused", "the form's CSRF check failed: reload the page"), 403
-            )
+            message = "the form's CSRF check failed: reload the page"
+            return _html(pages.error("Refused", message, root=root), 403)
         try:
             task = await (store.retry if action == "retry" else store.cancel)(task_id)
         except TaskNotFound:
-            return _html(pages.error("Not found", f"no task {task_id}"), 404)
+            return _html(pages.error("Not found", f"no task {task_id}", root=root), 404)
         except InvalidTransition as exc:
-            return _html(pages.error("Not done", str(exc)), 409)
+            return _html(pages.error("Not done", str(exc), root=root), 409)
         note = quote(f"{action}: the task is now {task.state}")
-        return RedirectResponse(f"/tasks/{task_id}?note={note}", status_code=303)
+        return RedirectResponse(f"{root}/tasks/{task_id}?note={note}", status_code=303)
 
     async def api_live(request: Request) -> Response:
         stats = await d.stats()
@@ -219,16 +294,20 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         return Response(generate_latest(d.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def login_form(request: Request) -> Response:
+        root = _root(request)
         if not d.guard.required:
-            return RedirectResponse("/", status_code=303)
-        return _html(pages.login())
+            return RedirectResponse(root + "/", status_code=303)
+        return _html(pages.login(root=root))
 
     async def login(request: Request) -> Response:
+        root = _root(request)
         form = await _form(request)
         if not d.guard.right_token(form.get("token", "")):
-            return _html(pages.login(refused=True), 403)
-        reply = RedirectResponse("/", status_code=303)
-        reply.set_cookie(COOKIE, d.guard.cookie_value(), httponly=True, samesite="strict")
+            return _html(pages.login(refused=True, root=root), 403)
+        reply = RedirectResponse(root + "/", status_code=303)
+        reply.set_cookie(
+            COOKIE, d.guard.cookie_value(), path=root or "/", httponly=True, samesite="strict"
+        )
         return reply
 
     page = d.page
@@ -254,8 +333,13 @@ def _searchable(task: Any) -> str:
     return " ".join(parts).lower()
 
 
-def create_app(store: Store, *, token: str | None = None, every: float = 1.0) -> Starlette:
-    """The dashboard over an open *store*; *token* None asks for none (loopback only)."""
+def create_app(
+    store: Store, *, token: str | None = None, every: float = 1.0, root_path: str = ""
+) -> Starlette:
+    """The dashboard over an open *store*; *token* None asks for none (loopback only).
+    *root_path* (like ``/contend``) is the prefix it is served under behind a proxy; give it
+    here and not to the ASGI server as well."""
+    root = check_root_path(root_path)
     d = Dashboard(store, Guard(token), every=every)
 
     @contextlib.asynccontextmanager
@@ -268,6 +352,7 @@ def create_app(store: Store, *, token: str | None = None, every: float = 1.0) ->
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
 
-    app = Starlette(routes=routes(d), lifespan=lifespan)
+    middleware = [Middleware(UnderRoot, root=root)] if root else []
+    app = Starlette(routes=routes(d), middleware=middleware, lifespan=lifespan)
     app.state.dashboard = d
     return app

@@ -86,17 +86,19 @@ def pretty_json(value: Any, limit: int = 20_000) -> Safe:
     return tag("pre", text)
 
 
-def page(title: str, body: Any, *, active: str = "", note: str = "") -> str:
-    """The whole document: header, navigation, *body*."""
+def page(title: str, body: Any, *, root: str, active: str = "", note: str = "") -> str:
+    """The whole document: header, navigation, *body*. *root* is the path prefix the
+    dashboard is served under ("" for none, else like ``/contend``): every link of ours starts
+    with it, and the page's script reads it from ``<html data-root>``."""
     nav = join(
-        tag("a", label, href=href, class_="active" if label == active else None)
+        tag("a", label, href=root + href, class_="active" if label == active else None)
         for href, label in NAV
     )
     header = tag(
         "header",
         join(
             [
-                tag("a", "contend", href="/", class_="brand"),
+                tag("a", "contend", href=root + "/", class_="brand"),
                 tag("nav", nav),
                 tag("span", "", class_="clock", data_live="store_time"),
             ]
@@ -109,10 +111,13 @@ def page(title: str, body: Any, *, active: str = "", note: str = "") -> str:
             Safe('<meta charset="utf-8">'),
             Safe('<meta name="viewport" content="width=device-width, initial-scale=1">'),
             tag("title", f"{title} · contend"),
-            Safe('<link rel="stylesheet" href="/static/dashboard.css">'),
-            Safe('<script src="/static/dashboard.js" defer></script>'),
+            Safe(f'<link rel="stylesheet" href="{esc(root)}/static/dashboard.css">'),
+            Safe(f'<script src="{esc(root)}/static/dashboard.js" defer></script>'),
         ]
     )
     return "<!doctype html>\n" + tag(
-        "html", join([tag("head", head), tag("body", join([header, main]))]), lang="en"
+        "html",
+        join([tag("head", head), tag("body", join([header, main]))]),
+        lang="en",
+        data_root=root,
     )

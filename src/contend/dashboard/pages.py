@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from contend.dashboard.html import (
     Safe,
@@ -48,7 +49,7 @@ def state_badge(state: str) -> Safe:
     return tag("span", state, class_=_state_class(state))
 
 
-def overview(stats: StoreStats, blocked: Mapping[str, int]) -> str:
+def overview(stats: StoreStats, blocked: Mapping[str, int], *, root: str) -> str:
     totals = {s: sum(c.get(s, 0) for c in stats.counts.values()) for s in STATES}
     cards = join(
         tag(
@@ -83,7 +84,7 @@ def overview(stats: StoreStats, blocked: Mapping[str, int]) -> str:
             tag("div", join([summary, reasons]), class_="two"),
         ]
     )
-    return page("Overview", body, active="overview")
+    return page("Overview", body, root=root, active="overview")
 
 
 def _rate(experts: Sequence[ExpertRecord]) -> float | None:
@@ -105,7 +106,7 @@ def _task_success(e: ExpertRecord) -> float | None:
     return done / (done + failed) if done + failed else None
 
 
-def experts(stats: StoreStats) -> str:
+def experts(stats: StoreStats, *, root: str) -> str:
     rows = []
     for e in sorted(stats.experts, key=lambda e: (not e.alive, e.info.id)):
         info, key = e.info, f"expert:{e.info.id}"
@@ -135,24 +136,28 @@ def experts(stats: StoreStats) -> str:
         "expert", "state", "capabilities", "tier", "queues", "load", "heartbeat",
         "won", "lost", "done", "claim success", "task success",
     ]  # fmt: skip
-    return page("Experts", table(headers, rows, id="experts"), active="experts")
+    return page("Experts", table(headers, rows, id="experts"), root=root, active="experts")
 
 
 def queues(
-    stats: StoreStats, throughput: Mapping[str, float], oldest: Mapping[str, float | None]
+    stats: StoreStats,
+    throughput: Mapping[str, float],
+    oldest: Mapping[str, float | None],
+    *,
+    root: str,
 ) -> str:
     rows = []
     for q, counts in sorted(stats.counts.items()):
         rows.append(
             (
-                tag("a", q, href=f"/tasks?queue={q}"),
+                tag("a", q, href=f"{root}/tasks?{urlencode({'queue': q})}"),
                 *(live(f"queue:{q}:{s}", counts.get(s, 0)) for s in STATES),
                 live(f"queue:{q}:throughput", f"{throughput.get(q, 0.0):.1f}/s"),
                 live(f"queue:{q}:oldest", age(oldest.get(q))),
             )
         )
     body = table(["queue", *STATES, "throughput", "oldest pending"], rows, id="queues")
-    return page("Queues", body, active="queues")
+    return page("Queues", body, root=root, active="queues")
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,8 @@ def tasks(
     now: float,
     scanned: int,
     more: bool,
+    *,
+    root: str,
 ) -> str:
     form = tag(
         "form",
@@ -202,12 +209,12 @@ def tasks(
             ]
         ),
         method="get",
-        action="/tasks",
+        action=f"{root}/tasks",
         class_="filters",
     )
     rows = [
         (
-            tag("a", t.id, href=f"/tasks/{t.id}", class_="mono"),
+            tag("a", t.id, href=f"{root}/tasks/{t.id}", class_="mono"),
             t.type,
             t.queue,
             state_badge(str(t.state)),
@@ -245,10 +252,10 @@ def tasks(
             ),
         ]
     )
-    return page("Tasks", body, active="tasks")
+    return page("Tasks", body, root=root, active="tasks")
 
 
-def _button(task_id: str, action: str, csrf: str) -> Safe:
+def _button(task_id: str, action: str, csrf: str, root: str) -> Safe:
     return tag(
         "form",
         join(
@@ -258,14 +265,14 @@ def _button(task_id: str, action: str, csrf: str) -> Safe:
             ]
         ),
         method="post",
-        action=f"/tasks/{task_id}/{action}",
+        action=f"{root}/tasks/{task_id}/{action}",
         class_="inline",
     )
 
 
-def _edge(task: Task, dependency: str) -> Safe:
+def _edge(task: Task, dependency: str, root: str) -> Safe:
     """A link to one dependency of *task*, with its edge's choice when it is not ``fail``."""
-    link = tag("a", dependency, href=f"/tasks/{dependency}", class_="mono")
+    link = tag("a", dependency, href=f"{root}/tasks/{dependency}", class_="mono")
     choice = task.if_failed_of(dependency)
     if choice == IfFailed.FAIL:
         return link
@@ -286,7 +293,9 @@ def _progress(p: Mapping[str, Any]) -> Safe:
     return tag("span", join(parts), id="progress")
 
 
-def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: str = "") -> str:
+def task_detail(
+    task: Task, why: Diagnosis | None, now: float, csrf: str, note: str = "", *, root: str
+) -> str:
     facts: list[tuple[str, Any]] = [
         ("state", state_badge(str(task.state))),
         ("type", task.type),
@@ -306,7 +315,7 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
         notes += ["fair share"] if task.fair else []
         facts.append(("limit key", task.limit_key + (f" ({', '.join(notes)})" if notes else "")))
     if task.depends_on:
-        links = join((_edge(task, d) for d in task.depends_on), " ")
+        links = join((_edge(task, d, root) for d in task.depends_on), " ")
         facts.append(("depends on", links))
     if isinstance(task.progress, dict):
         facts.append(("progress", _progress(task.progress)))
@@ -319,9 +328,9 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
         )
     actions = []
     if task.state in RETRYABLE:
-        actions.append(_button(task.id, "retry", csrf))
+        actions.append(_button(task.id, "retry", csrf, root))
     if task.state in CANCELLABLE:
-        actions.append(_button(task.id, "cancel", csrf))
+        actions.append(_button(task.id, "cancel", csrf, root))
     history = table(
         ["when", "event", "fence", "expert", "detail"],
         [
@@ -344,10 +353,10 @@ def task_detail(task: Task, why: Diagnosis | None, now: float, csrf: str, note: 
         if value is not None:
             parts += [tag("h2", name), pretty_json(value)]
     parts += [tag("h2", "history (claims, commits, retries)"), history]
-    return page(f"Task {task.id}", join(parts), active="tasks", note=note)
+    return page(f"Task {task.id}", join(parts), root=root, active="tasks", note=note)
 
 
-def competition(stats: StoreStats) -> str:
+def competition(stats: StoreStats, *, root: str) -> str:
     rows = []
     for e in sorted(stats.experts, key=lambda e: e.info.id):
         if not e.alive:
@@ -399,10 +408,10 @@ def competition(stats: StoreStats) -> str:
             ),
         ]
     )
-    return page("Competition", body, active="competition")
+    return page("Competition", body, root=root, active="competition")
 
 
-def login(refused: bool = False) -> str:
+def login(refused: bool = False, *, root: str) -> str:
     form = tag(
         "form",
         join(
@@ -420,16 +429,15 @@ def login(refused: bool = False) -> str:
             ]
         ),
         method="post",
-        action="/login",
+        action=f"{root}/login",
     )
     note = "that token is not right" if refused else ""
-    return page(
-        "Token needed", join([tag("p", "This dashboard asks for its token."), form]), note=note
-    )
+    body = join([tag("p", "This dashboard asks for its token."), form])
+    return page("Token needed", body, root=root, note=note)
 
 
-def error(title: str, message: str) -> str:
-    return page(title, tag("p", message))
+def error(title: str, message: str, *, root: str) -> str:
+    return page(title, tag("p", message), root=root)
 
 
 def blocked_by_reason(counts: Mapping[tuple[str, Blocker], int]) -> dict[str, int]:

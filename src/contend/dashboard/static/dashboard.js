@@ -1,9 +1,11 @@
 // contend dashboard: refresh the numbers marked data-live and redraw the charts, once a second,
 // from /api/live. No framework, no build step; pages work without it (they just stay still).
+// <html data-root> is the path prefix the dashboard is served under ("" or like "/contend").
 (function () {
   "use strict";
   var SVG = "http://www.w3.org/2000/svg";
   var every = 1000;
+  var root = document.documentElement.getAttribute("data-root") || "";
 
   function draw(svg, points, key) {
     var values = points.map(function (p) { return p[key]; });
@@ -31,7 +33,7 @@
   }
 
   function refresh() {
-    fetch("/api/live", { credentials: "same-origin", cache: "no-store" })
+    fetch(root + "/api/live", { credentials: "same-origin", cache: "no-store" })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (data) {
         if (!data) return;
