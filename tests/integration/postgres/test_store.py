@@ -412,3 +412,28 @@ async def test_the_stores_connections_never_jit_compile(store: PostgresStore) ->
     async with await psycopg.AsyncConnection.connect(db.dsn) as plain:
         default = (await (await plain.execute("SHOW jit")).fetchone())[0]
     assert server == default
+
+
+async def test_a_claim_is_planned_once_per_connection(make_store: StoreFactory) -> None:
+    """The server costed a lane claim's generic plan above its custom ones and planned it
+    afresh at every execution: 6.5 ms of planning for 2.9 ms of work. The store's own
+    connections use one generic plan per prepared statement."""
+    store = await make_store(pool_size=1)
+    session = await store.register_expert(ExpertInfo("e"), 60)
+    for n in range(20):
+        await store.submit([TaskSpec.build("t", [n])])
+        got = await store.claim(
+            "e", session, ["default"], Capabilities(), limit=8, lease_ttl=60, low_lane=1
+        )
+        assert len(got) == 1
+        await store.complete("e", [Completion(got[0].id, got[0].fence, "1")])
+
+    async def plans(cur: Any) -> list[tuple[int, int]]:
+        await cur.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%levels%%' AND statement LIKE '%%UPDATE%%'"
+        )
+        return [(int(g), int(c)) for g, c in await cur.fetchall()]
+
+    ((generic, custom),) = await store._db.run(plans, tx=False)
+    assert custom == 0 and generic >= 10, (generic, custom)
