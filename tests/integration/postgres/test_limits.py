@@ -4,13 +4,16 @@ store instances, and the fair claim's rotation over more keys than it looks at."
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import psycopg
+import pytest
 
 from contend.domain.limits import FAIR_KEYS, Rate
 from contend.domain.task import Capabilities, TaskSpec
 from contend.store.port import ExpertInfo
-from contend.store.postgres import PostgresStore
+from contend.store.postgres import PostgresStore, limited
 from contend.testing import FakeClock
 
 from .conftest import StoreFactory
@@ -124,3 +127,37 @@ async def test_the_low_lane_goes_first_in_a_fair_claim(store: PostgresStore) -> 
         "e", session, ["default"], Capabilities(), limit=2, lease_ttl=3600, task_ids=named
     )
     assert {c.id for c in got} == {a[1].id, b[1].id}
+
+
+async def test_a_rate_limited_claim_is_recorded_when_its_rate_was_spent(
+    make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim spends a key's rate at the time it reads the key's state, then takes the
+    # tasks; its history line bore the take's own time. A transaction slow in between
+    # (a loaded machine) recorded two starts closer than the rate allows (45 ms apart at
+    # 20/s, in a CI run).
+    store = await make_store()
+    every = Rate.of((1, 0.2))
+    await store.submit([TaskSpec.build("t", [n], limit_key="k", rate_limit=every) for n in "ab"])
+    session = await store.register_expert(ExpertInfo("e"), 60)
+    real = limited.spend_params
+    calls = []
+
+    def slow(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the first claim is held up after the rate was read
+            time.sleep(0.1)
+        return real(*args)
+
+    monkeypatch.setattr(limited, "spend_params", slow)
+    claims = []
+    while len(claims) < 2:
+        got = await store.claim("e", session, ["default"], Capabilities(), limit=1, lease_ttl=60)
+        claims += got
+        if not got:
+            await store.wait_for_change(0.01)
+    at = []
+    for c in claims:
+        task = await store.get(c.id, history=True)
+        at += [e.at for e in task.history if e.event in ("claimed", "started")][:1]
+    assert at[1] - at[0] >= 0.2 - 1e-6, at

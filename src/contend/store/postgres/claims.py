@@ -385,7 +385,10 @@ async def claim(
             f" {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
             " ORDER BY t.central DESC, t.eff_priority DESC, t.run_at, t.id"
         )
-    again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": line}
+    # the history line of a rate-limited claim bears the time its rate was spent at
+    # (Limited.claim), so that the starts it records keep the rate's spacing
+    stamped = line.replace("{now}", "coalesce(%(decided_at)s::float8, {now})", 1)
+    again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": stamped}
     limited = Limited(db, pick_sql, again, params, fair=fair, named=ids is not None, queues=queues)
     return await db.run(lambda cur: limited.claim(cur, keys), tx=True)
 

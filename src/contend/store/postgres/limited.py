@@ -144,7 +144,11 @@ class Limited:
         if chosen:
             by_id = {p.id: p for p in usable}
             spent = spend_params(rates, (by_id[i].limit_key for i in chosen), now)
-            await cur.execute(self.take_sql, db.params(**self.params, **spent, chosen=chosen))
+            # a rate was spent at `now`: the claim is recorded at that moment, not at the
+            # take's own (later by however long this transaction took in between)
+            at = now if spent["spent_keys"] else None
+            params = db.params(**self.params, **spent, chosen=chosen, decided_at=at)
+            await cur.execute(self.take_sql, params)
             rows = await cur.fetchall()
         if not rows:
             await check_session(db, cur, self.expert, self.session)
