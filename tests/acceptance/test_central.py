@@ -9,6 +9,7 @@ import signal
 import sqlite3
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 
 from contend.domain.dispatch import ASSIGNED, term_of
@@ -78,15 +79,16 @@ async def test_the_leader_dies_and_another_takes_over_within_a_lease(
         (before,) = [e.session for e in await store.list_experts() if e.info.id == old]
         killed_at = await store.now()
         experts.kill(old, sig)
-        if sig == signal.SIGSTOP and url.startswith("sqlite:"):
-            # a process stopped inside a write transaction keeps the file's lock, and then
-            # no expert can take over until it runs again (SQLite's nature, not the
-            # protocol's): pause it again until it is stopped holding none
+        if sig == signal.SIGSTOP and not url.startswith("etcd"):
+            # a process stopped inside a transaction keeps its locks (the SQLite file's, or
+            # a PostgreSQL row's such as the leadership's), and then no expert can take over
+            # until it runs again: the database's nature, not the protocol's. Pause it again
+            # until it is stopped holding none.
             for _ in range(50):
-                if _writable(url):
+                if await _unlocked(url):
                     break
                 experts.procs[old].send_signal(signal.SIGCONT)
-                _writable(url)  # waits (up to 0.5 s) for it to end the write it was in
+                await _unlocked(url)  # waits (up to 0.5 s) for it to end the one it was in
                 killed_at = await store.now()
                 experts.procs[old].send_signal(signal.SIGSTOP)
             else:
@@ -129,6 +131,25 @@ async def test_the_leader_dies_and_another_takes_over_within_a_lease(
         assert set(claims) <= set(given), t.history
     terms = sorted({a.term for a in got})
     print(f"takeover {took:.3f}s after the {sig.name}; terms {terms}; {TASKS} in {ran:.1f}s")
+
+
+async def _unlocked(url: str) -> bool:
+    """Whether no transaction is open on the store of *url*: on SQLite, whether a write
+    transaction can begin within 0.5 s; on PostgreSQL, whether no session of the database
+    stays idle inside a transaction for 0.5 s."""
+    if url.startswith("sqlite:"):
+        return _writable(url)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for _ in range(25):
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'idle in transaction'"
+            )
+            row = await cur.fetchone()
+            if row is not None and row[0] == 0:
+                return True
+            await conn.execute("SELECT pg_sleep(0.02)")
+    return False
 
 
 def _writable(url: str) -> bool:
