@@ -17,8 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contend.domain.task import TaskSpec, TaskState
-from contend.store.port import ExpertInfo, Failure, Store
+from contend.domain.task import TaskState
 from tests.acceptance.conftest import ROOT, cli_env, run_cli
 from tests.acceptance.web import (
     CHROMIUM,
@@ -29,6 +28,7 @@ from tests.acceptance.web import (
     on_store,
     wait_http,
 )
+from tests.dashboard_tasks import dead_task
 
 pytestmark = pytest.mark.slow
 
@@ -44,23 +44,10 @@ class Deployed:
     dead_task: str
 
 
-async def _dead_task(store: Store) -> str:
-    """A task that failed its only attempt: the dashboard offers to retry it."""
-    spec = TaskSpec.build("job", [1], max_attempts=1)
-    await store.submit([spec])
-    session = await store.register_expert(ExpertInfo("e1"), 15.0)
-    (c,) = await store.claim(
-        "e1", session, ["default"], ExpertInfo("e1").capabilities, limit=1, lease_ttl=15.0
-    )
-    await store.fail("e1", [Failure(c.id, c.fence, '{"type": "Boom", "message": "no"}', None)])
-    await store.deregister_expert("e1", session)
-    return spec.id
-
-
 @pytest.fixture
 def deployed(tmp_path: Path) -> Iterator[Deployed]:
     url = f"sqlite:///{tmp_path / 'dash.db'}"
-    task_id = on_store(url, _dead_task)
+    task_id = on_store(url, dead_task)
     port = free_port()
     log = open(tmp_path / "dashboard.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(

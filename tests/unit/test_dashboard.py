@@ -17,7 +17,7 @@ from contend.dashboard.auth import COOKIE, Guard
 from contend.domain.task import TaskSpec, TaskState
 from contend.errors import ConfigError
 from contend.store.memory import MemoryStore
-from contend.store.port import ExpertInfo, Failure
+from tests.dashboard_tasks import dead_task
 
 TOKEN = "s3cret-token"
 HOST = "127.0.0.1:8765"
@@ -40,17 +40,6 @@ def csrf_of(page: str) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
     assert found, "the page has no CSRF field"
     return found.group(1)
-
-
-async def dead_task(store: MemoryStore) -> str:
-    spec = TaskSpec.build("job", [1], max_attempts=1)
-    await store.submit([spec])
-    session = await store.register_expert(ExpertInfo("e1"), 15.0)
-    (c,) = await store.claim(
-        "e1", session, ["default"], ExpertInfo("e1").capabilities, limit=1, lease_ttl=15.0
-    )
-    await store.fail("e1", [Failure(c.id, c.fence, '{"type": "Boom", "message": "no"}', None)])
-    return spec.id
 
 
 async def test_every_page_renders_with_the_store_s_facts(store: MemoryStore) -> None:

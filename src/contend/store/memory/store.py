@@ -13,7 +13,7 @@ from contend.domain import auction
 from contend.domain import transitions as rules
 from contend.domain.ids import check_id_prefix
 from contend.domain.limits import KeyState
-from contend.domain.retention import PRUNABLE_STATES, check_prune
+from contend.domain.retention import check_prune
 from contend.domain.scoring import TaskView
 from contend.domain.task import (
     JSON,
@@ -38,6 +38,7 @@ from contend.store.memory.dispatch import Leaders
 from contend.store.memory.index import TaskIndex
 from contend.store.memory.limits import Limits
 from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
+from contend.store.memory.retention import prunable
 from contend.store.memory.sessions import Sessions
 from contend.store.memory.transactions import MemoryTransaction, check_key, conflict
 from contend.store.port import (
@@ -650,30 +651,20 @@ class MemoryStore:
 
     async def prune(self, before: float, limit: int = 1000, *, keep_events: int = 100) -> int:
         before, limit, keep_events = check_prune(before, limit, keep_events)
-        old = sorted(
-            (row.updated_at, tid)
-            for tid, row in self._tasks.items()
-            if row.state in PRUNABLE_STATES and row.updated_at < before
-        )
-        deleted = 0
-        for _, tid in old:
-            if deleted >= limit:
-                break
-            if any(self._tasks[w].state == W for w in self._dependents.get(tid, ())):
-                continue  # a waiting task still waits on it
+        gone = prunable(self._tasks, self._dependents, before, limit)
+        for tid in gone:
             row = self._tasks.pop(tid)
             self._dependents.pop(tid, None)
             self._bids.pop(tid, None)
             self._auctions.pop(tid, None)
             if row.spec.key is not None and self._keys.get(row.spec.key) == tid:
                 del self._keys[row.spec.key]
-            deleted += 1
         for row in self._tasks.values():  # history is capped as it is written (records.py)
             if len(row.history) > keep_events:
                 del row.history[1 : len(row.history) - keep_events + 1]
-        if deleted:
+        if gone:
             self._touch()
-        return deleted
+        return len(gone)
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
         ttl = check_ttl(lease_ttl)
