@@ -71,9 +71,29 @@ class MissingExtraError(ConfigError, ImportError):
     """An optional backend needs a package that is not installed."""
 
     def __init__(self, feature: str, extra: str, package: str) -> None:
-        super().__init__(f"{feature} needs the {package!r} package: pip install 'contend[{extra}]'")
+        super().__init__(f"{feature} needs the {package!r} package: {install_line(extra)}")
         self.extra = extra
         self.package = package
+
+
+def install_line(extra: str) -> str:
+    """The pip command that installs what contend's *extra* needs, read from contend's own
+    package metadata: it works wherever contend came from (a checkout, a wheel, an index).
+    ``pip install 'contend[extra]'`` only where the metadata does not say (not installed)."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("contend") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    wanted = []
+    for line in requires:
+        spec, _, marker = line.partition(";")
+        if re.search(rf"""extra\s*==\s*["']{re.escape(extra)}["']""", marker):
+            wanted.append(f"'{spec.strip()}'")
+    if not wanted:
+        return f"pip install 'contend[{extra}]'"
+    return f"pip install {' '.join(wanted)} (contend's {extra!r} extra)"
 
 
 class TaskError(ContendError, ValueError):

@@ -54,7 +54,9 @@ def test_a_missing_orjson_with_an_etcd_url_names_the_extra(tmp_path: Path) -> No
     env = {"PYTHONPATH": f"{tmp_path}:{cli_env()['PYTHONPATH']}"}
     done = run_cli("status", "--store", "etcd://127.0.0.1:1", env=env)
     assert done.returncode == 2
-    one_line_error(done, "needs the 'orjson' package", "pip install 'contend[etcd]'")
+    one_line_error(
+        done, "needs the 'orjson' package", "pip install 'aetcd>=1.0' 'orjson>=3.9'", "'etcd' extra"
+    )
 
 
 async def test_tasks_list_into_head_stops_quietly(tmp_path: Path) -> None:

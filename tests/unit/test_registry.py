@@ -81,6 +81,13 @@ def test_a_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPa
     assert info.value.extra == "fakedb"
 
 
+def test_the_missing_extra_hint_is_a_line_that_works_outside_a_checkout() -> None:
+    # contend is not on an index: the hint names the extra's own requirements, as installed
+    error = MissingExtraError("the postgresql store", "postgres", "psycopg")
+    assert "pip install 'psycopg[binary]>=3.3' 'psycopg-pool>=3.2'" in str(error)
+    assert "contend[" not in str(error)
+
+
 async def test_sqlite_in_a_missing_directory_is_a_config_error(tmp_path: Path) -> None:
     store = make_store(f"sqlite:///{tmp_path / 'nope' / 'c.db'}")
     with pytest.raises(ConfigError, match="does not exist"):

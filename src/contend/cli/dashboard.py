@@ -1,4 +1,4 @@
-"""``contend dashboard``: the web dashboard over a store (needs ``contend[dashboard]``)."""
+"""``contend dashboard``: the web dashboard over a store (needs the ``dashboard`` extra)."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def add_metrics_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int_in("--metrics-port", 0, 65535),
-        help="serve Prometheus metrics on this port (0: any free one; needs contend[metrics])",
+        help="serve Prometheus metrics on this port (0: any free one; needs the metrics extra)",
     )
     parser.add_argument(
         "--metrics-host",

@@ -1,4 +1,4 @@
-"""The web dashboard: ``contend dashboard --store URL`` (``pip install 'contend[dashboard]'``).
+"""The web dashboard: ``contend dashboard --store URL`` (the ``dashboard`` extra).
 
 Experts, queues, tasks (with why each pending one is not running, retry and cancel),
 competition, a live throughput chart and ``/metrics``, read through the Store port alone.

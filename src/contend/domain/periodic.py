@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from contend.errors import ConfigError
+from contend.errors import ConfigError, install_line
 
 CATCH_UP = ("skip", "latest", "all")
 DEFAULT_CATCH_UP = "latest"
@@ -150,7 +150,7 @@ def _cron_next(expression: str, tz: str) -> Callable[[float], float]:
         from croniter import croniter  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError(
-            "cron schedules need the croniter package: pip install 'contend[cron]' "
+            f"cron schedules need the croniter package: {install_line('cron')} "
             "(or use every=SECONDS)"
         ) from None
     zone = ZoneInfo(tz)

@@ -1,7 +1,7 @@
 """Prometheus metrics: the expert's hook (:class:`MetricsHook`), the store's view for the
 dashboard (``contend.metrics.store``) and a small server (:func:`serve_metrics`).
 
-Needs ``pip install 'contend[metrics]'`` (prometheus-client). Every metric is described in
+Needs the ``metrics`` extra (prometheus-client). Every metric is described in
 docs/metrics.md.
 """
 

@@ -286,7 +286,7 @@ class App:
     ) -> Callable[[F], F]:
         """Register a task type that runs on a schedule: ``every=SECONDS`` (aligned to the
         epoch, so ``every=60`` ticks at each whole minute) or ``cron="*/5 * * * *"`` (in *tz*;
-        needs ``contend[cron]``). Each tick runs once across all experts and hosts: every
+        needs the ``cron`` extra). Each tick runs once across all experts and hosts: every
         expert whose app has the type submits the tick under the tick's idempotency key, and
         the store keeps one. *catch_up* says what runs of the ticks missed while no expert was
         up (within *catch_up_window* seconds): ``"latest"`` (the default) the most recent one,

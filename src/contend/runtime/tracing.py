@@ -1,5 +1,5 @@
 """OpenTelemetry spans for submit, claim, run and commit, when ``opentelemetry-api`` is
-installed (``pip install 'contend[otel]'``) and the process has set a tracer provider (an SDK
+installed (the ``otel`` extra) and the process has set a tracer provider (an SDK
 with an exporter). Without either, nothing here costs more than one check.
 
 The submitter's trace context travels in the task (``TaskSpec.trace``: the W3C

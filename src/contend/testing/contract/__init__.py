@@ -35,7 +35,7 @@ A backend outside this repository runs it as this repository runs it on its own 
 Every test takes the ``harness`` fixture and runs once per registered backend. What a backend
 cannot promise it declares in ``Harness.extra`` (see :class:`Harness`); a test that depends on
 such a promise reads it there instead of assuming it. It needs ``pytest``, ``pytest-asyncio``
-(``asyncio_mode = "auto"``) and ``hypothesis``: ``pip install 'contend[dev]'``.
+(``asyncio_mode = "auto"``) and ``hypothesis``: the ``dev`` extra.
 """
 
 import pytest
