@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from contend.domain.task import Capabilities, TaskSpec, TaskState
-from contend.errors import FencedOut, StoreError
+from contend.errors import ConfigError, FencedOut, StoreError
 from contend.store.port import Completion, ExpertInfo, Failure
 from contend.store.postgres import PostgresStore
 from contend.store.postgres.database import Database
@@ -163,3 +163,71 @@ async def test_a_write_retried_after_a_lost_reply_counts_once(
     # a plain repeat (not a retry) is still refused
     (again,) = await store.complete("e1", [Completion(a.id, a.fence, "1")])
     assert isinstance(again, FencedOut)
+
+
+#: A process that holds one task's row in a transaction of the store's own pool, says so,
+#: and waits there: what an expert frozen mid-claim (SIGSTOP, a paused VM) leaves behind.
+_HOLDER = """
+import asyncio, sys
+from contend.store.postgres import PostgresStore
+
+async def main(url, task_id):
+    store = PostgresStore(url)
+    await store.open()
+
+    async def hold(cur):
+        await cur.execute(store._db.sql("SELECT id FROM {s}.tasks WHERE id = %s FOR UPDATE"),
+                          (task_id,))
+        print("locked", flush=True)
+        await asyncio.sleep(3600)
+
+    await store._db.run(hold)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def cancel_beside_a_frozen_holder(url: str, store: PostgresStore, within: float) -> float:
+    """Start a holder of a task's row on *url*, SIGSTOP it, and cancel the task through
+    *store*; how long the cancel took (TimeoutError past *within* seconds)."""
+    import os
+    import signal
+    import sys
+
+    (sub,) = await store.submit([TaskSpec.build("t")])
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, url, sub.id, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        line = await asyncio.wait_for(holder.stdout.readline(), 30)
+        assert line.strip() == b"locked", line
+        os.kill(holder.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        task = await asyncio.wait_for(store.cancel(sub.id), within)
+        assert task.state == TaskState.CANCELLED
+        return time.monotonic() - began
+    finally:
+        holder.kill()
+        await holder.wait()
+
+
+async def test_a_frozen_experts_open_transaction_ends_after_idle_tx_timeout(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    """An expert stopped inside one of the store's transactions kept its row locks until it
+    resumed: every other expert's write to those rows waited, for as long as it stayed
+    stopped. The store's connections now set ``idle_in_transaction_session_timeout``
+    (``idle_tx_timeout``), so the server ends that session and the locks go with it."""
+    store = await make_store()
+    took = await cancel_beside_a_frozen_holder(pg_url + "?idle_tx_timeout=1", store, within=15)
+    assert took < 8, took
+    # the same freeze with the server's own setting (none): the cancel still waits
+    with pytest.raises(TimeoutError):
+        await cancel_beside_a_frozen_holder(pg_url + "?idle_tx_timeout=0", store, within=4)
+
+
+def test_idle_tx_timeout_must_be_seconds() -> None:
+    for bad in ("-1", "soon", "1e9"):
+        with pytest.raises(ConfigError, match="idle_tx_timeout must be a number of seconds"):
+            PostgresStore(f"postgresql://h/db?idle_tx_timeout={bad}")

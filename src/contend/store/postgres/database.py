@@ -56,6 +56,7 @@ class Database:
         pool_size: int,
         retry_deadline: float,
         connect_timeout: float,
+        idle_tx_timeout: float = 0.0,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
@@ -68,6 +69,7 @@ class Database:
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
+        self._idle_tx_ms = round(idle_tx_timeout * 1000)
         self._pool: Pool | None = None
         self._tx_pool: Pool | None = None  # tasks' own transactions, opened on first use
         self._tx_pool_lock = asyncio.Lock()
@@ -94,8 +96,14 @@ class Database:
             # per prepared statement: the server kept planning a claim with a low-lane slot
             # afresh (6.5 ms of planning for 2.9 ms of work), its generic plan being costed
             # above the custom ones; the generic plan runs it in 1.5 ms. (PgBouncer refuses
-            # startup options: there the server's settings stand.)
-            defaults["options"] = "-c jit=off -c plan_cache_mode=force_generic_plan"
+            # startup options: there the server's settings stand.) And a bound on a transaction
+            # left open by a client that stopped (SIGSTOP, a paused VM, a debugger): the
+            # server ends that session, and its row locks, which held every other expert's
+            # renewal, expiry and hand-over, are freed (idle_tx_timeout, 5 s by default).
+            options = "-c jit=off -c plan_cache_mode=force_generic_plan"
+            if self._idle_tx_ms:
+                options += f" -c idle_in_transaction_session_timeout={self._idle_tx_ms}"
+            defaults["options"] = options
         kwargs.update({k: v for k, v in defaults.items() if k not in given})
         if self._pgbouncer:
             kwargs["prepare_threshold"] = None

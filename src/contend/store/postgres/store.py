@@ -26,7 +26,7 @@ from contend.store.postgres import (
     transactions,
 )
 from contend.store.postgres.database import Database
-from contend.store.postgres.url import TRUE, parse_postgres_url
+from contend.store.postgres.url import TRUE, idle_tx_timeout, parse_postgres_url
 from contend.store.postgres.wakeups import Wakeups
 
 
@@ -66,6 +66,7 @@ class PostgresStore:
             pool_size=pool_size or int(opts.get("pool_size", "10")),
             retry_deadline=retry_deadline,
             connect_timeout=connect_timeout,
+            idle_tx_timeout=idle_tx_timeout(opts, url),
         )
         self.channel = self._db.channel
         self._wakeups = Wakeups(self._db, listen_url=listen_url, poll_interval=poll_interval)

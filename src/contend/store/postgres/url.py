@@ -12,7 +12,10 @@ import psycopg.conninfo
 from contend.errors import ConfigError
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
-_OPTIONS = {"schema", "listen", "listen_url", "pgbouncer", "pool_size"}
+_OPTIONS = {"schema", "listen", "listen_url", "pgbouncer", "pool_size", "idle_tx_timeout"}
+#: Seconds the server lets one of the store's own connections sit idle inside a transaction
+#: before it ends that session (``idle_tx_timeout``): a frozen expert frees its rows then.
+IDLE_TX_TIMEOUT = 5.0
 TRUE, FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 
 
@@ -44,11 +47,30 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
             raise ConfigError(f"PostgreSQL URL {url!r}: {flag} must be true or false")
     if "pool_size" in opts and not (opts["pool_size"].isdigit() and int(opts["pool_size"]) > 0):
         raise ConfigError(f"PostgreSQL URL {url!r}: pool_size must be a positive integer")
+    if "idle_tx_timeout" in opts:
+        idle_tx_timeout(opts, url)
     if "listen_url" in opts:
         listen_parts = urlsplit(opts["listen_url"])
         if listen_parts.scheme not in ("postgresql", "postgres"):
             raise ConfigError(f"PostgreSQL URL {url!r}: listen_url must be a postgresql:// URL")
     return dsn, opts
+
+
+def idle_tx_timeout(opts: dict[str, str], url: str = "") -> float:
+    """The ``idle_tx_timeout`` option in seconds (0: the server's own setting), checked."""
+    text = opts.get("idle_tx_timeout")
+    if text is None:
+        return IDLE_TX_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:
+        raise ConfigError(
+            f"PostgreSQL URL {url!r}: idle_tx_timeout must be a number of seconds from 0 "
+            f"(the server's setting) to 86400, not {text!r}"
+        )
+    return value
 
 
 def safe(dsn: str) -> str:
