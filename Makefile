@@ -7,10 +7,10 @@ bench:           ## run every benchmark and rewrite docs/benchmarks.md (QUICK=1:
 	scripts/bench.sh $(if $(QUICK),--quick)
 bench-peers:     ## contend against PgQueuer, Procrastinate and Huey, same run (QUICK=1: short)
 	scripts/bench-venv.sh >/dev/null
-	PYTHONPATH=src .venv/bin/python -m benchmarks.peers $(if $(QUICK),--quick) --backends sqlite,postgresql,etcd
+	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.peers $(if $(QUICK),--quick) --backends sqlite,postgresql,etcd
 bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuum (QUICK=1: 60 s)
 	scripts/bench-venv.sh >/dev/null
-	PYTHONPATH=src .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
+	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
 chaos:           ## run the full chaos suite on every backend and rewrite its table in docs/reliability.md
 	scripts/chaos.sh
 bad-input-table: ## run every bad-input case and rewrite its table in docs/reliability.md

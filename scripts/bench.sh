@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every benchmark, one after the other on this machine, into docs/benchmarks.md (and JSON
-# beside it): `contend bench` per backend, SQLite (temporary files), PostgreSQL (the local
-# server, or CONTEND_BENCH_PG), etcd (a throwaway etcd 3.5 started for the run); then contend
-# against its peers (benchmarks/peers) and the sustained-load run (benchmarks/sustained), the
-# peers from PyPI in the throwaway .bench-venv.
+# beside it): `contend bench` per backend, SQLite (temporary files), PostgreSQL (a throwaway
+# server with stock settings, scripts/with-pg.sh, or CONTEND_BENCH_PG_SERVER), etcd (a
+# throwaway etcd 3.5 started for the run); then contend against its peers (benchmarks/peers)
+# and the sustained-load run (benchmarks/sustained), the peers from PyPI in .bench-venv.
 #
 # `scripts/bench.sh --quick` (`make bench QUICK=1`): a short run of each, about 30 minutes
 # (the full run takes 2-3 hours, most of it the sustained-load runs of 10 minutes each).
@@ -17,8 +17,11 @@ scripts/venv.sh dev,postgres,etcd
 scripts/install-etcd.sh
 scripts/bench-venv.sh >/dev/null
 export PYTHONPATH="$PWD/src"
+if [ -z "${CONTEND_BENCH_PG:-}" ]; then  # once, for the whole run: every PostgreSQL figure
+    exec scripts/with-pg.sh "$0" "$@"      # comes from one server with stock settings
+fi
 .venv/bin/contend bench $quick
-.venv/bin/contend bench $quick --store "${CONTEND_BENCH_PG:-postgresql://127.0.0.1:5432/test}" \
+.venv/bin/contend bench $quick --store "$CONTEND_BENCH_PG" \
     --concurrency 64 --processes 1,2,4
 # etcd allows 128 operations per transaction by default; raised here so that one transaction
 # claims or commits ~200 tasks instead of ~25, and its Go garbage collector runs a quarter as

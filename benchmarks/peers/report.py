@@ -9,7 +9,8 @@ from typing import Any
 
 SETUP = """\
 Each system drains the same no-op tasks and runs the same one-task-at-a-time latency probe, in
-a child process of its own, on a fresh store (a PostgreSQL database `bench_…` on 127.0.0.1:5432,
+a child process of its own, on a fresh store (a PostgreSQL database `bench_…` on a throwaway
+server with stock settings, autovacuum on (`scripts/with-pg.sh`),
 an SQLite file in a temporary folder, a Huey name of its own on the local Redis). The systems
 take turns within each repetition (contend, peer, contend, peer, …, the order reversed on every
 other repetition). The peers come from PyPI into a throwaway virtualenv (`scripts/bench-venv.sh`,

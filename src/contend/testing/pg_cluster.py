@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -38,8 +38,14 @@ def _peer_net(address: str) -> str:
 
 
 class Cluster:
-    def __init__(self, listen: Sequence[str] = ()) -> None:
+    """*settings*: server settings (``{"autovacuum": "off"}``) on top of initdb's defaults and
+    ``fsync=off`` (tests need no durability; pass ``{"fsync": "on"}`` for a benchmark)."""
+
+    def __init__(
+        self, listen: Sequence[str] = (), settings: Mapping[str, str] | None = None
+    ) -> None:
         self.listen = ["127.0.0.1", *listen]
+        self.settings = {"fsync": "off", **(settings or {})}
         self.root = Path(tempfile.mkdtemp(prefix="contend-pg-"))
         self.data = self.root / "data"
         with socket.socket() as s:
@@ -74,7 +80,7 @@ class Cluster:
             str(self.root / "server.log"),
             "-o",
             f"-p {self.port} -k {self.root} -c listen_addresses={','.join(self.listen)} "
-            "-c fsync=off",
+            + " ".join(f"-c {k}={v}" for k, v in self.settings.items()),
         )
 
     def start(self) -> None:
@@ -107,3 +113,49 @@ class Cluster:
                 self._run(binary("pg_ctl"), "stop", "-D", str(self.data), "-m", "immediate", "-w")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+#: What the benchmarks run on: PostgreSQL's stock settings (autovacuum on, fsync on), so that
+#: their figures say what a user's server would show. A machine's own server may be set up
+#: for tests (this project's CI machine runs with autovacuum off); see docs/postgres.md.
+STOCK = {"fsync": "on"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m contend.testing.pg_cluster [--set NAME=VALUE ...] -- CMD ARG...``: run CMD
+    against a throwaway PostgreSQL server with stock settings (plus the ``--set`` ones), then
+    stop it and delete its data. ``{url}`` in an argument becomes the server's URL (no
+    database); CMD also finds it in ``CONTEND_TEST_PG`` and ``CONTEND_BENCH_PG_SERVER``, and
+    ``CONTEND_BENCH_PG`` names its ``postgres`` database. The benchmarks use it."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    settings = dict(STOCK)
+    while args[:1] == ["--set"] and len(args) >= 2 and "=" in args[1]:
+        name, _, value = args[1].partition("=")
+        settings[name] = value
+        args = args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or args[0].startswith("-"):
+        print("usage: python -m contend.testing.pg_cluster [--set NAME=VALUE ...] -- CMD ARG...")
+        return 2
+    cluster = Cluster(settings=settings)
+    try:
+        cluster.start()
+        server = cluster.url.rsplit("/", 1)[0]
+        shown = ", ".join(f"{k}={v}" for k, v in settings.items())
+        print(f"PostgreSQL at {server} (throwaway; stock settings and {shown})", flush=True)
+        env = {
+            **os.environ,
+            "CONTEND_TEST_PG": server,
+            "CONTEND_BENCH_PG_SERVER": server,
+            "CONTEND_BENCH_PG": cluster.url,
+        }
+        return subprocess.call([a.replace("{url}", server) for a in args], env=env)
+    finally:
+        cluster.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

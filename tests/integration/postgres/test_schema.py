@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 
@@ -252,3 +253,36 @@ async def test_an_empty_schema_is_not_created_by_a_store_that_may_not(pg_url: st
     await reader.open()  # an existing store opens
     assert await reader.list_tasks() == []
     await reader.close()
+
+
+async def test_a_server_without_autovacuum_is_named_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without vacuum every claim's dead row versions stay: the tables grow however short the
+    retention, and claims slow down (this machine's server runs so, and nobody saw it)."""
+    from contend.store.postgres import schema as pg_schema
+    from contend.testing.pg_cluster import Cluster
+
+    for autovacuum in ("off", "on"):
+        c = Cluster(settings={"autovacuum": autovacuum})
+        try:
+            c.start()
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="contend.store.postgres"):
+                for _ in range(2):  # a second store of the process says nothing more
+                    store = PostgresStore(c.url)
+                    await store.open()
+                    await store.close()
+                reader = PostgresStore(c.url, create=False)  # read-only commands: quiet
+                await reader.open()
+                await reader.close()
+            said = [r.getMessage() for r in caplog.records if "autovacuum" in r.getMessage()]
+            if autovacuum == "off":
+                assert len(said) == 1, said
+                assert "autovacuum is off on PostgreSQL at" in said[0]
+                assert "ALTER SYSTEM SET autovacuum = on" in said[0]
+            else:
+                assert said == []
+        finally:
+            c.close()
+            pg_schema._WARNED.clear()
