@@ -26,6 +26,10 @@ DEFAULT_KEEP_EVENTS = 100
 #: Tasks deleted per pass by default, and the most one pass may take.
 DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
+#: A store checks histories against the cap at most once in this many seconds. That check
+#: cost as much as 40 % of a pass on PostgreSQL (14 ms of 35 for 1,000 tasks), and a pass
+#: that is behind runs many times a second; the cap is a bound on growth, not a deadline.
+TRIM_EVERY = 1.0
 
 
 def check_prune(before: float, limit: int, keep_events: int) -> tuple[float, int, int]:

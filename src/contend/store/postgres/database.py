@@ -64,6 +64,7 @@ class Database:
         self.channel = f"contend_{schema}"
         self.clock = clock
         self.trim_cursor = 0  # retention: the last history seq checked against the cap
+        self.trim_next = 0.0  # retention: when (time.monotonic()) histories are next checked
         self.fair_cursor: dict[str, str] = {}  # queue -> the fair key a fair claim ended at
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer

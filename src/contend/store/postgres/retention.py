@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from contend.domain.retention import PRUNABLE_STATES, check_prune
+from time import monotonic
+
+from contend.domain.retention import PRUNABLE_STATES, TRIM_EVERY, check_prune
 from contend.store.postgres.database import Cursor, Database
 
 #: The finished states but succeeded (which the ``tasks_done`` partial index covers).
@@ -66,10 +68,12 @@ async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: 
         await cur.execute(db.sql(_PRUNE), params)
         row = await cur.fetchone()
         deleted = int(row[0]) if row else 0
-        trim = {"since": db.trim_cursor, "window": TRIM_WINDOW, "keep": keep_events}
-        await cur.execute(db.sql(_TRIM), {**trim, "limit": limit})
-        last, seen = await cur.fetchone() or (None, 0)
-        db.trim_cursor = 0 if last is None or seen < TRIM_WINDOW else int(last)
+        if monotonic() >= db.trim_next:
+            db.trim_next = monotonic() + TRIM_EVERY
+            trim = {"since": db.trim_cursor, "window": TRIM_WINDOW, "keep": keep_events}
+            await cur.execute(db.sql(_TRIM), {**trim, "limit": limit})
+            last, seen = await cur.fetchone() or (None, 0)
+            db.trim_cursor = 0 if last is None or seen < TRIM_WINDOW else int(last)
         if deleted:
             await db.notify(cur)
         return deleted

@@ -59,6 +59,7 @@ class Database:
         self._db: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self.trim_cursor = 0  # retention: the last history rowid checked against the cap
+        self.trim_next = 0.0  # retention: when (time.monotonic()) histories are next checked
 
     async def open(
         self, prepare: Callable[[sqlite3.Connection], None], *, create: bool = True

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import sqlite3
+from time import monotonic
 
-from contend.domain.retention import PRUNABLE_STATES, check_prune
+from contend.domain.retention import PRUNABLE_STATES, TRIM_EVERY, check_prune
 from contend.store.sqlite.connection import Database
 
 #: History lines whose tasks one pass checks against the cap.
@@ -19,7 +20,7 @@ async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: 
 
     # History: the tasks of the next TRIM_WINDOW history lines (a cursor that goes round the
     # table, one step a pass, so a pass costs the same on any size of store) that are over
-    # the cap; a read that takes no lock.
+    # the cap; a read that takes no lock. At most once in TRIM_EVERY seconds.
     since = db.trim_cursor
 
     def find_long() -> list[tuple[str]]:
@@ -37,7 +38,10 @@ async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: 
             (since, last if last is not None else since, keep_events, limit),
         ).fetchall()
 
-    long = await db.retry(find_long)
+    long: list[tuple[str]] = []
+    if monotonic() >= db.trim_next:
+        db.trim_next = monotonic() + TRIM_EVERY
+        long = await db.retry(find_long)
 
     def run(conn: sqlite3.Connection) -> int:
         # Succeeded tasks, the most, by the partial index on their updated_at (a literal
