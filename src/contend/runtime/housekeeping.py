@@ -21,7 +21,9 @@ from contend.store.port import Store
 
 log = logging.getLogger("contend.expert")
 
-#: Seconds between two rounds of retention passes of one expert, once it has caught up.
+#: Seconds between two rounds of retention passes of one expert, once it has caught up; at
+#: most a quarter of the retention, so a store holds at most 1.25 retentions' worth of tasks
+#: (a 20 s retention at 10,000 tasks/s held 720,000 rows between rounds 30 s apart).
 PRUNE_EVERY = 30.0
 #: The share of the time since its last round that one round of passes may take (one round
 #: per heartbeat while behind), and the most it may take.
@@ -109,7 +111,8 @@ class Housekeeper:
         """Retention, when a round is due: passes of a bounded batch (each holds the store's
         locks briefly) for up to PRUNE_SHARE of the time since the last round. Caught up (a
         pass found less than a batch), the next round is due in PRUNE_EVERY; behind, at the
-        next heartbeat, so that a busy store is pruned about as fast as it fills."""
+        next heartbeat, so that a busy store is pruned about as fast as it fills. A short
+        retention shortens the wait: at most a quarter of it."""
         age = self.retention
         clock = self._monotonic
         if age is None or clock() < self._next_prune:
@@ -126,7 +129,7 @@ class Housekeeper:
             pruned += n
             passes += 1
         behind = n == DEFAULT_BATCH
-        self._next_prune = clock() + (0.0 if behind else PRUNE_EVERY)
+        self._next_prune = clock() + (0.0 if behind else min(PRUNE_EVERY, age / 4))
         # behind: a larger share of the time at each round, up to PRUNE_SHARE_MOST
         self._prune_share = (
             min(PRUNE_SHARE_MOST, self._prune_share * 1.5) if behind else PRUNE_SHARE
