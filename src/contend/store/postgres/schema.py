@@ -64,8 +64,8 @@ async def prepare(db: Database, *, create: bool = True) -> None:
 def warn_no_autovacuum(db: Database) -> None:
     """Say once that the server does not vacuum by itself. Every claim and completion leaves a
     dead row version behind; without vacuum they pile up, the tables grow without end however
-    short the retention, and each claim walks more of them (one expert's steady drain fell from
-    about 6,000 to about 300 tasks/s within a minute, with 700,000 dead versions in the table)."""
+    short the retention, and the store slows down (a million tasks through one expert: 2,488
+    tasks/s and 1,556 MiB growing, against 5,008 tasks/s and 790 MiB levelling off with it on)."""
     where = safe(db.dsn).rsplit("/", 1)[0]  # the server, whatever the database
     if where in _WARNED:
         return
