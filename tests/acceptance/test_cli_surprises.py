@@ -196,6 +196,23 @@ async def test_tasks_list_says_when_more_exist_and_shows_created_and_due(tmp_pat
     assert run_cli("tasks", "list", "--limit", "5", "--store", url).stderr == ""
 
 
+async def test_tasks_list_newest_first_of_one_type(tmp_path: Path) -> None:
+    """The oldest 100 were all ``tasks list`` could show: a busy store's newest tasks, or one
+    type's, never came up."""
+    url = f"sqlite:///{tmp_path / 'newest.db'}"
+    store = await open_store(url)
+    specs = [TaskSpec.build("echo" if n % 2 else "add", [n]) for n in range(8)]
+    await store.submit(specs)
+    await store.close()
+    echo_ids = sorted(t.id for t in specs if t.type == "echo")
+    done = run_cli("tasks", "list", "--type", "echo", "--newest", "--limit", "2", "--store", url)
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()[2:]] == echo_ids[::-1][:2]
+    assert "(newest first); more exist" in done.stderr and "--type" in done.stderr
+    empty = run_cli("tasks", "list", "--type", " ", "--store", url)
+    assert empty.returncode == 2 and "--type is empty" in empty.stderr
+
+
 def test_a_short_id_says_what_an_id_is(tmp_path: Path) -> None:
     """An id cut too short to be a prefix says how many characters name a task; a word that is
     no id's prefix says what ids are (a prefix that is one: tests/acceptance/test_id_prefixes)."""

@@ -258,3 +258,24 @@ async def test_without_a_root_path_links_start_at_the_host_s_root(store: MemoryS
     links = links_of(page)
     assert links.data_root == "" and "/tasks" in links.urls
     assert all(u.startswith("/") and not u.startswith("/contend") for u in links.urls)
+
+
+async def test_the_tasks_page_shows_the_newest_of_a_type_past_the_scan(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page read the oldest SCAN tasks and picked the type out of those: a type whose
+    tasks all came after them never showed. The store now filters the type, newest first."""
+    from contend.dashboard import app as dashboard_app
+
+    monkeypatch.setattr(dashboard_app, "SCAN", 5)
+    old = [TaskSpec.build("bulk", [n]) for n in range(10)]
+    await store.submit(old)
+    late = [TaskSpec.build("rare", [n]) for n in range(3)]
+    await store.submit(late)
+    async with client(store) as c:
+        page = (await c.get("/tasks?type=rare")).text
+        shown = re.findall(r'href="/tasks/([0-9a-f]{28})"', page)
+        assert shown == sorted((t.id for t in late), reverse=True)
+        everything = re.findall(r'href="/tasks/([0-9a-f]{28})"', (await c.get("/tasks")).text)
+        newest = sorted((t.id for t in old + late), reverse=True)[:5]
+        assert everything == newest

@@ -69,6 +69,10 @@ def add_parser(sub: Subcommands) -> None:
     tl = tsub.add_parser("list", help="list tasks")
     tl.add_argument("--state", choices=[str(s) for s in TaskState])
     tl.add_argument("--queue", type=queue_arg())
+    tl.add_argument("--type", type=text_arg("--type"), help="only tasks of this task type")
+    tl.add_argument(
+        "--newest", action="store_true", help="the newest tasks first (default: the oldest)"
+    )
     tl.add_argument("--limit", type=positive_int("--limit", 1_000_000), default=100)
     tl.set_defaults(func=cmd_tasks_list)
     ts = tsub.add_parser("show", help="one task, with its history of claims")
@@ -113,7 +117,13 @@ def _due(t: Task, now: float) -> str:
 
 async def cmd_tasks_list(args: argparse.Namespace) -> int:
     async def run(store: Store) -> int:
-        got = await store.list_tasks(state=args.state, queue=args.queue, limit=args.limit + 1)
+        got = await store.list_tasks(
+            state=args.state,
+            queue=args.queue,
+            type=args.type,
+            newest=args.newest,
+            limit=args.limit + 1,
+        )
         tasks, more = got[: args.limit], len(got) > args.limit
         if args.json:
             print_json([task_summary(t.to_json()) for t in tasks])
@@ -137,8 +147,10 @@ async def cmd_tasks_list(args: argparse.Namespace) -> int:
             print(table(rows, [*LIST_COLUMNS, "created", "due"]))
         if more:
             print(
-                f"contend: the first {len(tasks):,} task(s) by id (oldest first); more exist: "
-                "raise --limit or narrow with --state or --queue",
+                f"contend: the first {len(tasks):,} task(s) by id "
+                f"({'newest' if args.newest else 'oldest'} first); more exist: raise --limit "
+                "or narrow with --state, --queue or --type"
+                + ("" if args.newest else " (--newest lists the newest first)"),
                 file=sys.stderr,
             )
         return 0

@@ -43,7 +43,8 @@ from contend.store.diagnosis import explain
 from contend.store.port import Store, StoreStats
 
 STATIC = Path(__file__).parent / "static"
-#: How many tasks the tasks page reads (oldest first) before filtering by type and text.
+#: How many tasks the tasks page reads (newest first, of the state, queue and type asked for)
+#: before filtering by text.
 SCAN = 2000
 #: How many it shows.
 SHOW = 200
@@ -227,14 +228,14 @@ def routes(d: Dashboard) -> list[Route | Mount]:
             state, qp.get("queue") or None, qp.get("type") or None, qp.get("q") or None
         )
         listed = await store.list_tasks(
-            state=TaskState(state) if state else None, queue=f.queue, limit=SCAN
+            state=TaskState(state) if state else None,
+            queue=f.queue,
+            type=f.type,
+            newest=True,
+            limit=SCAN,
         )
         text = (f.text or "").lower()
-        chosen = [
-            t
-            for t in listed
-            if (f.type is None or t.type == f.type) and (not text or text in _searchable(t))
-        ]
+        chosen = [t for t in listed if not text or text in _searchable(t)]
         now, experts_ = await store.now(), await store.list_experts()
         shown = chosen[:SHOW]
         keys = await store.key_states({t.limit_key for t in shown if t.limit_key is not None})

@@ -228,7 +228,10 @@ def tasks(
         )
         for t, why in found
     ]
-    note = f"{len(found)} shown, of the {scanned} oldest tasks that match state and queue"
+    note = (
+        f"{len(found)} shown, newest first, of the {scanned} newest tasks that match state, "
+        "queue and type"
+    )
     if more:
         note += " (more exist: narrow the filter)"
     body = join(

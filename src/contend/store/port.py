@@ -375,8 +375,12 @@ class Store(Protocol):
         *,
         state: TaskState | None = None,
         queue: str | None = None,
+        type: str | None = None,
+        newest: bool = False,
         limit: int = 100,
-    ) -> list[Task]: ...
+    ) -> list[Task]:
+        """Up to *limit* tasks of *state*, *queue* and *type* (each None: any), by id: the
+        oldest submitted first, or the newest first when *newest*."""
 
     async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
         """The tasks that name *task_id* among their dependencies, whatever their state (the

@@ -57,15 +57,24 @@ class Inspection:
         return task_of(rec, args, result, checkpoint, history, deadline)
 
     async def list_tasks(
-        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: TaskState | None = None,
+        queue: str | None = None,
+        type: str | None = None,
+        newest: bool = False,
+        limit: int = 100,
     ) -> list[Task]:
         check_limit(limit)
         want = None if state is None else str(TaskState(state))
         return await self._tasks_where(
             lambda rec: (
-                (want is None or rec.state == want) and (queue is None or rec.queue == queue)
+                (want is None or rec.state == want)
+                and (queue is None or rec.queue == queue)
+                and (type is None or rec.type == type)
             ),
             limit,
+            newest=newest,
         )
 
     async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
@@ -116,8 +125,11 @@ class Inspection:
                 out[key] = KeyState(int(held.count), state.rate, state.tat)
         return out
 
-    async def _tasks_where(self, keep: Callable[[Record], bool], limit: int) -> list[Task]:
-        """The first *limit* tasks by id whose record *keep* accepts, payloads read."""
+    async def _tasks_where(
+        self, keep: Callable[[Record], bool], limit: int, *, newest: bool = False
+    ) -> list[Task]:
+        """The first *limit* tasks by id (the last, *newest* first) whose record *keep*
+        accepts, payloads read."""
         if not limit:
             return []
         recs = [
@@ -125,7 +137,7 @@ class Inspection:
             for kv in await self._etcd.scan(self._keys.k("t", ""))
             if keep(rec := Record.loads(kv.value))
         ]
-        recs.sort(key=lambda r: r.id)
+        recs.sort(key=lambda r: r.id, reverse=newest)
         recs = recs[:limit]
         data = await read_payloads(self._etcd, self._keys, recs)
         deadlines = await self._deadlines(recs)

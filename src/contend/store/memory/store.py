@@ -203,15 +203,25 @@ class MemoryStore:
         return task_of(task_id, row, history)
 
     async def list_tasks(
-        self, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+        self,
+        *,
+        state: TaskState | None = None,
+        queue: str | None = None,
+        type: str | None = None,
+        newest: bool = False,
+        limit: int = 100,
     ) -> list[Task]:
         check_limit(limit)
         out: list[Task] = []
-        for tid in sorted(self._tasks):
+        for tid in sorted(self._tasks, reverse=newest):
             if len(out) >= limit:
                 break
             row = self._tasks[tid]
-            if (state is None or row.state == state) and (queue is None or row.spec.queue == queue):
+            if (
+                (state is None or row.state == state)
+                and (queue is None or row.spec.queue == queue)
+                and (type is None or row.spec.type == type)
+            ):
                 out.append(task_of(tid, row))
         return out
 

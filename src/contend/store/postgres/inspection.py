@@ -40,7 +40,13 @@ async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
 
 
 async def list_tasks(
-    db: Database, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    db: Database,
+    *,
+    state: TaskState | None = None,
+    queue: str | None = None,
+    type: str | None = None,
+    newest: bool = False,
+    limit: int = 100,
 ) -> list[Task]:
     check_limit(limit)
     where, params = [], []
@@ -50,8 +56,12 @@ async def list_tasks(
     if queue is not None:
         where.append("queue = %s")
         params.append(queue)
+    if type is not None:
+        where.append("type = %s")
+        params.append(type)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    sql = db.sql(f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks {clause} ORDER BY id LIMIT %s")
+    order = "id DESC" if newest else "id"
+    sql = db.sql(f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks {clause} ORDER BY {order} LIMIT %s")
 
     async def run(cur: Cursor) -> list[Task]:
         await cur.execute(sql, (*params, limit))

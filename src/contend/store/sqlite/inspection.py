@@ -38,7 +38,13 @@ async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
 
 
 async def list_tasks(
-    db: Database, *, state: TaskState | None = None, queue: str | None = None, limit: int = 100
+    db: Database,
+    *,
+    state: TaskState | None = None,
+    queue: str | None = None,
+    type: str | None = None,
+    newest: bool = False,
+    limit: int = 100,
 ) -> list[Task]:
     check_limit(limit)
     where, params = [], []
@@ -48,8 +54,12 @@ async def list_tasks(
     if queue is not None:
         where.append("queue = ?")
         params.append(queue)
+    if type is not None:
+        where.append("type = ?")
+        params.append(type)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY id LIMIT ?"
+    order = "id DESC" if newest else "id"
+    sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY {order} LIMIT ?"
     rows = await db.retry(lambda: db.conn.execute(sql, (*params, limit)).fetchall())
     return [row_to_task(r) for r in rows]
 

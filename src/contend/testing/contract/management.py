@@ -179,6 +179,23 @@ async def test_list_tasks_filters_by_state_and_queue(harness: Harness) -> None:
     assert len(await s.list_tasks(limit=2)) == 2
 
 
+async def test_list_tasks_filters_by_type_and_lists_newest_first(harness: Harness) -> None:
+    """What a dashboard and ``contend tasks list --newest --type`` ask: the newest tasks of a
+    type, found by the store rather than picked out of the oldest few thousand."""
+    s = harness.store
+    specs = [spec("a"), spec("b"), spec("a"), spec("b", queue="x"), spec("a")]
+    await s.submit(specs)
+    ids = sorted(t.id for t in specs)
+    a_ids = sorted(t.id for t in specs if t.type == "a")
+    assert [t.id for t in await s.list_tasks()] == ids
+    assert [t.id for t in await s.list_tasks(newest=True)] == ids[::-1]
+    assert [t.id for t in await s.list_tasks(newest=True, limit=2)] == ids[::-1][:2]
+    assert [t.id for t in await s.list_tasks(type="a")] == a_ids
+    assert [t.id for t in await s.list_tasks(type="a", newest=True, limit=2)] == a_ids[::-1][:2]
+    assert [t.type for t in await s.list_tasks(type="b", queue="x")] == ["b"]
+    assert await s.list_tasks(type="none") == []
+
+
 # -- concurrency and wake-ups ----------------------------------------------------------------
 
 
