@@ -253,8 +253,12 @@ class ClaimLoop:
                 await asyncio.sleep(0)
                 continue
             if free <= 0:  # full, prefetch topped up: wait for a slot
+                # ...if none freed while the round was out: that run's wake-up came before
+                # this clear, and waiting for the next one left a free slot idle for
+                # idle_wait (sync bodies on PostgreSQL: pickup p50 505 ms at 1,000 tasks/s)
                 self._wake.clear()
-                await wait_event(self.clock, self._wake, cfg.idle_wait)
+                if cfg.concurrency - self.executor.load <= 0:
+                    await wait_event(self.clock, self._wake, cfg.idle_wait)
                 continue
             self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
             try:
