@@ -85,7 +85,9 @@ def markdown(summary: dict[str, Any], svg: str) -> str:
         f"window in `benchmarks-sustained.json`. Machine-speed probe "
         f"{summary['machine_json_per_s_before']:,} before, {summary['machine_json_per_s_after']:,} "
         f"after; load average {summary['loadavg_before']} before, {summary['loadavg_after']} after "
-        "(a shared 2-core machine: other sessions' work lands in these figures).",
+        "(a shared 2-core machine: other sessions' work lands in these figures). PostgreSQL "
+        "cases run on a throwaway server with stock settings, autovacuum on "
+        "(`make bench-sustained`: `scripts/with-pg.sh`).",
         "",
     ]
     chart = [f"![pickup latency per window]({svg})", ""]
