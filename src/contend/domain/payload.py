@@ -56,6 +56,8 @@ def encode_json(
     """Serialise *value* as compact JSON or raise :class:`PayloadError` naming *what* is wrong:
     not JSON, text that is not valid Unicode (a lone surrogate), nested more than *depth*
     levels, or more than *limit* bytes."""
+    if value is None:  # what most tasks return: no encoder, no checks
+        return "null"
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except RecursionError:
@@ -74,6 +76,17 @@ def encode_json(
     if len(text) > depth and _nesting(text, depth):  # a short text cannot nest that deep
         raise _too_deep(what, depth)
     return text
+
+
+def decode_args(text: str) -> list[JSON]:
+    """A task's stored positional arguments; ``[]``, which most tasks have, without the
+    parser (two ``json.loads`` a claimed task were about a tenth of an expert's CPU)."""
+    return [] if text == "[]" else json.loads(text)
+
+
+def decode_kwargs(text: str) -> dict[str, JSON]:
+    """A task's stored keyword arguments; ``{}`` without the parser."""
+    return {} if text == "{}" else json.loads(text)
 
 
 def _surrogate(ch: str) -> str:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from contend.domain.payload import decode_args, decode_kwargs
 from contend.domain.task import (
     JSON,
     Capabilities,
@@ -57,8 +58,8 @@ def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
         queue=r[2],
         state=TaskState(r[3]),
         priority=r[4],
-        args=json.loads(r[5]),
-        kwargs=json.loads(r[6]),
+        args=decode_args(r[5]),
+        kwargs=decode_kwargs(r[6]),
         key=r[7],
         requirements=Requirements.from_json(r[8]),
         attempts=r[9],
@@ -89,8 +90,8 @@ def claimed(r: Sequence[Any]) -> Claimed:
         id=r[0],
         type=r[1],
         queue=r[2],
-        args=json.loads(r[3]),
-        kwargs=json.loads(r[4]),
+        args=decode_args(r[3]),
+        kwargs=decode_kwargs(r[4]),
         fence=r[5],
         attempt=r[6],
         max_attempts=r[7],

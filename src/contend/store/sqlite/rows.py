@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from contend.domain.payload import decode_args, decode_kwargs
 from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState, load_trace
 from contend.store.port import Claimed
 
@@ -24,8 +25,8 @@ def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...]
         queue=r[2],
         state=TaskState(r[3]),
         priority=r[4],
-        args=json.loads(r[5]),
-        kwargs=json.loads(r[6]),
+        args=decode_args(r[5]),
+        kwargs=decode_kwargs(r[6]),
         key=r[7],
         requirements=Requirements.from_json(load(r[8])),
         attempts=r[9],
@@ -57,8 +58,8 @@ def claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
         id=r[0],
         type=r[1],
         queue=r[2],
-        args=json.loads(r[3]),
-        kwargs=json.loads(r[4]),
+        args=decode_args(r[3]),
+        kwargs=decode_kwargs(r[4]),
         fence=r[5],
         attempt=r[6],
         max_attempts=r[7],
