@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from contend import Expert, ExpertConfig
@@ -28,7 +30,8 @@ def test_a_prune_pass_is_bounded() -> None:
             check_prune(*args)
 
 
-async def test_an_expert_prunes_finished_tasks_past_the_retention() -> None:
+def pruning_expert(retention: float, lease_ttl: float) -> tuple[FakeClock, Any, Any, Expert]:
+    """An expert with *retention* on a memory store and a fake clock, and its app's ``job``."""
     clock = FakeClock(1_000.0)
     store = faulty_memory(clock)
     app = app_on(store)
@@ -37,12 +40,17 @@ async def test_an_expert_prunes_finished_tasks_past_the_retention() -> None:
     async def job() -> str:
         return "ok"
 
-    expert = Expert(app, name="r", lease_ttl=6.0, clock=clock, retention=30.0)
+    expert = Expert(app, name="r", lease_ttl=lease_ttl, clock=clock, retention=retention)
+    return clock, store, job, expert
+
+
+async def test_an_expert_prunes_finished_tasks_past_the_retention() -> None:
+    clock, store, job, expert = pruning_expert(30.0, lease_ttl=6.0)
     async with running(expert, clock):
-        first = await app.submit(job)
+        first = await expert.app.submit(job)
         assert await clock.run_until(lambda: expert.stats.tasks_done == 1, limit=10)
         await clock.run(PRUNE_EVERY + 31.0)  # past the retention and the next pass
-        second = await app.submit(job)
+        second = await expert.app.submit(job)
         assert await clock.run_until(lambda: expert.stats.tasks_done == 2, limit=10)
         await clock.run(2.0)
     with pytest.raises(TaskNotFound):
@@ -53,17 +61,9 @@ async def test_an_expert_prunes_finished_tasks_past_the_retention() -> None:
 async def test_a_short_retention_is_pruned_within_a_quarter_of_it_more() -> None:
     """Rounds came 30 s apart once caught up, whatever the retention: a 20 s retention at
     10,000 tasks/s held 720,000 rows. Now a round is due within a quarter of the retention."""
-    clock = FakeClock(1_000.0)
-    store = faulty_memory(clock)
-    app = app_on(store)
-
-    @app.task
-    async def job() -> str:
-        return "ok"
-
-    expert = Expert(app, name="r", lease_ttl=3.0, clock=clock, retention=8.0)
+    clock, store, job, expert = pruning_expert(8.0, lease_ttl=3.0)
     async with running(expert, clock):
-        first = await app.submit(job)
+        first = await expert.app.submit(job)
         assert await clock.run_until(lambda: expert.stats.tasks_done == 1, limit=10)
         # past the retention (8 s), a quarter of it (2 s) and a heartbeat (1 s), well short
         # of PRUNE_EVERY
