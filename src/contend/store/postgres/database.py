@@ -28,6 +28,7 @@ from contend.store.postgres.url import safe
 
 T = TypeVar("T")
 Cursor = AsyncCursor[TupleRow]
+Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 #: psycopg turns a statement's ``%(name)s`` placeholders into ``$n`` on every execution when
 #: its text is longer than 4,096 bytes, and remembers the shorter ones (psycopg#628: long
@@ -47,7 +48,6 @@ def _cache_long_statements() -> None:
 
 
 _cache_long_statements()
-Pool = AsyncConnectionPool[AsyncConnection[TupleRow]]
 
 log = logging.getLogger("contend.store.postgres")
 
