@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from contend.domain.retention import PRUNABLE_STATES
 from contend.domain.task import TaskState
@@ -28,3 +28,11 @@ def prunable(
             continue  # a waiting task still waits on it
         out.append(tid)
     return out
+
+
+def cap_histories(rows: Iterable[Row], keep_events: int) -> None:
+    """Each task's history at its first line and newest *keep_events* - 1 (the memory store
+    caps histories as they are written too, ``records.py``)."""
+    for row in rows:
+        if len(row.history) > keep_events:
+            del row.history[1 : len(row.history) - keep_events + 1]

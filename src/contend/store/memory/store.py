@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import islice
 
 from contend.domain import auction
 from contend.domain import transitions as rules
@@ -38,7 +39,7 @@ from contend.store.memory.dispatch import Leaders
 from contend.store.memory.index import TaskIndex
 from contend.store.memory.limits import Limits
 from contend.store.memory.records import Row, claimed_of, record_event, task_of, view_of
-from contend.store.memory.retention import prunable
+from contend.store.memory.retention import cap_histories, prunable
 from contend.store.memory.sessions import Sessions
 from contend.store.memory.transactions import MemoryTransaction, check_key, conflict
 from contend.store.port import (
@@ -212,18 +213,14 @@ class MemoryStore:
         limit: int = 100,
     ) -> list[Task]:
         check_limit(limit)
-        out: list[Task] = []
-        for tid in sorted(self._tasks, reverse=newest):
-            if len(out) >= limit:
-                break
-            row = self._tasks[tid]
-            if (
-                (state is None or row.state == state)
-                and (queue is None or row.spec.queue == queue)
-                and (type is None or row.spec.type == type)
-            ):
-                out.append(task_of(tid, row))
-        return out
+        wanted = (
+            (tid, row)
+            for tid, row in sorted(self._tasks.items(), reverse=newest)  # ids are unique
+            if (state is None or row.state == state)
+            and (queue is None or row.spec.queue == queue)
+            and (type is None or row.spec.type == type)
+        )
+        return [task_of(tid, row) for tid, row in islice(wanted, limit)]
 
     async def dependants(self, task_id: str, *, limit: int = 100) -> list[Task]:
         check_limit(limit)
@@ -669,9 +666,7 @@ class MemoryStore:
             self._auctions.pop(tid, None)
             if row.spec.key is not None and self._keys.get(row.spec.key) == tid:
                 del self._keys[row.spec.key]
-        for row in self._tasks.values():  # history is capped as it is written (records.py)
-            if len(row.history) > keep_events:
-                del row.history[1 : len(row.history) - keep_events + 1]
+        cap_histories(self._tasks.values(), keep_events)
         if gone:
             self._touch()
         return len(gone)
