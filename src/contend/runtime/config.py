@@ -236,7 +236,8 @@ class ExpertConfig:
             "claim takes (0: never)",
             bounds=Bounds(0, 10_000),
             flag="--claim-ahead",
-            default_text="up to 64 or the concurrency if more, as run times warrant",
+            default_text="up to 64 or the concurrency if more (the concurrency with fair task "
+            "types), as run times warrant",
         ),
     )
     steal_ratio: float | None = field(  # None: never steal (--no-steal)
