@@ -179,7 +179,7 @@ async def main(url, task_id):
         await cur.execute(store._db.sql("SELECT id FROM {s}.tasks WHERE id = %s FOR UPDATE"),
                           (task_id,))
         print("locked", flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # frozen inside the transaction until killed
 
     await store._db.run(hold)
 
