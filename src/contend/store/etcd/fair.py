@@ -5,7 +5,10 @@ A fair task is indexed in a level of its key's own, ``q/{queue}/{inv}.{fair key}
 so that the head of every fair key is read as the head of a level (candidates.py reads a page
 or more of each level from its floor; at most ``FAIR_KEYS`` fair keys' levels of a queue per
 read, in turns: ``Levels.fair_turn``), however many tasks other keys have waiting. The pick
-ranks up to *limit* heads of each of those keys, with every task without a fair key read.
+ranks up to twice *limit* heads of each of those keys, with every task without a fair key
+read: a claim tries the first *limit* of its order and, when rivals won some, the next ones,
+which must be as fair (with only *limit* heads of a key ranked, four experts reaching for the
+same new tenant's heads left three of them falling back on the busy tenant's tasks).
 The keys' claimed and running counts are their holder keys (``n/{limit key}/``, one count
 read of at most ``FAIR_KEYS`` prefixes). A queue without fair tasks costs nothing more: no
 level more, no count, no reordering."""
@@ -62,7 +65,7 @@ def fair_pick(
         key = fairs.get(tid)
         if key is not None:
             n = per_key.get(key, 0)
-            if key not in ranked or n >= limit:
+            if key not in ranked or n >= 2 * limit:
                 continue
             per_key[key] = n + 1
         heads.append(FairCandidate(tid, key, level[1], -rank[0], float(rank[1])))
