@@ -244,12 +244,15 @@ async def peek(
     lane = min(check_limit(low_lane), limit)
     n_queues = len(set(queues))
     typed = kinds is not None
-    candidates = _candidates(lock=False, queues=n_queues, lane=lane > 0, typed=typed)
-    sql = db.sql(
-        f"WITH RECURSIVE {candidates}"
-        f" SELECT {VIEW_COLUMNS}, {has_fair(False, n_queues)} FROM {{s}}.tasks t JOIN picked USING (id)"
-        f" ORDER BY {BEST}"
-    )
+
+    def build() -> str:
+        candidates = _candidates(lock=False, queues=n_queues, lane=lane > 0, typed=typed)
+        return db.sql(
+            f"WITH RECURSIVE {candidates} SELECT {VIEW_COLUMNS}, {has_fair(False, n_queues)}"
+            f" FROM {{s}}.tasks t JOIN picked USING (id) ORDER BY {BEST}"
+        )
+
+    sql = db.text(("peek", n_queues, lane > 0, typed), build)
     params = {
         **_queues(queues),
         "limit": limit,
@@ -258,17 +261,20 @@ async def peek(
         "types": kinds,
         **caps(capabilities),
     }
-    where = _claimable(lock=False, only_ids=False, typed=typed, ordered=False)
-    ctes, query = fair_sql(where, queues=n_queues, named=False, lane=lane > 0, lock=False)
-    head = f"{_lane(lock=False, only_ids=False, typed=typed)}, " if lane else ""
-    fair = db.sql(f"WITH RECURSIVE {head}{ctes} {query}")
-    views = db.sql(f"SELECT {VIEW_COLUMNS} FROM {{s}}.tasks t WHERE t.id = ANY(%(ids)s)")
-    states = db.sql(KEY_STATES)
+
+    def build_fair() -> str:
+        where = _claimable(lock=False, only_ids=False, typed=typed, ordered=False)
+        ctes, query = fair_sql(where, queues=n_queues, named=False, lane=lane > 0, lock=False)
+        head = f"{_lane(lock=False, only_ids=False, typed=typed)}, " if lane else ""
+        return db.sql(f"WITH RECURSIVE {head}{ctes} {query}")
 
     async def run(cur: Cursor) -> list[TaskView]:
         await cur.execute(sql, db.params(**params))
         rows = await cur.fetchall()
         if rows and rows[0][-1]:  # fair tasks: the claim's fair order
+            fair = db.text(("peek-fair", n_queues, lane > 0, typed), build_fair)
+            views = db.sql(f"SELECT {VIEW_COLUMNS} FROM {{s}}.tasks t WHERE t.id = ANY(%(ids)s)")
+            states = db.sql(KEY_STATES)
             cursor = dict(db.fair_cursor)
             await cur.execute(fair, db.params(**params, **fair_params(queues, cursor, limit)))
             first, rest = fair_picks(await cur.fetchall(), cursor, queues)
@@ -318,22 +324,27 @@ async def claim(
             lock=True, queues=n_queues, lane=lane, only_ids=ids is not None, typed=kinds is not None
         )
 
-    candidates = pick(lane > 0)
     assign, line, decided = handover(rules.claimed(expert, start=start))
-    slow = " AND NOT (SELECT keyed FROM keyed) AND NOT (SELECT fair FROM fair)"
-    take = take_ctes(slow) % {"assign": assign, "line": line}
-    sql = db.sql(
-        f"WITH RECURSIVE {live_cte()}, {candidates}"
-        ", keyed AS (SELECT count(*) > 0 AS keyed, array_agg(DISTINCT p.limit_key) FILTER ("
-        "   WHERE p.limit_max IS NOT NULL"
-        "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
-        "  FROM picked p WHERE p.limit_key IS NOT NULL)"
-        f", fair AS (SELECT {has_fair(ids is not None, n_queues)} AND EXISTS (SELECT 1 FROM picked) AS fair)"
-        f", {take}"
-        " SELECT *, NULL::text[], NULL::boolean FROM claimed"
-        f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"
-        f" ORDER BY {BEST}"
-    )
+
+    def build() -> str:
+        slow = " AND NOT (SELECT keyed FROM keyed) AND NOT (SELECT fair FROM fair)"
+        take = take_ctes(slow) % {"assign": assign, "line": line}
+        return db.sql(
+            f"WITH RECURSIVE {live_cte()}, {pick(lane > 0)}"
+            ", keyed AS (SELECT count(*) > 0 AS keyed, array_agg(DISTINCT p.limit_key) FILTER ("
+            "   WHERE p.limit_max IS NOT NULL"
+            "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
+            "  FROM picked p WHERE p.limit_key IS NOT NULL)"
+            f", fair AS (SELECT {has_fair(ids is not None, n_queues)}"
+            " AND EXISTS (SELECT 1 FROM picked) AS fair)"
+            f", {take}"
+            " SELECT *, NULL::text[], NULL::boolean FROM claimed"
+            f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"
+            f" ORDER BY {BEST}"
+        )
+
+    shape = ("claim", n_queues, lane > 0, ids is not None, kinds is not None, assign, line)
+    sql = db.text(shape, build)
     params = {
         **_queues(queues),
         "ids": ids,

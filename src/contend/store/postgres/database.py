@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
 import psycopg
@@ -93,6 +93,7 @@ class Database:
         self._pool: Pool | None = None
         self._tx_pool: Pool | None = None  # tasks' own transactions, opened on first use
         self._tx_pool_lock = asyncio.Lock()
+        self._texts: dict[Hashable, str] = {}
 
     @property
     def is_open(self) -> bool:
@@ -208,6 +209,16 @@ class Database:
         """*text* with its ``{s}`` (the schema) and ``{now}`` holes filled; *live*: the time
         when the statement runs rather than when its transaction began."""
         return text.replace("{s}", self._s).replace("{now}", NOW_LIVE if live else NOW)
+
+    def text(self, shape: Hashable, build: Callable[[], str]) -> str:
+        """The statement of *shape*, built by *build* the first time (a claim's text is some
+        5 KB made of many parts: building it and hashing a new string each call cost a claim
+        tens of microseconds). The same object each time, so psycopg's cache of converted
+        queries finds it by identity."""
+        text = self._texts.get(shape)
+        if text is None:
+            text = self._texts[shape] = build()
+        return text
 
     def params(self, **params: Any) -> dict[str, Any]:
         params["now"] = None if self.clock is None else float(self.clock())

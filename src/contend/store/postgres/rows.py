@@ -43,12 +43,23 @@ FITS = (
 )
 
 
+#: The last capabilities :func:`caps` encoded, and their parameters: an expert passes the same
+#: object to every claim and peek, and encoding it was a tenth of a claim's own CPU.
+_last_caps: tuple[Capabilities, dict[str, str]] | None = None
+
+
 def caps(capabilities: Capabilities) -> dict[str, str]:
     """The parameters of :data:`FITS` for an expert's capabilities."""
-    return {
+    global _last_caps
+    last = _last_caps
+    if last is not None and last[0] is capabilities:
+        return last[1]
+    params = {
         "tags": json.dumps(sorted(capabilities.tags)),
         "resources": json.dumps(dict(capabilities.resources)),
     }
+    _last_caps = (capabilities, params)
+    return params
 
 
 def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
