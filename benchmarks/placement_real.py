@@ -81,6 +81,16 @@ async def run_once(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(done)}/{len(specs)} tasks done after 120 s")
             await asyncio.sleep(0.1)
+        # the experts' claim counters, as of a heartbeat after the last task was done
+        ended = await store.now()
+        deadline = time.monotonic() + 30
+        while True:
+            experts = [e for e in await store.list_experts() if e.alive]
+            if all(e.heartbeat_at > ended for e in experts):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the experts did not renew within 30 s")
+            await asyncio.sleep(0.1)
     finally:
         for p in procs:
             if p.returncode is None:
@@ -98,6 +108,9 @@ async def run_once(
         "mean_completion": round(sum(t.updated_at - t0 for t in done) / len(done), 3),
         "on_a_fast_expert": round(fast / len(done), 3),
         "work_seconds": round(busy, 3),  # slot-seconds spent running tasks
+        # every task id a claim named counts as attempted (Result.claim_attempts)
+        "claim_attempts": sum(e.claim_attempts for e in experts),
+        "claims_won": sum(e.claims_won for e in experts),
     }
 
 
@@ -111,7 +124,9 @@ async def run(n: int = 300, seed: int = 1, rounds: int = 2, concurrency: int = 2
             print(
                 f"  real, window {window:.2f}: makespan {runs[-1]['makespan']:.2f} s, "
                 f"mean completion {runs[-1]['mean_completion']:.2f} s, "
-                f"{runs[-1]['on_a_fast_expert']:.0%} on a fast expert",
+                f"{runs[-1]['on_a_fast_expert']:.0%} on a fast expert, "
+                f"{runs[-1]['claim_attempts'] / n:.2f} claims per task, success "
+                f"{runs[-1]['claims_won'] / max(1, runs[-1]['claim_attempts']):.0%}",
                 flush=True,
             )
     return {
