@@ -105,3 +105,39 @@ def test_urls_are_pointed_at_the_proxy() -> None:
         "postgresql://postgres@127.0.0.1:6000/x?a=1"
     )
     assert p.url("etcd://127.0.0.1:2379/prefix") == "etcd://127.0.0.1:6000/prefix"
+
+
+async def test_a_delay_adds_its_time_each_way_and_keeps_the_order() -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(1024):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    late = FaultProxy("127.0.0.1", server.sockets[0].getsockname()[1], delay=0.05).start()
+    try:
+        r, w = await connect(late)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        assert await ask(r, w, b"ping") == b"ping"
+        took = loop.time() - began
+        assert 0.1 <= took < 1.0, took  # 50 ms there, 50 ms back
+        # chunks sent back to back arrive in order and do not queue behind each other's delay
+        began = loop.time()
+        for n in range(5):
+            w.write(b"%d," % n)
+            await w.drain()
+        got = await asyncio.wait_for(r.readexactly(10), 5)
+        assert got == b"0,1,2,3,4,"
+        assert loop.time() - began < 0.5
+        w.close()
+    finally:
+        await asyncio.to_thread(late.close)
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_delay_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="delay must be from 0 to 60 seconds"):
+        FaultProxy("127.0.0.1", 1, delay=-1)

@@ -286,6 +286,9 @@ class Expert:
         metrics["prefetched"] = len(self.parts.claimer.prefetched) if self.parts else 0
         metrics["ready"] = len(self.parts.claimer.ready) if self.parts else 0
         metrics["stolen"] = s.stolen
+        took = self.parts.claimer.claim_seconds if self.parts else None
+        if took is not None:  # a claim's round trip, a moving average (a far zone's is longer)
+            metrics["claim_ms"] = round(took * 1000, 3)
         return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
 
     def _renewed(self, session: Session, held: Mapping[str, int], sent: float) -> None:

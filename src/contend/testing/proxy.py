@@ -11,6 +11,10 @@ every connection to the target. Its faults, each applied to every connection at 
   that went away (until :meth:`~FaultProxy.heal`);
 * :meth:`~FaultProxy.reset` — every connection is reset; new ones are welcome at once.
 
+``delay=S`` holds every chunk S seconds in each direction before it is passed on (chunks keep
+their order and do not wait for each other): a link with 2 S more round-trip time, for a
+client in a far zone where the kernel has no ``netem``.
+
 :meth:`~FaultProxy.heal` ends whatever fault is on. The proxy runs its own event loop in a
 thread, so it keeps forwarding (or holding) whatever the caller's loop is doing, and its methods
 may be called from sync or async code. ``python -m contend.testing.proxy TARGET_HOST:PORT``
@@ -65,9 +69,18 @@ class FaultProxy:
     """Forwards ``host:port`` (default a free loopback port) to ``target_host:target_port``."""
 
     def __init__(
-        self, target_host: str, target_port: int, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay: float = 0.0,
     ) -> None:
+        if not 0 <= delay < 60:
+            raise ValueError(f"delay must be from 0 to 60 seconds, got {delay!r}")
         self.target = (target_host, target_port)
+        self.delay = delay
         self.host = host
         self.port = port
         self.mode = PASS
@@ -217,6 +230,9 @@ class FaultProxy:
                     w.close()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        if self.delay > 0:
+            await self._pump_late(src, dst)
+            return
         assert self._flowing is not None
         try:
             while True:
@@ -233,6 +249,42 @@ class FaultProxy:
                 await dst.drain()
         except (ConnectionError, OSError):
             return
+
+
+    async def _pump_late(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        """:meth:`_pump` with every chunk passed on :attr:`delay` seconds after it was read."""
+        assert self._flowing is not None
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def read() -> None:
+            while True:
+                try:
+                    data = await src.read(CHUNK)
+                except (ConnectionError, OSError):
+                    data = b""  # the source is gone: end the other side after the delay
+                held.put_nowait((loop.time() + self.delay, data))
+                if not data:
+                    return
+
+        reader = loop.create_task(read())
+        try:
+            while True:
+                due, data = await held.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                await self._flowing.wait()
+                if not data:
+                    if dst.can_write_eof():
+                        dst.write_eof()
+                    return
+                self.forwarded += len(data)
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            return
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
 
 def main(argv: list[str] | None = None) -> int:
