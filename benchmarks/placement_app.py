@@ -22,6 +22,8 @@ SPEED: dict[str, dict[str, float]] = {
     "tx-0": {"transcode": 4.0},
     "tx-1": {"transcode": 4.0},
     "th-0": {"thumbnail": 4.0},
+    "th-1": {"thumbnail": 4.0},  # the far zone's pair (benchmarks/placement_zones.py)
+    "tx-2": {"transcode": 4.0},
 }
 
 #: expert name -> (CLI options that make it what SPEED says it is).
@@ -30,6 +32,13 @@ EXPERTS: dict[str, list[str]] = {
     "tx-0": ["--specialty", "transcode"],
     "tx-1": ["--specialty", "transcode"],
     "th-0": ["--specialty", "thumbnail"],
+}
+
+#: The options of every expert any run starts: EXPERTS and the far zone's pair.
+EXPERT_OPTS: dict[str, list[str]] = {
+    **EXPERTS,
+    "th-1": ["--specialty", "thumbnail"],
+    "tx-2": ["--specialty", "transcode"],
 }
 
 
