@@ -250,7 +250,6 @@ class FaultProxy:
         except (ConnectionError, OSError):
             return
 
-
     async def _pump_late(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         """:meth:`_pump` with every chunk passed on :attr:`delay` seconds after it was read."""
         assert self._flowing is not None
