@@ -447,17 +447,25 @@ def markdown(report: dict[str, Any]) -> str:
             "two modes alternate on the same workload.\n"
         )
         add(
-            "| run | window | makespan (s) | mean completion (s) | on a fast expert | slot-seconds of work |"
+            "| run | window | makespan (s) | mean completion (s) | on a fast expert "
+            "| slot-seconds of work | claims per task | success |"
         )
-        add("|---:|---:|---:|---:|---:|---:|")
+        add("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for i, r in enumerate(real["runs"], 1):
+            tried, won = r.get("claim_attempts", 0), r.get("claims_won", 0)
             add(
                 f"| {i} | {r['window']:.2f} | {r['makespan']:.2f} | {r['mean_completion']:.2f} | "
-                f"{r['on_a_fast_expert']:.0%} | {r['work_seconds']:.1f} |"
+                f"{r['on_a_fast_expert']:.0%} | {r['work_seconds']:.1f} | "
+                f"{tried / r['tasks']:.2f} | {won / max(1, tried):.0%} |"
             )
         add("")
     else:
         add("Not run this time (`--no-real`).\n")
+    add(
+        "Three zones on PostgreSQL, one of them 20 ms away, with the zone margin: "
+        "[placement-zones.md](placement-zones.md) (`python -m benchmarks.placement_zones`, "
+        "root).\n"
+    )
     add("## Discussion\n")
     add(discussion(report))
     return "\n".join(L) + "\n"
