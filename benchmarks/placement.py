@@ -558,11 +558,12 @@ def discussion(report: dict[str, Any]) -> str:
     out.append(
         f"**Lost races and jitter.** Jitter lowers lost races {where} ({t_jit}). Experts "
         "tied at the top wait a random share of `window × jitter` (without jitter they all "
-        "go at once), and the others' delays are spread by it. Since the specialist's edge "
-        "stopped being capped away, a busier specialist no longer ties with an idle one: it "
-        "waits, and claims on a staler view, which is where most lost races of the batch come "
-        "from now. In the stream the lost races are a herd: every idle expert wakes for each "
-        "arrival and all but one lose, hence several claims per task.\n"
+        "go at once, and all but one lose), and the others' delays are spread by it. An expert "
+        "that waited reads the candidates again before it claims and names only those still "
+        "pending, so the herd of idle experts that wakes for each arrival in the stream costs "
+        "reads, not lost claims: claims per task were 3.27 in the 50-expert stream before "
+        "that check. The simulator's store answers at once; across zones, where a far "
+        "expert's read is late, see placement-zones.md.\n"
     )
     out.append(
         "**The auction.** It has no lost races (an expert claims only what it is entitled to), "
