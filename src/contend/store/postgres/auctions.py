@@ -66,9 +66,13 @@ async def bid(
             closes, kept = (now, grace) if closes is None else (closes, kept)
             return Auction(task_id, now, closes, (), open=False, grace=kept)
         if closes is None:  # the first bid: concurrent first bids agree on one auction
+            # (and the store has auctions from now on: the claims' lean statement, which
+            # leaves their order out, is refused from this commit on)
             await cur.execute(
                 db.sql(
-                    "INSERT INTO {s}.auctions (task_id, closes_at, grace)"
+                    "WITH used AS (INSERT INTO {s}.features (name) VALUES ('auctions')"
+                    " ON CONFLICT DO NOTHING)"
+                    " INSERT INTO {s}.auctions (task_id, closes_at, grace)"
                     " VALUES (%(id)s, {now} + %(window)s, %(grace)s) ON CONFLICT DO NOTHING",
                     live=True,
                 ),

@@ -85,6 +85,9 @@ class Database:
         self.trim_cursor = 0  # retention: the last history seq checked against the cap
         self.trim_next = 0.0  # retention: when (time.monotonic()) histories are next checked
         self.fair_cursor: dict[str, str] = {}  # queue -> the fair key a fair claim ended at
+        #: Claims may take the lean statement (``claims.claim``): none of central tasks, limit
+        #: keys, fair share or auctions seen yet. Off for good once a claim finds one in use.
+        self.lean = True
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size

@@ -244,6 +244,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        12,
+        "features in use: a claim leaves out the parts for those it never met",
+        (
+            # a row for each feature any task or bid of this store ever used; written in the
+            # same statement as the task (submit) or the auction (bid) that first uses it
+            "CREATE TABLE {s}.features (name text PRIMARY KEY)",
+            "INSERT INTO {s}.features SELECT 'central'"
+            " WHERE EXISTS (SELECT 1 FROM {s}.tasks WHERE central)",
+            "INSERT INTO {s}.features SELECT 'limits'"
+            " WHERE EXISTS (SELECT 1 FROM {s}.tasks WHERE limit_key IS NOT NULL)"
+            " OR EXISTS (SELECT 1 FROM {s}.rate_keys)",
+            "INSERT INTO {s}.features SELECT 'fair'"
+            " WHERE EXISTS (SELECT 1 FROM {s}.tasks WHERE fair_key IS NOT NULL)",
+            "INSERT INTO {s}.features SELECT 'auctions'"
+            " WHERE EXISTS (SELECT 1 FROM {s}.auctions) OR EXISTS (SELECT 1 FROM {s}.bids)",
+        ),
+    ),
 )
 
 #: The version this contend understands.

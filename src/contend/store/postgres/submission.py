@@ -75,13 +75,15 @@ async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
         if not fresh:
             return out
         cols, dep_rows = _columns(fresh, states)
+        features = _features(fresh)
         await cur.execute(
-            _submit_sql(db),
+            _submit_sql(db, bool(features)),
             db.params(
                 **cols,
                 dep_ids=[d for d, _ in dep_rows],
                 dep_tasks=[t for _, t in dep_rows],
                 channel=db.channel,
+                features=features,
             ),
         )
         inserted = {r[0] for r in await cur.fetchall()}
@@ -183,10 +185,32 @@ def _columns(
     return cols, dep_rows
 
 
-def _submit_sql(db: Database) -> str:
+def _features(specs: Sequence[TaskSpec]) -> list[str]:
+    """The features (``features`` table, migration 12) these tasks use: a store that has one
+    claims with the whole statement (``claims.claim``)."""
+    used = set()
+    for spec in specs:
+        if spec.central:
+            used.add("central")
+        if spec.limit_key is not None:
+            used.add("limits")
+        if spec.fair:
+            used.add("fair")
+    return sorted(used)
+
+
+def _submit_sql(db: Database, features: bool) -> str:
     # one statement: the tasks, the history line of those that end at birth, their dependency
-    # edges and the notification
+    # edges, the features they use (in the same statement, so that no claim sees the tasks
+    # without them) and the notification
     types = ", ".join(f"%({n})s::{t}[]" for n, t in _SUBMIT_COLUMNS.items())
+    marked = (
+        "), marked AS ("
+        "  INSERT INTO {s}.features (name) SELECT unnest(%(features)s::text[])"
+        "  ON CONFLICT DO NOTHING"
+        if features
+        else ""
+    )
     return db.sql(
         "WITH ins AS ("
         "  INSERT INTO {s}.tasks (id, type, queue, state, priority, args, kwargs, key,"
@@ -223,6 +247,7 @@ def _submit_sql(db: Database) -> str:
         "  ORDER BY r.limit_key, r.n DESC"
         "  ON CONFLICT (key) DO UPDATE SET interval = excluded.interval, burst = excluded.burst,"
         "   full_until = k.tat - (excluded.burst - 1) * excluded.interval"
+        f"{marked}"
         ") SELECT id, pg_notify(%(channel)s, '') FROM ins"
     )
 
