@@ -125,6 +125,9 @@ class ClaimLoop:
         self.claim_seconds: float | None = None  # how long a claim takes, a moving average
         self._wake = asyncio.Event()
         self._lane_credit = 0.0
+        #: the last claim of whatever is best came back short: the queues held no more than
+        #: it asked for, so a low lane in the next one would reserve nothing for anybody
+        self._short = False
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
         #: The shortest interval of the rate limits of its task types: how soon to look again
@@ -410,6 +413,8 @@ class ClaimLoop:
         took = self.clock.monotonic() - sent
         last = self.claim_seconds
         self.claim_seconds = took if last is None else last + 0.2 * (took - last)
+        if task_ids is None and queues is None:
+            self._short = len(got) < limit
         attempted = len(got) if task_ids is None else min(len(task_ids), limit)
         if attempted:
             self.hooks.on_claimed(self.name, got, attempted)
@@ -430,7 +435,11 @@ class ClaimLoop:
         comp = self.competition
         load = self.executor.load + len(self.ready)
         auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
-        lane = self._lane_slots(free + extra)
+        # No lane after a short claim: every claimable task was taken then, the low ones with
+        # the rest, and the lane's part of the statement is most of a one-task claim's cost
+        # (PostgreSQL: 0.24 ms of server time against 0.12 without). The first claim that
+        # comes back full brings it back.
+        lane = 0 if self._short else self._lane_slots(free + extra)
         if not auctioned and not comp.race_matters(load):
             return await self._claim(session, free + extra, low_lane=lane)
         # A race places each task on the fittest expert: claim only for the free slots, so
