@@ -230,13 +230,17 @@ class FaultProxy:
                     w.close()
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        if self.delay > 0:
-            await self._pump_late(src, dst)
-            return
         assert self._flowing is not None
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        reader = loop.create_task(self._hold(src, held)) if self.delay > 0 else None
         try:
             while True:
-                data = await src.read(CHUNK)
+                if reader is None:
+                    data = await src.read(CHUNK)
+                else:  # each chunk when its delay is over
+                    due, data = await held.get()
+                    await asyncio.sleep(max(0.0, due - loop.time()))
                 await self._flowing.wait()  # frozen: hold it (and stop reading) until unfrozen
                 if not data:
                     if dst.can_write_eof():
@@ -249,41 +253,25 @@ class FaultProxy:
                 await dst.drain()
         except (ConnectionError, OSError):
             return
-
-    async def _pump_late(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        """:meth:`_pump` with every chunk passed on :attr:`delay` seconds after it was read."""
-        assert self._flowing is not None
-        loop = asyncio.get_running_loop()
-        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def read() -> None:
-            while True:
-                try:
-                    data = await src.read(CHUNK)
-                except (ConnectionError, OSError):
-                    data = b""  # the source is gone: end the other side after the delay
-                held.put_nowait((loop.time() + self.delay, data))
-                if not data:
-                    return
-
-        reader = loop.create_task(read())
-        try:
-            while True:
-                due, data = await held.get()
-                await asyncio.sleep(max(0.0, due - loop.time()))
-                await self._flowing.wait()
-                if not data:
-                    if dst.can_write_eof():
-                        dst.write_eof()
-                    return
-                self.forwarded += len(data)
-                dst.write(data)
-                await dst.drain()
-        except (ConnectionError, OSError):
-            return
         finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            if reader is not None:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+
+    async def _hold(
+        self, src: asyncio.StreamReader, held: asyncio.Queue[tuple[float, bytes]]
+    ) -> None:
+        """Read *src* into *held*, each chunk with the time it is due to be passed on, so that
+        chunks keep their order without waiting for each other's delay."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                data = await src.read(CHUNK)
+            except (ConnectionError, OSError):
+                data = b""  # the source is gone: end the other side after the delay
+            held.put_nowait((loop.time() + self.delay, data))
+            if not data:
+                return
 
 
 def main(argv: list[str] | None = None) -> int:
