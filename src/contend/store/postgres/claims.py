@@ -130,7 +130,7 @@ def _lane(
     if only_ids:
         return (
             "named AS (SELECT t.priority FROM {s}.tasks t"
-            f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed, ordered=lock)}"
+            f"  WHERE {_claimable(lock=False, only_ids=True, typed=typed, ordered=lock, plain=plain)}"
             "  AND t.queue = ANY(%(queues)s)),"
             " lane AS (SELECT t.id, t.limit_key, t.limit_max FROM {s}.tasks t"
             f"  WHERE {where} AND t.queue = ANY(%(queues)s)"
