@@ -77,7 +77,7 @@ async def submit(db: Database, specs: Sequence[TaskSpec]) -> list[Submitted]:
         cols, dep_rows = _columns(fresh, states)
         features = _features(fresh)
         await cur.execute(
-            _submit_sql(db, bool(features)),
+            db.text(("submit", bool(features)), lambda: _submit_sql(db, bool(features))),
             db.params(
                 **cols,
                 dep_ids=[d for d, _ in dep_rows],
