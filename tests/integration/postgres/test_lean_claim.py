@@ -98,3 +98,25 @@ async def test_the_upgrade_marks_the_features_old_tasks_use(
         await conn.execute("DELETE FROM contend.contend_schema_version WHERE version = 12")
     assert await PostgresStore(pg_url).migrate() == [12]
     assert await _features(pg_url) == ["fair", "limits"]
+
+
+async def test_a_claim_whose_lean_answer_came_is_not_made_twice(make_store: StoreFactory) -> None:
+    # a concurrent claim of the same instance turns the flag off while this one's lean
+    # statement is on its way (here: as its parameters are made); it must not then claim
+    # again with the whole statement, taking tasks it never hands back
+    store = await make_store()
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    await store.submit([TaskSpec.build("t", [n]) for n in range(2)])
+    db = store._db
+    make = db.params
+
+    def params(**given: object) -> dict[str, object]:
+        db.lean = False
+        return make(**given)
+
+    db.params = params  # type: ignore[method-assign]
+    got = await store.claim("e", session, ["default"], Capabilities(), limit=1, lease_ttl=60)
+    db.params = make  # type: ignore[method-assign]
+    assert len(got) == 1
+    held = [t for t in await store.list_tasks(limit=10) if t.owner == "e"]
+    assert [t.id for t in held] == [got[0].id]

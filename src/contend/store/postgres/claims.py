@@ -417,18 +417,22 @@ async def claim(
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
             await check_session(db, cur, expert, session)
             return [], None
-        rows = []
+        whole = True
         if lean is not None and db.lean:
             await cur.execute(lean, db.params(**params))
             rows = await cur.fetchall()
-            if any(r[0] is None for r in rows):  # the store uses a feature: the whole claim
+            # a feature is in use: this claim took nothing, the whole statement makes it
+            # (decided on what this statement said, not on the flag, which a concurrent
+            # claim of this instance may turn off while this one's answer is on its way)
+            whole = any(r[0] is None for r in rows)
+            if whole and db.lean:
                 db.lean = False
                 log.info(
                     "PostgreSQL store %s uses limits, fair share, central queues or"
                     " auctions: claims take the whole statement from now on",
                     db.schema,
                 )
-        if not db.lean or lean is None:
+        if whole:
             await cur.execute(sql, db.params(**params))
             rows = await cur.fetchall()
         met = next(((r[-2] or [], bool(r[-1])) for r in rows if r[0] is None), None)
