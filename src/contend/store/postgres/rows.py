@@ -116,8 +116,3 @@ def claimed(r: Sequence[Any]) -> Claimed:
 
 def load(text: str | None) -> JSON:
     return None if text is None else json.loads(text)
-
-
-def req_json(req: Requirements) -> str | None:
-    data = req.to_json()
-    return None if data is None else json.dumps(data, separators=(",", ":"))
