@@ -186,3 +186,38 @@ def test_queue_modes_are_checked() -> None:
     with pytest.raises(Exception, match="queue"):
         app.queue("", mode="fifo")
     assert app.queue_modes == {}
+
+
+def test_an_off_zone_expert_waits_for_a_far_in_zone_rivals_round_trips() -> None:
+    # the far zone's rival needs its wake-up, peek and claim, 2 round trips of 80 ms, to land
+    # its claim; the zone margin and the race's delay (90 ms here) made the near expert take
+    # the task first
+    prefer_eu = Requirements(prefer=frozenset({"zone:eu"}))
+    c = comp(tags=("zone:us",), zone_margin=0.05, rand=lambda: 0.5)  # jitter's middle: none
+    c.update_peers([peer("eu", ("zone:eu",))], 0)
+    ((plain, _, _),) = c.plan([view("t", prefer_eu)], 0, rtt=0.002)
+    assert plain == pytest.approx(0.05 + 0.1 * (1 - 0.6))  # round trips not known
+    c.update_peers([peer("eu", ("zone:eu",), metrics={"claim_ms": 80.0})], 0)
+    ((delay, _, _),) = c.plan([view("t", prefer_eu)], 0, rtt=0.002)
+    assert delay == pytest.approx(2 * 0.080 - 2 * 0.002)
+    # a rival with no free slot claims nothing (and scores below this idle expert): only the
+    # zone margin is waited
+    c.update_peers([peer("eu", ("zone:eu",), load=4, metrics={"claim_ms": 80.0})], 0)
+    ((delay, _, _),) = c.plan([view("t", prefer_eu)], 0, rtt=0.002)
+    assert delay == pytest.approx(0.05)
+
+
+def test_equals_with_known_round_trips_take_turns_by_task() -> None:
+    # two equally fit experts (a third, different one makes the race matter): each is first
+    # for some tasks and waits the other's round trip on the rest, the same order in both
+    views = [TaskView(f"task-{i}", "t", "default", 0, Requirements(), 0.0) for i in range(40)]
+    delays: dict[str, dict[str, float]] = {}
+    for name, twin in (("a", "b"), ("b", "a")):
+        c = comp(name, rand=lambda: 0.0)
+        c.update_peers([peer(twin, metrics={"claim_ms": 3.0}), peer("gpu", ("gpu",))], 0)
+        delays[name] = {tid: d for d, _, tid in c.plan(views, 0, rtt=0.003)}
+    for v in views:
+        pair = sorted((delays["a"][v.id], delays["b"][v.id]))
+        assert pair == [0.0, pytest.approx(0.003)], v.id
+    firsts = sum(1 for v in views if delays["a"][v.id] == 0.0)
+    assert 10 <= firsts <= 30  # split between them, not all to one

@@ -477,7 +477,7 @@ class ClaimLoop:
         free += extra
         if not races or free <= 0:
             return claimed
-        plan = comp.plan(races, load)
+        plan = comp.plan(races, load, self.claim_seconds or 0.0)
         first = plan[0][0]
         if first > 0:
             await self._pause(first)

@@ -9,6 +9,7 @@ does no I/O of its own.
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +149,8 @@ class Competition:
         self.tracker = TypeTracker()
         self.peers: list[ExpertRecord] = []
         self._rivals: list[ExpertView] = []
+        #: each rival's claim round trip, seconds, as its heartbeat said (when it did)
+        self._rtt: dict[str, float] = {}
         self.cluster_load = 0.0
         self.window = window
         self.typical: dict[str, float] = {}
@@ -201,6 +204,7 @@ class Competition:
                     typical[t] = min(typical.get(t, r.mean_seconds), r.mean_seconds)
         self.typical = typical
         self._rivals = self._views_of_rivals()  # read at every claim round: built once here
+        self._rtt = {p.info.id: rtt for p in live if (rtt := _claim_seconds(p)) > 0}
 
     def utilisation_of_regulars(self, my_load: int) -> tuple[int, float]:
         regulars = [
@@ -256,8 +260,11 @@ class Competition:
                         return True
         return False
 
-    def plan(self, views: Sequence[TaskView], load: int) -> list[tuple[float, int, str]]:
-        """(delay, position, task id) for each candidate, soonest first."""
+    def plan(
+        self, views: Sequence[TaskView], load: int, rtt: float = 0.0
+    ) -> list[tuple[float, int, str]]:
+        """(delay, position, task id) for each candidate, soonest first; *rtt*: this expert's
+        claim round trip, seconds."""
         me = self.me(load)
         rivals = self.rivals()
         plan = []
@@ -277,12 +284,59 @@ class Competition:
                 delay = self.window * self.jitter * self.rand() if tied else 0.0
             else:
                 delay = race_delay(self.window, mine / best, self.jitter, self.rand)
-            prefer = view.requirements.prefer
-            if prefer and not prefer <= self.capabilities.tags:
+            if self._off_zone(view, me.capabilities):
                 delay += self.zone_margin
+            if best > 0 and self._rtt:
+                delay = max(delay, self._after_rivals(view, mine, best, rivals, theirs, rtt))
             plan.append((delay, n, view.id))
         plan.sort()
         return plan
+
+    def _off_zone(self, view: TaskView, capabilities: Capabilities) -> bool:
+        prefer = view.requirements.prefer
+        return bool(prefer) and not prefer <= capabilities.tags
+
+    def _start(self, view: TaskView, fit: float, best: float, capabilities: Capabilities) -> float:
+        """When an expert of fitness *fit* goes for *view*, jitter left out."""
+        start = 0.0 if fit >= best * (1 - TIE) else self.window * (1.0 - fit / best)
+        return start + (self.zone_margin if self._off_zone(view, capabilities) else 0.0)
+
+    def _after_rivals(
+        self,
+        view: TaskView,
+        mine: float,
+        best: float,
+        rivals: Sequence[ExpertView],
+        theirs: Sequence[float],
+        own: float,
+    ) -> float:
+        """The soonest this expert may go for *view* so that its late check sees the claims of
+        the rivals due before it; *own*: this expert's round trip.
+
+        Each heartbeat says how long its expert's claims take. Counted from the task's
+        commit, a rival's claim lands after half a round trip for the wake-up, one for its
+        peek, one for its own late check if it waits, and half for the claim; this expert's
+        late check reads after half a round trip, its peek and half another. A claim that
+        lands after that read makes a lost race; a rival with no free slot claims nothing. Rivals due at the same moment take turns in the
+        task's rendezvous order (a hash of task and expert, the same in every process),
+        each waiting out the round trips of those before it, at most one race window: the
+        candidates of equals are split among them instead of all being chased by all. Rivals
+        whose round trip is not known (the memory store, an older expert) are not waited
+        for: the plain race's delay stands."""
+        mine_at = self._start(view, mine, best, self.capabilities)
+        tie = self.window * TIE
+        rank = _rank(view.id, self.name)
+        wait = turns = 0.0
+        for rival, fit in zip(rivals, theirs, strict=True):
+            rtt = self._rtt.get(rival.name)
+            if fit <= 0 or rtt is None or rival.headroom <= 0:
+                continue
+            at = self._start(view, fit, best, rival.capabilities)
+            if at < mine_at - tie:
+                wait = max(wait, at + rtt * (3.0 if at > 0 else 2.0) - 2.0 * own)
+            elif at <= mine_at + tie and _rank(view.id, rival.name) < rank:
+                turns += rtt
+        return max(wait, mine_at + min(turns, self.window)) if turns else wait
 
     def metrics(self, claim_attempts: int, claims_won: int) -> dict[str, Any]:
         return {
@@ -294,3 +348,13 @@ class Competition:
             "active": self.active,
             "specialties": sorted(self.specialties),
         }
+
+
+def _claim_seconds(p: ExpertRecord) -> float:
+    ms = p.metrics.get("claim_ms")
+    return float(ms) / 1000 if isinstance(ms, int | float) and ms > 0 else 0.0
+
+
+def _rank(task_id: str, expert: str) -> int:
+    """An expert's place among equals for one task: the same in every process."""
+    return zlib.crc32(f"{task_id}\0{expert}".encode())
