@@ -26,6 +26,7 @@ from typing import TypeVar
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
 from contend.store._cancel import cancels, check_wanted
+from contend.store.sqlite.checkpoints import FALLBACK_PAGES, Checkpointer
 from contend.store.sqlite.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -48,6 +49,7 @@ class Database:
         clock: Callable[[], float],
         busy_deadline: float,
         idle_poll: float,
+        sync: str = "NORMAL",
     ) -> None:
         self.path = path
         self.clock = clock
@@ -56,6 +58,8 @@ class Database:
         self.fair_cursor: dict[str, str] = {}  # queue -> the fair key a fair claim ended at
         self._where = os.path.abspath(path)  # the same file if the process changes directory
         self.wakeups = Wakeups(idle_poll, f"{self._where}-wal")
+        #: checkpoints off the event loop, for every connection of this store that writes
+        self.checkpointer = Checkpointer(self._where, sync, guard=self.check_file)
         self._db: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self.trim_cursor = 0  # retention: the last history rowid checked against the cap
@@ -80,6 +84,7 @@ class Database:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
         db.execute("PRAGMA busy_timeout = 0")
+        db.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
         db.create_function("contend_fits", 1, self._fits, deterministic=True)
         self._db = db
         try:
@@ -93,6 +98,7 @@ class Database:
 
     async def close(self) -> None:
         self.wakeups.close()
+        await asyncio.to_thread(self.checkpointer.close)
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -146,6 +152,7 @@ class Database:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self.checkpointer.poke()
 
     def check_file(self) -> None:
         """Raise SchemaError unless the store's path still names the file this connection

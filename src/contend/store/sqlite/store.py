@@ -68,6 +68,7 @@ class SQLiteStore:
             clock=clock or self._host_clock or time.time,
             busy_deadline=busy_deadline,
             idle_poll=idle_poll,
+            sync=self._sync,
         )
         db = self._db
         # The port, operation by operation, and the module that does each.

@@ -31,6 +31,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import JSON
 from contend.errors import StoreError
 from contend.store.port import Completion
+from contend.store.sqlite.checkpoints import FALLBACK_PAGES
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import apply_outcomes
 from contend.store.sqlite.owner_writes import check_owners
@@ -66,6 +67,7 @@ class Transactions:
             raise StoreError(f"cannot open SQLite store {self._db.path!r}: {exc}") from exc
         conn.execute("PRAGMA busy_timeout = 0")
         conn.execute(f"PRAGMA synchronous = {self._sync}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
         return conn
 
     def _end(self, conn: sqlite3.Connection, *, reuse: bool) -> None:
@@ -156,6 +158,7 @@ class SQLiteTransaction:
             part._end(conn, reuse=_rollback(conn))
             raise
         part._end(conn, reuse=True)
+        db.checkpointer.poke()
         db.wakeups.touch()  # dependants may have become pending
 
     async def rollback(self) -> None:

@@ -1,0 +1,57 @@
+"""SQLite checkpoints run on the store's own thread (store/sqlite/checkpoints.py), not inside a
+commit on the event loop: the loop's connections checkpoint only past the fallback bound, the
+thread copies the WAL back after writes, and closing the store stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from contend.domain.task import TaskSpec
+from contend.store.sqlite import SQLiteStore
+from contend.store.sqlite.checkpoints import FALLBACK_PAGES, Checkpointer
+
+
+async def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_the_thread_checkpoints_what_the_store_writes(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 's.db'}")
+    await store.open()
+    db = store._db
+    try:
+        autocheckpoint = db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        assert autocheckpoint == FALLBACK_PAGES  # commits on the loop leave it to the thread
+        for _ in range(20):
+            await store.submit([TaskSpec.build("t", [i]) for i in range(50)])
+        ckpt = db.checkpointer
+
+        def caught_up() -> bool:
+            last = ckpt.last
+            return last is not None and last[0] > 0 and last[1] == last[0]
+
+        # every frame the writes added is copied back to the file, by the thread
+        await _until(caught_up, "a checkpoint that copied the whole WAL")
+        assert ckpt.runs >= 1
+        thread = ckpt._thread
+        assert thread is not None and thread.name == "contend-sqlite-checkpoint"
+    finally:
+        await store.close()
+    assert not thread.is_alive()  # closing the store stops it
+
+
+async def test_a_closed_checkpointer_starts_no_thread(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    sqlite3.connect(path).execute("PRAGMA journal_mode = WAL").fetchone()
+    ckpt = Checkpointer(str(path), "NORMAL")
+    ckpt.close()
+    ckpt.poke()
+    assert ckpt._thread is None and ckpt.runs == 0
