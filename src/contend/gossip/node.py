@@ -48,8 +48,11 @@ _FAST = {
     "probe_interval": 0.2,
     "probe_timeout": 0.1,
     "suspicion_mult": 3,
-    "push_pull_interval": 15.0,
     "gossip_interval": 0.2,
+    # a healed partition is found by reconnecting to the members it made dead, and the two
+    # sides' load maps then merge by push-pull: every 2 s and 5 s here, 30 s on lan
+    "reconnect_interval": 2.0,
+    "push_pull_interval": 5.0,
 }
 #: kinship's limit on one member's metadata, bytes (keys and framing included).
 MAX_META_BYTES = 1024
@@ -126,6 +129,10 @@ class GossipNode:
         self._changed = asyncio.Event()
         self._records: list[ExpertRecord] | None = None  # rebuilt when the map changes
         self.failed: BaseException | None = None
+        #: Called with (what, member) at each membership event: joined, updated, suspect,
+        #: recovered, dead, left; and "published" when this member's summary went out
+        #: (tests and the benchmark listen here).
+        self.on_event: Callable[[str, str], None] | None = None
         self.published = 0  # summaries sent, for tests and the benchmark
 
     # -- life ------------------------------------------------------------------------------
@@ -153,6 +160,7 @@ class GossipNode:
     async def start(self) -> None:
         k = _kinship()
         cfg = self._config()
+        k.log_to_python()  # kinship's own log lines go to the "kinship" logger
         cluster = k.Cluster(cfg)
         try:
             await cluster.start()
@@ -240,6 +248,8 @@ class GossipNode:
                 self.published += 1
                 me = cluster.local
                 self._take(me.name, me.epoch, me.meta)
+                if self.on_event is not None:
+                    self.on_event("published", me.name)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -284,14 +294,29 @@ class GossipNode:
 
     async def _listen(self, events: Any) -> None:
         k = _kinship()
+        kinds = {
+            k.MemberJoined: "joined",
+            k.MemberUpdated: "updated",
+            k.MemberRecovered: "recovered",
+            k.MemberSuspect: "suspect",
+            k.MemberDead: "dead",
+            k.MemberLeft: "left",
+        }
         try:
             async for ev in events:
-                if isinstance(ev, k.MemberJoined | k.MemberUpdated | k.MemberRecovered):
+                kind = kinds.get(type(ev))
+                if kind in ("joined", "updated", "recovered"):
                     self._take(ev.member.name, ev.member.epoch, ev.member.meta)
-                elif isinstance(ev, k.MemberDead | k.MemberLeft):
+                elif kind in ("dead", "left"):
                     self._bury(ev.member.name, ev.member.epoch, ev.member.meta)
                 elif isinstance(ev, k.EventsLost):
+                    log.info("gossip: %d events lost; reading the members again", ev.count)
                     self._resync()
+                if kind is not None:
+                    if kind != "updated":
+                        log.debug("gossip: %s %s", ev.member.name, kind)
+                    if self.on_event is not None:
+                        self.on_event(kind, ev.member.name)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
