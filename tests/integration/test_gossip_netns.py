@@ -100,7 +100,7 @@ def test_packet_loss_brings_refuted_suspicions_not_false_deaths(lan: Lan) -> Non
             wait_until(lambda m=m: m.view() == loads, 10, f"{m.name} keeps every load")
         suspicions = sum(len(m.events("suspect", after=began)) for m in members)
         per_member_minute = suspicions / N / (20 / 60)
-        assert per_member_minute < 10, per_member_minute
+        assert per_member_minute < 30, per_member_minute  # 7 measured (docs/gossip.md)
     finally:
         for m in members:
             m.stop()

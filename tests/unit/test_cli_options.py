@@ -241,3 +241,15 @@ def test_supervise_passes_the_gossip_options_on_as_given() -> None:
     assert out[out.index("--gossip") + 1] == "10.0.0.5:7946,10.0.0.6:7946"
     assert out[out.index("--gossip-timing") + 1] == "fast"
     assert "--gossip-bind" not in out  # each child binds a free port of its own
+
+
+def test_supervise_refuses_one_gossip_port_for_many_experts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(
+            ["supervise", "-n", "2", "tests.acceptance.sample_app:app", "--store",
+             "sqlite:///x.db", "--gossip", "127.0.0.1:7946", "--gossip-bind", "127.0.0.1:7946"]
+        )  # fmt: skip
+    assert done.value.code == 2
+    assert "cannot all bind one port" in capsys.readouterr().err

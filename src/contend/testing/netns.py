@@ -97,9 +97,8 @@ class Lan:
         for i in range(self.n):
             self.iptables(i, "-F", "INPUT")
 
-    def tx_bytes(self, i: int) -> int:
-        """Bytes host *i* has sent on the LAN."""
-        out = json.loads(
-            _run("ip", "-n", self.ns(i), "-s", "-j", "link", "show", f"{self.tag}h{i}")
-        )
+    def tx_bytes(self, i: int, device: str | None = None) -> int:
+        """Bytes host *i* has sent on the LAN (or on *device*, ``lo`` say)."""
+        dev = device or f"{self.tag}h{i}"
+        out = json.loads(_run("ip", "-n", self.ns(i), "-s", "-j", "link", "show", dev))
         return int(out[0]["stats64"]["tx"]["bytes"])
