@@ -37,6 +37,9 @@ FLAGS = {
     "--claim-ahead",
     "--steal-ratio",
     "--retention",
+    "--gossip",
+    "--gossip-bind",
+    "--gossip-timing",
 }
 
 
@@ -181,3 +184,72 @@ def test_reference_lists_exactly_the_expert_options() -> None:
         "--metrics-port",
         "--metrics-host",
     }
+
+
+def test_gossip_options_build_the_fields_and_refuse_bad_addresses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = config_from_args(
+        parse("--gossip", "10.0.0.5:7946, 10.0.0.6:7946", "--gossip-bind", "0.0.0.0:7946")
+    )
+    assert config.gossip == ("10.0.0.5:7946", "10.0.0.6:7946")
+    assert config.gossip_bind == "0.0.0.0:7946"
+    assert config.gossip_timing == "lan"
+    for argv, message in [
+        (["--gossip", "10.0.0.5"], "--gossip takes HOST:PORT (e.g. 10.0.0.5:7946), got '10.0.0.5'"),
+        (["--gossip", "10.0.0.5:99999"], "--gossip: '10.0.0.5:99999' has no port between 1 and"),
+        (["--gossip", ","], "--gossip takes HOST:PORT,… (at least one seed), got ','"),
+        (["--gossip-bind", "example.com:1"], "--gossip-bind: 'example.com:1' must bind an IP"),
+        (["--gossip-timing", "slow"], "invalid choice: 'slow'"),
+    ]:
+        with pytest.raises(SystemExit) as done:
+            parse(*argv)
+        assert done.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_gossip_settings_are_checked_from_python_too() -> None:
+    ExpertConfig(gossip=("127.0.0.1:7946",)).validate()
+    for bad, message in [
+        ({"gossip": "127.0.0.1:7946"}, "gossip must be a list of HOST:PORT seeds"),
+        ({"gossip": ("127.0.0.1",)}, "gossip takes HOST:PORT"),
+        ({"gossip_bind": "127.0.0.1"}, "gossip_bind takes HOST:PORT"),
+        ({"gossip_timing": "slow"}, "gossip_timing must be lan, wan or fast"),
+        ({"gossip_keys": "abc"}, "gossip_keys must be a list"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            ExpertConfig(**bad).validate()
+    assert "secret" not in repr(ExpertConfig(gossip_keys=("secret",)))
+
+
+def test_supervise_passes_the_gossip_options_on_as_given() -> None:
+    from contend.cli.supervise import expert_options
+
+    args = build_parser().parse_args(
+        [
+            "supervise",
+            "-n",
+            "2",
+            "mod:app",
+            "--gossip",
+            "10.0.0.5:7946,10.0.0.6:7946",
+            "--gossip-timing",
+            "fast",
+        ]
+    )
+    out = expert_options(args)
+    assert out[out.index("--gossip") + 1] == "10.0.0.5:7946,10.0.0.6:7946"
+    assert out[out.index("--gossip-timing") + 1] == "fast"
+    assert "--gossip-bind" not in out  # each child binds a free port of its own
+
+
+def test_supervise_refuses_one_gossip_port_for_many_experts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(
+            ["supervise", "-n", "2", "tests.acceptance.sample_app:app", "--store",
+             "sqlite:///x.db", "--gossip", "127.0.0.1:7946", "--gossip-bind", "127.0.0.1:7946"]
+        )  # fmt: skip
+    assert done.value.code == 2
+    assert "cannot all bind one port" in capsys.readouterr().err

@@ -24,6 +24,7 @@ def test_nothing_else_public_leaks() -> None:
         "sim",
         "metrics",
         "dashboard",
+        "gossip",
     }
     assert public - set(contend.__all__) - modules == set()
 

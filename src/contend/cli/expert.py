@@ -22,6 +22,7 @@ from contend.cli.common import (
     resolve_store_url,
     text_arg,
 )
+from contend.domain.hostport import parse_hostport, parse_seeds
 from contend.domain.task import Capabilities
 from contend.errors import ConfigError, TaskError
 from contend.runtime.config import (
@@ -60,6 +61,29 @@ def _retention(text: str) -> float | None:
         raise ConfigError(f"--retention: {exc} (or off)") from None
 
 
+def _checked(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that refuses what *check* refuses, with its message (which names the
+    option), and keeps the text: ``contend supervise`` passes it on to its experts as given."""
+
+    def parse(text: str) -> str:
+        try:
+            check(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    return parse
+
+
+def _gossip_seeds(text: str) -> tuple[str, ...]:
+    return parse_seeds(text, "--gossip")
+
+
+def _gossip_bind(text: str) -> str:
+    host, port = parse_hostport(text, "--gossip-bind", bind=True)
+    return f"{host}:{port}"
+
+
 # The options whose text becomes the field's value by a conversion of its own. They default to
 # None, meaning "not given: the field's default". Every other option takes its type, bounds,
 # choices and default from the field.
@@ -69,12 +93,18 @@ CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "specialties": frozenset,  # --specialty render --specialty encode
     "fitness": _fitness,  # --fitness MODULE:FUNCTION
     "retention": _retention,  # --retention 7d | off
+    "gossip": _gossip_seeds,  # --gossip 10.0.0.5:7946,10.0.0.6:7946
+    "gossip_bind": _gossip_bind,  # --gossip-bind 0.0.0.0:7946
 }
 
 
 # The repeated options whose every value is checked as it is read (ExpertConfig.validate holds
 # a config from Python to the same rule).
-ITEM_TYPES: dict[str, Callable[[str], Any]] = {"queues": queue_arg()}
+ITEM_TYPES: dict[str, Callable[[str], Any]] = {
+    "queues": queue_arg(),
+    "gossip": _checked(_gossip_seeds),
+    "gossip_bind": _checked(_gossip_bind),
+}
 
 
 def options() -> list[tuple[Field[Any], Setting]]:

@@ -101,7 +101,13 @@ async def cmd_supervise(args: argparse.Namespace) -> int:
             "supervise runs experts in processes of their own, and a memory:// store lives "
             "in one process: give a SQLite, PostgreSQL or etcd store"
         )
-    config_from_args(args).validate()  # refuse bad options here, not once per child
+    config = config_from_args(args)
+    config.validate()  # refuse bad options here, not once per child
+    if args.experts > 1 and not config.gossip_bind.endswith(":0"):
+        raise UsageError(
+            f"--gossip-bind {config.gossip_bind}: the {args.experts} experts cannot all bind "
+            "one port; give port 0 (any free one), the default"
+        )
     names = child_names(args.name, args.experts)
     head = [sys.executable, "-m", "contend", "--log-level", args.log_level]
     if args.log_json:

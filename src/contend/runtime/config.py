@@ -17,11 +17,13 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from contend.domain import auction
+from contend.domain.hostport import check_seeds, parse_hostport
 from contend.domain.payload import check_name, check_queue
 from contend.domain.retention import DEFAULT_RETENTION, check_retention
 from contend.domain.scoring import Fitness, default_fitness
 from contend.domain.task import Capabilities
 from contend.errors import ConfigError, TaskError, shown
+from contend.gossip.node import TIMINGS as GOSSIP_TIMINGS
 from contend.runtime.competition import PressurePolicy
 
 SETTING = "contend"  # the key of a field's Setting in its metadata
@@ -252,6 +254,43 @@ class ExpertConfig:
         default_factory=PressurePolicy,
         metadata=setting("when the cluster is under pressure, for emergency experts"),
     )
+    gossip: tuple[str, ...] = field(
+        default=(),
+        metadata=setting(
+            "learn rivals and their load by gossip from these seeds (any member; the first "
+            "lists itself) instead of reading every heartbeat from the store; claims, leases "
+            "and fences stay in the store (needs the gossip extra)",
+            flag="--gossip",
+            metavar="HOST:PORT,…",
+            default_text="off: rivals are read from the store",
+        ),
+    )
+    gossip_bind: str = field(
+        default="127.0.0.1:0",
+        metadata=setting(
+            "the address gossip binds (port 0: any free one); off loopback it needs the "
+            "cluster's key in CONTEND_GOSSIP_KEY",
+            flag="--gossip-bind",
+            metavar="HOST:PORT",
+        ),
+    )
+    gossip_timing: str = field(
+        default="lan",
+        metadata=setting(
+            "failure detection: lan (a dead expert is known in about 5 s), wan (slower, for "
+            "lossy links) or fast (about 1 s, for one host or one switch)",
+            choices=GOSSIP_TIMINGS,
+            flag="--gossip-timing",
+        ),
+    )
+    gossip_keys: tuple[str, ...] = field(
+        default=(),
+        repr=False,
+        metadata=setting(
+            "the gossip cluster's keys, base64, the first one encrypting (empty: read "
+            "CONTEND_GOSSIP_KEY, comma-separated)"
+        ),
+    )
 
     def validate(self) -> None:
         """Raise ConfigError naming the first setting out of its bounds or choices."""
@@ -277,6 +316,12 @@ class ExpertConfig:
                 check_name(self.name, "an expert name")
         except TaskError as exc:
             raise ConfigError(str(exc)) from None
+        check_seeds(self.gossip, "gossip")
+        parse_hostport(self.gossip_bind, "gossip_bind", bind=True)
+        if isinstance(self.gossip_keys, str) or not all(
+            isinstance(k, str) and k for k in self.gossip_keys
+        ):
+            raise ConfigError("gossip_keys must be a list of base64 keys")
 
     @property
     def heartbeat_every(self) -> float:

@@ -17,7 +17,9 @@ composes parts with one job each, sharing one event loop:
   lapsed leases and refreshes the view of rivals;
 * the **ticker** (``runtime.ticker``) submits the ticks of the app's periodic task types;
 * the **dispatcher** (``runtime.dispatcher``), for an expert serving ``central`` queues, takes
-  part in their leader elections and, while it leads one, assigns its tasks.
+  part in their leader elections and, while it leads one, assigns its tasks;
+* with ``--gossip``, the **gossip node** (``contend.gossip``) publishes the expert's load at each
+  heartbeat and hands housekeeping its rivals, so that it no longer reads them from the store.
 
 Time comes from an injected :class:`~contend.runtime.clock.Clock`; counters, logs of task
 outcomes and anything cross-cutting plug in as :class:`~contend.runtime.hooks.Hook` objects.
@@ -33,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contend.errors import ContendError, shown_url
+from contend.gossip import GossipNode, summary
 from contend.runtime import tracing
 from contend.runtime.app import App
 from contend.runtime.claimer import ClaimLoop, SlotState
@@ -53,6 +56,8 @@ __all__ = ["Expert", "ExpertConfig", "ExpertStats", "SlotState"]
 
 log = logging.getLogger("contend.expert")
 
+#: Where an expert reads the gossip cluster's keys when its config gives none.
+GOSSIP_KEY_ENV = "CONTEND_GOSSIP_KEY"
 #: How long a stopping expert waits for the store calls it gave up on to end, seconds.
 STRAYS_WAIT = 5.0
 
@@ -105,6 +110,7 @@ class _Parts:
         self.executor.on_free = self.claimer.on_free  # once per task: no wrapper in between
         if self.claimer.gate is not None:
             self.executor.on_forwarded = self.claimer.gate.note
+        self.gossip = e.gossip_node()
         self.housekeeper = Housekeeper(
             store,
             e.name,
@@ -115,6 +121,7 @@ class _Parts:
             hooks=e.hooks,
             retention=cfg.retention,
             monotonic=e.clock.monotonic,
+            peers=self.gossip.records if self.gossip is not None else None,
         )
         self.ticker = Ticker(
             e.app, store, e.name, clock=e.clock, stopping=e._stopping, retention=cfg.retention
@@ -224,10 +231,50 @@ class Expert:
             task_types=tuple(sorted(self.app.tasks)),
         )
 
+    def gossip_node(self) -> GossipNode | None:
+        """The gossip node ``config.gossip`` asks for (None: rivals come from the store). Its
+        keys: ``config.gossip_keys``, else ``CONTEND_GOSSIP_KEY`` (comma-separated)."""
+        cfg = self.config
+        if not cfg.gossip:
+            return None
+        keys = cfg.gossip_keys or tuple(
+            k.strip() for k in os.environ.get(GOSSIP_KEY_ENV, "").split(",") if k.strip()
+        )
+        return GossipNode(
+            self.name,
+            bind=cfg.gossip_bind,
+            seeds=cfg.gossip,
+            keys=keys,
+            timing=cfg.gossip_timing,
+            monotonic=self.clock.monotonic,
+        )
+
+    async def _start_gossip(self, gossip: GossipNode) -> None:
+        """Join the gossip cluster once the store has this expert's session: the name is then
+        known to be this expert's alone. A summary too large to publish is refused here."""
+        gossip.publish(summary(self.info(), self.load, self._metrics()))
+        await gossip.start()
+
+    def _publish(self, metrics: dict[str, Any]) -> None:
+        gossip = self.parts.gossip if self.parts is not None else None
+        if gossip is None:
+            return
+        try:
+            gossip.publish(summary(self.info(), self.load, metrics))
+        except ContendError as exc:  # checked at start; only a load of many digits gets here
+            log.warning("expert %s: gossip summary not published: %s", self.name, exc)
+
     async def run(self) -> None:
         store = await self.app.store()
         self.parts = p = _Parts(self, store)
         session = await p.keeper.open()  # raises ExpertConflict when the name is live elsewhere
+        if p.gossip is not None:
+            try:
+                await self._start_gossip(p.gossip)
+            except BaseException:
+                await p.gossip.close()
+                await p.keeper.close()
+                raise
         if self._stopping.is_set():
             p.keeper.wind_down()
         await p.housekeeper.refresh_cluster(session)
@@ -260,6 +307,8 @@ class Expert:
             for result in await asyncio.gather(*loops, return_exceptions=True):
                 if isinstance(result, Exception):
                     log.error("expert %s: a background loop crashed: %r", self.name, result)
+            if p.gossip is not None:
+                await p.gossip.close()  # leave: rivals hear it at once
             await p.keeper.close()  # stop renewing, then release the session
             p.executor.shutdown()
             stuck = await settle_strays(self.clock, STRAYS_WAIT)
@@ -280,7 +329,7 @@ class Expert:
         if self.parts is not None:
             self.parts.claimer.wake()
 
-    def _beat(self) -> Heartbeat:
+    def _metrics(self) -> dict[str, Any]:
         s = self.stats
         metrics = self.competition.metrics(s.claim_attempts, s.claims_won)
         metrics["prefetched"] = len(self.parts.claimer.prefetched) if self.parts else 0
@@ -289,6 +338,12 @@ class Expert:
         took = self.parts.claimer.claim_seconds if self.parts else None
         if took is not None:  # a claim's round trip, a moving average (a far zone's is longer)
             metrics["claim_ms"] = round(took * 1000, 3)
+        return metrics
+
+    def _beat(self) -> Heartbeat:
+        s = self.stats
+        metrics = self._metrics()
+        self._publish(metrics)
         return Heartbeat(self.load, s.claim_attempts, s.claims_won, s.tasks_done, metrics)
 
     def _renewed(self, session: Session, held: Mapping[str, int], sent: float) -> None:

@@ -17,7 +17,7 @@ from contend.errors import ContendError, LeaseLost
 from contend.runtime.competition import Competition
 from contend.runtime.hooks import Hook
 from contend.runtime.session import Session
-from contend.store.port import Store
+from contend.store.port import ExpertRecord, Store
 
 log = logging.getLogger("contend.expert")
 
@@ -60,8 +60,11 @@ class Housekeeper:
         hooks: Hook | None = None,
         retention: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        peers: Callable[[], list[ExpertRecord] | None] | None = None,
     ) -> None:
         self.store = store
+        #: Where rivals come from when not from the store (gossip); None from it: the store.
+        self._peers = peers
         self.name = name
         self.queues = queues
         self.competition = competition
@@ -145,9 +148,13 @@ class Housekeeper:
             )
 
     async def refresh_cluster(self, session: Session) -> None:
-        """Rivals, cluster load and, for an emergency expert, whether to join in."""
+        """Rivals, cluster load and, for an emergency expert, whether to join in. Rivals come
+        from gossip while it runs, else from the store's list of experts."""
         comp = self.competition
-        comp.update_peers(await session.call("a read", self.store.list_experts), self._load())
+        peers = self._peers() if self._peers is not None else None
+        if peers is None:
+            peers = await session.call("a read", self.store.list_experts)
+        comp.update_peers(peers, self._load())
         if comp.tier == "emergency":
             was = comp.active
             backlog = await session.call("a read", lambda: self.store.backlog(self.queues))
