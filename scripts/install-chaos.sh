@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the chaos suite needs from Debian (as root or via sudo): iproute2 (ip, ss) for
-# network namespaces, nftables for the faults on their links, libfaketime for the wall-clock
-# jump. Idempotent: does nothing when every tool is there already.
+# network namespaces, nftables for the faults on their links (iptables for the gossip tests'
+# loss and partitions), libfaketime for the wall-clock jump. Idempotent: does nothing when
+# every tool is there already.
 set -euo pipefail
 
 have_faketime() {
@@ -10,9 +11,10 @@ have_faketime() {
 missing=()
 command -v ip >/dev/null 2>&1 && command -v ss >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)  # the gossip tests (testing/netns.py)
 have_faketime || missing+=(libfaketime)
 if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "chaos: iproute2, nftables and libfaketime present"; exit 0
+    echo "chaos: iproute2, nftables, iptables and libfaketime present"; exit 0
 fi
 
 SUDO=""
