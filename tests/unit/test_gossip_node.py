@@ -11,6 +11,7 @@ import pytest
 from contend.domain.loadmap import canonical
 from contend.errors import ConfigError
 from contend.gossip import GossipNode, member_name, summary
+from contend.gossip.node import CLUSTER_RATE
 from contend.store.port import ExpertInfo
 
 
@@ -137,3 +138,16 @@ def test_publish_only_wakes_the_publisher_for_news() -> None:
     n._sent = canonical(state)
     n.publish(dict(state))
     assert not n._changed.is_set()
+
+
+def test_a_large_cluster_spaces_its_publishes_to_the_gossip_budget() -> None:
+    n = node(Clock(), [])
+    assert n.gap() == n.min_gap  # alone
+    for i in range(59):
+        n._take(f"m{i}", 5, meta(f"m{i}", 0, 1))
+    assert n.gap() == pytest.approx(59 / CLUSTER_RATE)  # about a heartbeat
+    for i in range(59, 1000):
+        n._take(f"m{i}", 5, meta(f"m{i}", 0, 1))
+    # 1,000 members at most CLUSTER_RATE summaries a second between them
+    assert n.gap() == pytest.approx(1000 / CLUSTER_RATE)
+    assert 1000 / n.gap() <= CLUSTER_RATE

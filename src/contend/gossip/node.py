@@ -6,7 +6,8 @@ so a busy event loop here does not get this expert declared dead. Each member's 
 carries its summary (``contend.gossip.payload``) and the summary's version. This module:
 
 * publishes the expert's summary when it changes. It publishes at most once per
-  ``min_gap`` seconds, and republishes when the protocol says this member had to refute a
+  :meth:`GossipNode.gap` seconds (``min_gap``, or longer in a cluster too large for every
+  member to publish that often within kinship's gossip budget), and republishes when the protocol says this member had to refute a
   suspicion or a death, or ``refresh`` seconds after the last publish. A rival that buried
   it in between sees a version higher than the tombstone, and takes it back;
 * merges what it hears into its :class:`~contend.domain.loadmap.LoadMap` (stamp: the member's
@@ -54,6 +55,12 @@ _FAST = {
     "reconnect_interval": 2.0,
     "push_pull_interval": 5.0,
 }
+#: Summaries a second the whole cluster may publish. kinship gossips to 3 members every
+#: 200 ms, one datagram of at most 1,400 bytes each: about 17 summaries a second across the
+#: cluster (docs/gossip.md); past that, rumours queue and every view lags. So each member
+#: spaces its publishes to keep the cluster below this, with room for probes and refutations:
+#: every 5 s (a heartbeat) up to 60 members, every 83 s at 1,000.
+CLUSTER_RATE = 12.0
 #: kinship's limit on one member's metadata, bytes (keys and framing included).
 MAX_META_BYTES = 1024
 #: Longest member name kinship takes, in UTF-8 bytes.
@@ -211,6 +218,12 @@ class GossipNode:
         return {f.name: int(getattr(s, f.name)) for f in dataclasses.fields(s)}
 
     # -- publishing ------------------------------------------------------------------------
+    def gap(self) -> float:
+        """The least time between two publishes of this member: ``min_gap``, or as long as
+        keeps the cluster's live members together at :data:`CLUSTER_RATE` summaries a
+        second (a refutation goes out at once all the same)."""
+        return max(self.min_gap, max(1, len(self.map.live())) / CLUSTER_RATE)
+
     def publish(self, state: Mapping[str, Any]) -> None:
         """Offer this expert's summary; the publisher sends it if it changed."""
         self._wanted = dict(state)
@@ -236,9 +249,11 @@ class GossipNode:
                 if text == self._sent and refuted == refutations and not stale:
                     self._changed.clear()
                     continue
-                wait = last + self.min_gap - self._monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)  # a rate limit: the latest summary goes then
+                wait = last + self.gap() - self._monotonic()
+                if wait > 0 and refuted == refutations:
+                    # a rate limit: the latest summary goes then (looking again each second
+                    # for a refutation, which goes at once)
+                    await asyncio.sleep(min(wait, 1.0))
                     continue
                 self._changed.clear()
                 refutations = refuted
