@@ -128,6 +128,9 @@ class ClaimLoop:
         #: the last claim of whatever is best came back short: the queues held no more than
         #: it asked for, so a low lane in the next one would reserve nothing for anybody
         self._short = False
+        #: the last race's claim came back without some of the tasks it named (a rival was
+        #: quicker): the loop looks again at once instead of waiting for a change
+        self._outrun = False
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
         #: The shortest interval of the rate limits of its task types: how soon to look again
@@ -267,6 +270,9 @@ class ClaimLoop:
                     now = self.clock.monotonic()
                     self._ready_at.update((c.id, now) for c in held)
                 await asyncio.sleep(0)
+                continue
+            if self._outrun:  # a rival took what it named: more may be pending, look again
+                self._outrun = False
                 continue
             if free <= 0:  # full, prefetch topped up: wait for a slot
                 # ...if none freed while the round was out: that run's wake-up came before
@@ -415,7 +421,8 @@ class ClaimLoop:
         self.claim_seconds = took if last is None else last + 0.2 * (took - last)
         if task_ids is None and queues is None:
             self._short = len(got) < limit
-        attempted = len(got) if task_ids is None else min(len(task_ids), limit)
+        # every id named counts: one not won is a lost race
+        attempted = len(got) if task_ids is None else len(task_ids)
         if attempted:
             self.hooks.on_claimed(self.name, got, attempted)
         return got
@@ -483,11 +490,15 @@ class ClaimLoop:
             await self._pause(first)
             if self.stopping.is_set():
                 return claimed
-        # Offer the store every candidate this expert is about as fit for as for the first
-        # one — more than it has room for: the store takes the best `free` still pending, so
-        # tasks a fitter rival took in the meantime cost no lost race.
+        # The candidates this expert is about as fit for as for the first one, best first.
+        # It names no more of them than it has free slots: every id named and not won is a
+        # lost race (issue 13 counts each one), and after the late check below nearly all are
+        # still there; one a rival took meanwhile is claimed in the next round. Naming every
+        # candidate instead (the store took the best `free`) won 15-38 % of the ids named in
+        # the simulator, with the same placement.
         slack = first + comp.window * 0.1
-        ids = [tid for d, _, tid in plan if d <= slack]
+        # in the store's order (the peek's), as the store would take the best of them
+        ids = [tid for _, _, tid in sorted((p for p in plan if p[0] <= slack), key=lambda p: p[1])]
         if first > 0:
             # Late check: a fitter rival went first and has most likely taken these by now.
             # A read says which are still there: a claim of gone ones is a lost race, a write
@@ -497,12 +508,21 @@ class ClaimLoop:
             ids = [tid for tid in ids if tid in still]
             races = [v for v in races if v.id in still]
         if lane:
-            # the low lane's candidates are offered whoever is fitter for them: the store
+            # the low lane's candidates, the longest waiting below the top priority, are
+            # named whoever is fitter for them, in place of as many of the best: the store
             # gives the lane its share of them (Store.claim), so a flood of urgent work
             # starves nothing on the race path either
-            offered = set(ids)
-            ids += [v.id for v in _below_top(races) if v.id not in offered]
-        return claimed + await self._claim(session, free, task_ids=ids, low_lane=lane)
+            best = set(ids[:free])
+            low = sorted(
+                (v for v in _below_top(races) if v.id not in best),
+                key=lambda v: (v.created_at, v.id),
+            )[: min(lane, free)]
+            ids = ids[: free - len(low)] + [v.id for v in low]
+        else:
+            ids = ids[:free]
+        got = await self._claim(session, free, task_ids=ids, low_lane=lane)
+        self._outrun = len(got) < len(ids)
+        return claimed + got
 
     async def _bid_and_claim(
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0

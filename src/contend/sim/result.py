@@ -32,7 +32,7 @@ class Result:
     mean_completion: float  # mean of (completion - arrival), virtual seconds
     p95_completion: float
     claim_calls: int  # calls to store.claim
-    claim_attempts: int  # tasks asked for: min(limit, ids named); a claim of the best: what it got
+    claim_attempts: int  # tasks asked for: every id named; a claim of the best: what it got
     claims_won: int
     lost_races: int  # tasks asked for that came back taken: someone else claimed first
     bids: int
