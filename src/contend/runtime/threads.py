@@ -20,14 +20,21 @@ import asyncio
 import collections
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from contend.runtime.context import TaskContext, _current
 
-#: A job: (its future, the function, args, kwargs, the task's context); None stops a worker.
+#: A job: (its future, the function, args, kwargs, the task's context, where to put how long
+#: the function ran, or None); None stops a worker.
 _Job = tuple[
-    "asyncio.Future[Any]", Callable[..., Any], Sequence[Any], Mapping[str, Any], TaskContext
+    "asyncio.Future[Any]",
+    Callable[..., Any],
+    Sequence[Any],
+    Mapping[str, Any],
+    TaskContext,
+    "list[float] | None",
 ]
 
 
@@ -53,12 +60,15 @@ class ThreadRunner:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
         ctx: TaskContext,
+        took: list[float] | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue ``fn(*args, **kwargs)``; the future holds what it returns or raises."""
+        """Queue ``fn(*args, **kwargs)``; the future holds what it returns or raises. *took*
+        gets how long the function itself ran, seconds (its time in the thread, without the
+        wait for a worker or for the loop to hear of the result)."""
         if self._closed:
             raise RuntimeError("the thread runner is closed")
         fut = self._loop.create_future()
-        self._jobs.put((fut, fn, args, kwargs, ctx))
+        self._jobs.put((fut, fn, args, kwargs, ctx, took))
         if self._idle == 0 and len(self._threads) < self._max:
             self._start_worker()
         return fut
@@ -79,10 +89,11 @@ class ThreadRunner:
                 self._idle -= 1
             if job is None:
                 return
-            fut, fn, args, kwargs, ctx = job
+            fut, fn, args, kwargs, ctx, took = job
             if fut.cancelled():  # stopped before it started: do not run it
                 continue
             token = _current.set(ctx)
+            began = time.perf_counter()
             try:
                 item: tuple[asyncio.Future[Any], Any, BaseException | None]
                 item = (fut, fn(*args, **kwargs), None)
@@ -90,6 +101,8 @@ class ThreadRunner:
                 item = (fut, None, exc)
             finally:
                 _current.reset(token)
+                if took is not None:
+                    took.append(time.perf_counter() - began)
             done.append(item)
             with lock:
                 wake, self._wake_pending = not self._wake_pending, True
