@@ -40,6 +40,10 @@ class _Pending(NamedTuple):
     session: Session
 
 
+#: At most this many turns of the event loop gather a batch (``Committer.run``).
+GATHER_TURNS = 4
+
+
 class Committer:
     """Batches outcomes into fenced commits; ``run`` until ``close``."""
 
@@ -90,7 +94,14 @@ class Committer:
             await self._ready.wait()
             self._ready.clear()
             if self._outbox:
-                await asyncio.sleep(0)  # let tasks finishing in this same tick join the batch
+                # let tasks finishing in this same tick join the batch, and those whose
+                # results a moment behind (plain functions' come back from their threads
+                # in a callback of their own): a few turns of the loop while it grows
+                for _ in range(GATHER_TURNS):
+                    before = len(self._outbox)
+                    await asyncio.sleep(0)
+                    if len(self._outbox) == before:
+                        break
                 await self.flush()
             if self._closing and not self._outbox:
                 return
