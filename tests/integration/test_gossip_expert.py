@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +13,7 @@ import pytest
 from contend import App, ConfigError, Expert
 from contend.store.port import Store
 from tests.integration.gossip_helpers import eventually, free_udp_port
-
-
-@asynccontextmanager
-async def running(app: App, **config: Any) -> AsyncIterator[Expert]:
-    e = Expert(app, **config)
-    runner = asyncio.create_task(e.run())
-    started = asyncio.create_task(e.started.wait())
-    done, _ = await asyncio.wait({runner, started}, return_when=asyncio.FIRST_COMPLETED)
-    if runner in done:
-        started.cancel()
-        runner.result()
-    try:
-        yield e
-    finally:
-        e.stop()
-        await asyncio.wait_for(runner, 30)
+from tests.integration.test_runtime import expert as running
 
 
 class Counted:
