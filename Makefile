@@ -7,10 +7,10 @@ bench:           ## run every benchmark and rewrite docs/benchmarks.md (QUICK=1:
 	scripts/bench.sh $(if $(QUICK),--quick)
 bench-peers:     ## contend against PgQueuer, Procrastinate and Huey, same run (QUICK=1: short)
 	scripts/bench-venv.sh >/dev/null
-	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.peers $(if $(QUICK),--quick) --backends sqlite,postgresql,etcd
+	CONTEND_ETCD_BIN="$$(scripts/fetch-etcd-bench.sh)" PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.peers $(if $(QUICK),--quick) --backends sqlite,postgresql,etcd
 bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuum (QUICK=1: 60 s)
 	scripts/bench-venv.sh >/dev/null
-	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
+	CONTEND_ETCD_BIN="$$(scripts/fetch-etcd-bench.sh)" PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
 bench-retention: ## a million tasks through SQLite and PostgreSQL with retention; docs/benchmarks.md
 	scripts/venv.sh dev,postgres >/dev/null
 	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.retention
