@@ -128,9 +128,6 @@ class ClaimLoop:
         #: the last claim of whatever is best came back short: the queues held no more than
         #: it asked for, so a low lane in the next one would reserve nothing for anybody
         self._short = False
-        #: the last round's claim of whatever is best came back short, with every claimable
-        #: task in it: the next round waits for a change
-        self._drained = False
         #: the last race's claim came back without some of the tasks it named (a rival was
         #: quicker): the loop looks again at once instead of waiting for a change
         self._outrun = False
@@ -219,8 +216,8 @@ class ClaimLoop:
             # Tasks held ready are topped up once half of them are gone, not one by one: a
             # claim per started task was a write per task (sync no-op tasks on SQLite: four
             # times the transactions of coroutines, 10 tasks a claim against 31).
-            want, holding = self.ahead(), len(self.ready)
-            extra = want - holding if holding * 2 <= want else 0
+            want, held = self.ahead(), len(self.ready)
+            extra = want - held if held * 2 <= want else 0
             if free > 0 and self.ready:
                 self.on_free()  # slots freed while a claim was out
                 continue
@@ -277,12 +274,7 @@ class ClaimLoop:
                     now = self.clock.monotonic()
                     self._ready_at.update((c.id, now) for c in held)
                 await asyncio.sleep(0)
-                if not self._drained:
-                    continue
-                # A claim of whatever is best came back short: it took every claimable task.
-                # Another at once would find none (an idle expert made three claims a task);
-                # wait for a change instead, which returns at once if one came meanwhile.
-                free = cfg.concurrency - self.executor.load
+                continue
             if self._outrun:  # a rival took what it named: more may be pending, look again
                 self._outrun = False
                 continue
@@ -306,7 +298,6 @@ class ClaimLoop:
     async def _round(self, session: Session, free: int, room: int, extra: int) -> list[Claimed]:
         """One round under *session*: what to start now (up to *free*, plus *extra* to hold
         ready); the prefetch topped up."""
-        self._drained = False
         if free > 0 and self.prefetched:
             claimed = await self._start_prefetched(session, free)
         elif free + extra > 0:
@@ -434,7 +425,6 @@ class ClaimLoop:
         self.claim_seconds = took if last is None else last + 0.2 * (took - last)
         if task_ids is None and queues is None:
             self._short = len(got) < limit
-            self._drained = self._short and start
         # every id named counts: one not won is a lost race
         attempted = len(got) if task_ids is None else len(task_ids)
         if attempted:
