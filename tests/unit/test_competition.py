@@ -5,20 +5,28 @@ from __future__ import annotations
 import pytest
 
 from contend import App
-from contend.domain.scoring import TaskView, default_fitness
+from contend.domain.scoring import (
+    ExpertView,
+    Fitness,
+    TaskView,
+    by_shape,
+    default_fitness,
+    scores_by_shape,
+    speed_fitness,
+)
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError
-from contend.runtime.competition import Competition, PressurePolicy, TypeTracker
+from contend.runtime.competition import MAX_BEST, Competition, PressurePolicy, TypeTracker
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord
 
 
 def comp(name: str = "me", tags: tuple[str, ...] = (), **kw: object) -> Competition:
+    kw.setdefault("fitness", default_fitness)
     return Competition(
         name,
         Capabilities(frozenset(tags)),
         4,
         ["default"],
-        fitness=default_fitness,
         window=0.1,
         **kw,
     )  # type: ignore[arg-type]
@@ -221,3 +229,83 @@ def test_equals_with_known_round_trips_take_turns_by_task() -> None:
         assert pair == [0.0, pytest.approx(0.003)], v.id
     firsts = sum(1 for v in views if delays["a"][v.id] == 0.0)
     assert 10 <= firsts <= 30  # split between them, not all to one
+
+
+# -- scoring rivals once per task, or per shape, between heartbeats -------------------------
+def _counting(fitness: Fitness, calls: list[str]) -> Fitness:
+    def counted(expert: ExpertView, task: TaskView) -> float:
+        calls.append(expert.name)
+        return fitness(expert, task)
+
+    return counted
+
+
+def _batch(n: int) -> list[TaskView]:
+    """*n* tasks of two shapes, all created at once."""
+    return [TaskView(f"id{i}", "ab"[i % 2], "default", 0, Requirements(), 0.0) for i in range(n)]
+
+
+def _rivals() -> list[ExpertRecord]:
+    return [
+        peer(f"r{i}", load=i % 4, metrics={"specialties": ["a"] if i % 3 else []})
+        for i in range(20)
+    ]
+
+
+def test_rivals_are_scored_once_per_shape_between_heartbeats() -> None:
+    calls: list[str] = []
+    c = comp(fitness=by_shape(_counting(default_fitness, calls)))
+    c.update_peers(_rivals(), 0)
+    reference = comp(rand=lambda: 0.5)
+    reference.update_peers(_rivals(), 0)
+    c.rand = lambda: 0.5
+    first = c.plan(_batch(16), 1)
+    assert len(calls) == 16 + 2 * 20  # mine for each task, the rivals' once per shape
+    assert c.plan(_batch(16), 1) == first
+    assert len(calls) == 2 * 16 + 2 * 20  # nothing new until the rivals change
+    assert first == reference.plan(_batch(16), 1)  # what scoring every task gives
+    c.update_peers(_rivals()[:5], 0)
+    c.plan(_batch(16), 1)
+    assert len(calls) == 3 * 16 + 2 * 20 + 2 * 5
+
+
+def test_an_unmarked_fitness_is_scored_per_task() -> None:
+    # a fitness may read the id (consistent hashing): one score per task, not per shape
+    def by_id(expert: ExpertView, task: TaskView) -> float:
+        return 0.9 if (int(task.id[2:]) % 2 == 0) == (expert.name == "me") else 0.3
+
+    c = comp(fitness=by_id, rand=lambda: 0.5)
+    c.update_peers([peer("me"), peer("rival")], 0)
+    plan = c.plan(_batch(4), 0)
+    waits = {tid: delay for delay, _, tid in plan}
+    assert waits["id0"] == waits["id2"] == 0.0
+    assert waits["id1"] > 0 and waits["id3"] > 0
+
+
+def test_the_memo_of_rival_scores_is_bounded() -> None:
+    c = comp()
+    c.update_peers(_rivals(), 0)
+    for i in range(MAX_BEST + 10):
+        c.rival_scores(TaskView(f"id{i}", "t", "default", i, Requirements(), 0.0))
+    assert 0 < len(c._scores) <= MAX_BEST
+
+
+def test_speed_fitness_scores_by_shape_when_its_parts_do() -> None:
+    def speed(expert: ExpertView, task: TaskView) -> float:
+        return 2.0
+
+    assert scores_by_shape(default_fitness)
+    assert not scores_by_shape(speed_fitness(speed, 2.0))
+    assert scores_by_shape(speed_fitness(by_shape(speed), 2.0))
+    assert not scores_by_shape(speed_fitness(by_shape(speed), 2.0, base=lambda e, t: 1.0))
+
+
+def test_with_round_trips_known_each_rivals_score_is_kept_too() -> None:
+    calls: list[str] = []
+    c = comp(fitness=by_shape(_counting(default_fitness, calls)), rand=lambda: 0.5)
+    c.update_peers([peer(f"r{i}", metrics={"claim_ms": 2.0}) for i in range(5)], 0)
+    best, theirs = c.rival_scores(_batch(1)[0])
+    assert len(theirs) == 5 and best == max(theirs)
+    first = c.plan(_batch(6), 0, rtt=0.002)
+    assert c.plan(_batch(6), 0, rtt=0.002) == first
+    assert len(calls) == 5 + 5 + 2 * 6  # the rivals once per shape, this expert per task

@@ -8,8 +8,9 @@ tries the atomic claim, so the fittest usually tries first and the store picks o
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from contend.domain.task import Capabilities, Requirements
 
@@ -68,12 +69,49 @@ class TaskView:
 
 Fitness = Callable[[ExpertView, TaskView], float]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def by_shape(fn: F) -> F:
+    """Mark a fitness (or speed) function that reads of a task only its *shape* — type, queue,
+    priority and requirements, never its id or age — so that two tasks of one shape score
+    the same for any one expert. An expert then scores its rivals once per shape between two
+    heartbeats instead of once per candidate task (``Competition.plan``), which is what keeps
+    a race affordable among hundreds of rivals. Unmarked functions are scored per task."""
+    # a function attribute (as functools.wraps sets __wrapped__): kept with the function
+    fn.__dict__["contend_by_shape"] = True
+    return fn
+
+
+def scores_by_shape(fn: Callable[..., Any]) -> bool:
+    """Whether *fn* was marked with :func:`by_shape`."""
+    return getattr(fn, "__dict__", {}).get("contend_by_shape") is True
+
+
+def shape_of(task: TaskView) -> Hashable:
+    """What a :func:`by_shape` function may read of *task*, as a hashable key."""
+    req = task.requirements
+    return (
+        task.type,
+        task.queue,
+        task.priority,
+        req.tags,
+        tuple(sorted(req.resources.items())),
+        req.prefer,
+    )
+
+
+def identity_of(task: TaskView) -> Hashable:
+    """Everything a fitness function may read of *task*, as a hashable key."""
+    return (shape_of(task), task.id, task.created_at)
+
 
 #: The share of a perfect score that only a specialist on the task's type reaches. (A bonus
 #: added and capped at 1 was worth nothing against an idle generalist that fits exactly.)
 SPECIALIST_EDGE = 0.2
 
 
+@by_shape
 def default_fitness(expert: ExpertView, task: TaskView) -> float:
     """The product of:
 
@@ -133,7 +171,8 @@ def speed_fitness(speed: Speed, fastest: float, base: Fitness = default_fitness)
     """A fitness that also prefers the expert that finishes the task type soonest: *base*
     (capability match, headroom, specialty) scaled by this expert's speed on the task's type
     over *fastest*, the highest speed any expert has. An expert four times slower than the best
-    scores a quarter as high, so in a race it waits longer and the fast one claims first."""
+    scores a quarter as high, so in a race it waits longer and the fast one claims first.
+    It scores :func:`by_shape` when *speed* and *base* both do."""
     if not fastest > 0:
         raise ValueError(f"fastest must be a positive speed, got {fastest!r}")
 
@@ -143,4 +182,4 @@ def speed_fitness(speed: Speed, fastest: float, base: Fitness = default_fitness)
             return 0.0
         return max(0.0, min(1.0, base(expert, task) * min(1.0, s / fastest)))
 
-    return fitness
+    return by_shape(fitness) if scores_by_shape(speed) and scores_by_shape(base) else fitness

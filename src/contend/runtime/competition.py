@@ -8,9 +8,10 @@ does no I/O of its own.
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,10 @@ from contend.domain.scoring import (
     TaskView,
     TypeRecord,
     adaptive_window,
+    identity_of,
     race_delay,
+    scores_by_shape,
+    shape_of,
 )
 from contend.domain.task import Capabilities
 from contend.store.port import Backlog, ExpertRecord
@@ -30,6 +34,12 @@ from contend.store.port import Backlog, ExpertRecord
 TIE = 0.05
 #: At most this many task types are tracked per expert (the rest are not scored on history).
 MAX_TYPES = 1000
+#: At most this many tasks (or task shapes) have their rivals' scores kept between two
+#: heartbeats; past that the memo starts again.
+MAX_BEST = 4096
+#: ...and when each rival's score is kept (rivals' round trips known), at most this many
+#: scores in all.
+MAX_SCORES = 262_144
 
 
 class TypeTracker:
@@ -151,6 +161,12 @@ class Competition:
         self._rivals: list[ExpertView] = []
         #: each rival's claim round trip, seconds, as its heartbeat said (when it did)
         self._rtt: dict[str, float] = {}
+        #: The rivals' scores per task (per task shape for a by_shape fitness), for the rivals
+        #: as of the last update_peers: fitness is pure, so they hold until the next. The
+        #: best, and each rival's when their round trips are known (plan needs them then).
+        self._scores: dict[Hashable, tuple[float, tuple[float, ...]]] = {}
+        self._scores_most = MAX_BEST
+        self._key = shape_of if scores_by_shape(fitness) else identity_of
         self.cluster_load = 0.0
         self.window = window
         self.typical: dict[str, float] = {}
@@ -205,6 +221,10 @@ class Competition:
         self.typical = typical
         self._rivals = self._views_of_rivals()  # read at every claim round: built once here
         self._rtt = {p.info.id: rtt for p in live if (rtt := _claim_seconds(p)) > 0}
+        self._scores = {}
+        self._scores_most = (
+            max(64, MAX_SCORES // max(1, len(self._rivals))) if self._rtt else MAX_BEST
+        )
 
     def utilisation_of_regulars(self, my_load: int) -> tuple[int, float]:
         regulars = [
@@ -260,6 +280,23 @@ class Competition:
                         return True
         return False
 
+    def rival_scores(self, view: TaskView) -> tuple[float, tuple[float, ...]]:
+        """The highest score any live rival has for *view* (−inf with no rivals), and each
+        rival's score when their round trips are known (else none). Rivals are as of the last
+        heartbeat and fitness is pure, so each task (each shape, for a by_shape fitness) is
+        scored against them once between two heartbeats: with hundreds of rivals, scoring
+        every candidate of every claim round was most of a round's cost."""
+        key = self._key(view)
+        found = self._scores.get(key)
+        if found is None:
+            fitness = self.fitness
+            theirs = tuple([fitness(r, view) for r in self._rivals])
+            found = (max(theirs, default=-math.inf), theirs if self._rtt else ())
+            if len(self._scores) >= self._scores_most:
+                self._scores.clear()
+            self._scores[key] = found
+        return found
+
     def plan(
         self, views: Sequence[TaskView], load: int, rtt: float = 0.0
     ) -> list[tuple[float, int, str]]:
@@ -273,14 +310,14 @@ class Competition:
                 plan.append((0.0, n, view.id))
                 continue
             mine = self.fitness(me, view)
-            theirs = [self.fitness(r, view) for r in rivals]
-            best = max([mine, *theirs])
+            top, theirs = self.rival_scores(view)
+            best = max(mine, top)
             if best <= 0:
                 delay = 0.0
             elif mine >= best * (1 - TIE):
                 # the fittest, or as fit as the fittest: no wait, but a tie is broken by a
                 # random share of the jitter, so equals do not all reach for it at once
-                tied = any(t >= mine * (1 - TIE) for t in theirs)
+                tied = top >= mine * (1 - TIE)
                 delay = self.window * self.jitter * self.rand() if tied else 0.0
             else:
                 delay = race_delay(self.window, mine / best, self.jitter, self.rand)

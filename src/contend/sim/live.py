@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from contend.domain.scoring import ExpertView, TaskView, speed_fitness
+from contend.domain.scoring import ExpertView, TaskView, by_shape, speed_fitness
 from contend.domain.task import Capabilities, Requirements, TaskSpec
 from contend.runtime.app import App
 from contend.runtime.context import TaskContext
@@ -104,6 +104,7 @@ def _experts(sc: Scenario, app: App, clock: FakeClock, cfg: SimConfig, hook: Hoo
     by_name = {e.name: e for e in sc.experts}
     fastest = max([1.0, *(s for e in sc.experts for s in e.speed.values())])
 
+    @by_shape  # it reads the task's type alone
     def speed(expert: ExpertView, task: TaskView) -> float:
         return by_name[expert.name].speed_on(task.type)
 
