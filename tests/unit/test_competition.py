@@ -309,3 +309,18 @@ def test_with_round_trips_known_each_rivals_score_is_kept_too() -> None:
     first = c.plan(_batch(6), 0, rtt=0.002)
     assert c.plan(_batch(6), 0, rtt=0.002) == first
     assert len(calls) == 5 + 5 + 2 * 6  # the rivals once per shape, this expert per task
+
+
+def test_the_rivals_to_steal_from_are_those_holding_prefetched_tasks() -> None:
+    c = comp()
+    c.update_peers(
+        [
+            peer("me", metrics={"prefetched": 9}),
+            peer("some", load=4, metrics={"prefetched": 2}),
+            peer("none", load=4, metrics={"prefetched": 0}),
+            peer("most", load=4, metrics={"prefetched": 5}),
+            peer("gone", load=4, metrics={"prefetched": 7}, alive=False),
+        ],
+        0,
+    )
+    assert [p.info.id for p in c.loaded] == ["most", "some"]

@@ -357,18 +357,12 @@ class ClaimLoop:
         ratio = self.config.steal_ratio
         if ratio is None:
             return []
-        victims = sorted(
-            (
-                p
-                for p in self.competition.peers
-                if p.alive
-                and p.info.id != self.name
-                and int(p.metrics.get("prefetched", 0) or 0) > 0
-                and p.load / max(1, p.info.capacity) >= ratio
-                and set(self.queues) & set(p.info.queues)
-            ),
-            key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
-        )
+        victims = [
+            p
+            for p in self.competition.loaded
+            if p.load / max(1, p.info.capacity) >= ratio
+            and not set(self.queues).isdisjoint(p.info.queues)
+        ]
         for victim in victims:
             steal = functools.partial(
                 self.store.steal,

@@ -158,6 +158,9 @@ class Competition:
         self.pressure = pressure or PressurePolicy()
         self.tracker = TypeTracker()
         self.peers: list[ExpertRecord] = []
+        #: The live rivals holding prefetched tasks, the most first: whom an idle expert may
+        #: steal from. An idle expert looks at every change of the store; these are few.
+        self.loaded: list[ExpertRecord] = []
         self._rivals: list[ExpertView] = []
         #: each rival's claim round trip, seconds, as its heartbeat said (when it did)
         self._rtt: dict[str, float] = {}
@@ -224,6 +227,10 @@ class Competition:
         self._scores = {}
         self._scores_most = (
             max(64, MAX_SCORES // max(1, len(self._rivals))) if self._rtt else MAX_BEST
+        )
+        self.loaded = sorted(
+            (p for p in live if int(p.metrics.get("prefetched", 0) or 0) > 0),
+            key=lambda p: -int(p.metrics.get("prefetched", 0) or 0),
         )
 
     def utilisation_of_regulars(self, my_load: int) -> tuple[int, float]:
