@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -54,6 +54,13 @@ class FakeClock:
         heapq.heappush(self._sleepers, (self.value + seconds, self._seq, future))
         await future
 
+    def _timer(self, seconds: float) -> asyncio.Future[None]:
+        """A future done once the clock reaches now + *seconds* (> 0)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        heapq.heappush(self._sleepers, (self.value + seconds, self._seq, future))
+        return future
+
     def call_later(self, seconds: float, callback: Callable[[], object]) -> asyncio.Future[None]:
         """Call *callback* once the clock reaches now + *seconds*; ``cancel()`` the returned
         future to call it off."""
@@ -75,9 +82,15 @@ class FakeClock:
         if timeout is None:
             return await aw
         task = asyncio.ensure_future(aw)
-        timer = asyncio.ensure_future(self.sleep(timeout))
+        # a future on the clock's heap, not a task sleeping on it: an idle expert waits this
+        # way at every change of the store, and a task per wait was a good part of a large
+        # simulation's cost
+        timer: asyncio.Future[None] = (
+            self._timer(timeout) if timeout > 0 else asyncio.ensure_future(self.sleep(0))
+        )
+        either: set[asyncio.Future[Any]] = {task, timer}
         try:
-            await asyncio.wait({task, timer}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             timer.cancel()
             if not task.done():
