@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from contend.runtime.clock import SystemClock, bounded, settle_strays
+from contend.runtime.clock import SystemClock, bounded, first_of, settle_strays
 from contend.runtime.session import Session
 from contend.testing import FakeClock
 
@@ -103,3 +103,29 @@ async def test_call_later_on_both_clocks() -> None:
     done = asyncio.Event()
     real.call_later(0.0, done.set)
     await asyncio.wait_for(done.wait(), 5)
+
+
+async def test_first_of_returns_when_one_is_done_and_leaves_them_be() -> None:
+    clock = FakeClock(0.0)
+    loop = asyncio.get_running_loop()
+    a, b = loop.create_future(), loop.create_future()
+    waiting = asyncio.create_task(first_of(clock, (a, b), 5.0))
+    await clock.settle()
+    assert not waiting.done()
+    b.set_result(None)
+    await clock.settle()
+    assert waiting.done() and not a.done()
+    assert clock.next_deadline() is None  # its timer was called off
+    a.set_result(None)  # no callback of its is left to run
+    await clock.settle()
+
+
+async def test_first_of_times_out_on_the_clock() -> None:
+    clock = FakeClock(0.0)
+    never = asyncio.get_running_loop().create_future()
+    waiting = asyncio.create_task(first_of(clock, (never,), 2.0))
+    await clock.run(1.9)
+    assert not waiting.done()
+    await clock.run(0.1)
+    assert waiting.done() and not never.done()
+    await first_of(clock, (waiting,), 1.0)  # one already done: at once

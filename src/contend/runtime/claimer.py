@@ -23,7 +23,7 @@ from enum import StrEnum
 from contend.domain.scoring import TaskView
 from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
-from contend.runtime.clock import Clock, give_up, wait_event
+from contend.runtime.clock import Clock, first_of, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
@@ -143,6 +143,9 @@ class ClaimLoop:
         fair = any(tt.fair for tt in tasks.values())
         self._ahead_most = config.concurrency if fair else max(AHEAD_MOST, config.concurrency)
         self._rand = random.random
+        #: Done once the expert stops: what an idle wait watches besides the store (one task
+        #: for the loop's life, not one per wait).
+        self._stopped: asyncio.Task[bool] | None = None
 
     def wake(self) -> None:
         """Something worth a new round happened."""
@@ -209,6 +212,15 @@ class ClaimLoop:
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            stopped, self._stopped = self._stopped, None
+            if stopped is not None:
+                stopped.cancel()
+                await asyncio.gather(stopped, return_exceptions=True)
+
+    async def _run(self) -> None:
         cfg = self.config
         while not self.stopping.is_set():
             free = cfg.concurrency - self.executor.load
@@ -593,15 +605,10 @@ class ClaimLoop:
         if wait <= 0:
             return
         waiter = asyncio.create_task(self.store.wait_for_change(wait))
-        stopper = asyncio.create_task(self.stopping.wait())
+        if self._stopped is None:
+            self._stopped = asyncio.create_task(self.stopping.wait())
         try:
             # the store's own timeout is on the host's clock; the expert's bounds the wait too
-            await self.clock.wait_for(
-                asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED), wait
-            )
-        except TimeoutError:
-            pass
+            await first_of(self.clock, (waiter, self._stopped), wait)
         finally:
             give_up(waiter)  # a store's wait is not waited for either
-            stopper.cancel()
-            await asyncio.gather(stopper, return_exceptions=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -68,6 +68,31 @@ async def wait_event(clock: Clock, event: asyncio.Event, timeout: float) -> bool
     except TimeoutError:
         return False
     return True
+
+
+async def first_of(clock: Clock, futures: Sequence[asyncio.Future[Any]], timeout: float) -> None:
+    """Return once one of *futures* is done or *timeout* seconds of *clock* have passed,
+    whichever comes first, leaving the futures as they are.
+
+    As ``clock.wait_for(asyncio.wait(futures, return_when=FIRST_COMPLETED), timeout)``, but
+    with no task of its own: an idle expert waits this way at every change of the store."""
+    if any(f.done() for f in futures):
+        return
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def open_gate(*_: object) -> None:
+        if not gate.done():
+            gate.set_result(None)
+
+    for f in futures:
+        f.add_done_callback(open_gate)
+    timer = clock.call_later(timeout, open_gate)
+    try:
+        await gate
+    finally:
+        timer.cancel()
+        for f in futures:
+            f.remove_done_callback(open_gate)
 
 
 #: Calls given up on by :func:`bounded`, still finishing being cancelled. Held here so that they

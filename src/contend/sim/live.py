@@ -21,6 +21,7 @@ window).
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ class VirtualStore(MemoryStore):
     bids = 0
 
     async def wait_for_change(self, timeout: float) -> None:
-        await super().wait_for_change(1e9)
+        await super().wait_for_change(math.inf)
 
     async def claim(self, expert: str, session: str, *args: Any, **kwargs: Any) -> list[Claimed]:
         self.claims += 1

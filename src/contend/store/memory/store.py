@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import islice
@@ -687,9 +688,13 @@ class MemoryStore:
 
     # -- wake-ups --------------------------------------------------------------------------
     async def wait_for_change(self, timeout: float) -> None:
+        """Return after the next change of the store, or after *timeout* seconds (``math.inf``:
+        no timeout, and no timer)."""
         if self._version == self._seen:
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                await asyncio.wait_for(
+                    self._changed.wait(), None if timeout == math.inf else timeout
+                )
             except TimeoutError:
                 pass
         self._seen = self._version
