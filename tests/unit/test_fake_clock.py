@@ -118,3 +118,24 @@ async def test_wait_event_on_either_clock() -> None:
     pending = asyncio.create_task(wait_event(fake, asyncio.Event(), 2.0))
     await fake.run(2.0)
     assert pending.result() is False
+
+
+async def test_cancelled_sleepers_do_not_pile_up() -> None:
+    clock = FakeClock(0.0)
+    woke: list[int] = []
+
+    async def nap(n: int, seconds: float) -> None:
+        await clock.sleep(seconds)
+        woke.append(n)
+
+    keep = [asyncio.create_task(nap(n, 10.0 + n)) for n in range(3)]
+    for _ in range(20):  # idle waits, each ended by something else
+        waits = [asyncio.create_task(clock.sleep(3600.0)) for _ in range(1000)]
+        await clock.settle()
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    assert len(clock._sleepers) <= 4 * 1000
+    await clock.run(20.0)
+    assert woke == [0, 1, 2]
+    await asyncio.gather(*keep)
