@@ -324,3 +324,14 @@ def test_the_rivals_to_steal_from_are_those_holding_prefetched_tasks() -> None:
         0,
     )
     assert [p.info.id for p in c.loaded] == ["most", "some"]
+
+
+def test_one_unlike_rival_among_many_alike_makes_the_race_matter() -> None:
+    c = comp()
+    twins = [peer(f"twin{i:03d}") for i in range(200)]
+    c.update_peers([*twins], 0)
+    assert not c.race_matters(0)
+    c.update_peers([*twins, peer("zz-gpu", ("gpu",))], 0)
+    assert c.race_matters(0)
+    c.update_peers([*twins, peer("zz-gpu", ("gpu",), alive=False)], 0)
+    assert not c.race_matters(0)
