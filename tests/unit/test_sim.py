@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
 import random
 
 import pytest
@@ -112,6 +114,8 @@ def test_counters_come_from_the_experts_and_the_store() -> None:
     assert race.claims_won == 120 and race.bids == 0
     assert race.claim_calls >= 1 and race.claim_attempts >= race.claims_won
     assert race.lost_races == race.claim_attempts - race.claims_won
+    assert race.success == race.claims_won / race.claim_attempts
+    assert race.to_json()["success"] == round(race.success, 4)
     auction = simulate(scenario, "auction")
     assert auction.claims_won == 120 and auction.bids >= 120  # every task bid on
 
@@ -268,3 +272,14 @@ def test_sorted_keys_matches_a_sorted_list() -> None:
     start = sorted(model)[len(model) // 2]
     assert list(keys.iter_from(start)) == [k for k in sorted(model) if k >= start]
     assert keys.first_from(10_000) is None
+
+
+async def test_the_memory_store_can_wait_for_a_change_with_no_timeout() -> None:
+    # the simulator's experts wait this way and bound the wait on the virtual clock themselves
+    store = MemoryStore()
+    waiting = asyncio.create_task(store.wait_for_change(math.inf))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    await store.submit([TaskSpec.build("x")])
+    await asyncio.wait_for(waiting, 5.0)

@@ -48,6 +48,11 @@ class Result:
     def lost_share(self) -> float:
         return self.lost_races / self.claim_attempts if self.claim_attempts else 0.0
 
+    @property
+    def success(self) -> float:
+        """Claims won / claim attempts (every task id named), as ``contend status`` shows."""
+        return self.claims_won / self.claim_attempts if self.claim_attempts else 1.0
+
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
@@ -63,6 +68,7 @@ class Result:
             "claims_won": self.claims_won,
             "lost_races": self.lost_races,
             "claims_per_task": round(self.claims_per_task, 4),
+            "success": round(self.success, 4),
             "bids": self.bids,
             "events": self.events,
             "wall_seconds": round(self.wall_seconds, 3),
