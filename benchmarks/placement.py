@@ -499,7 +499,14 @@ def markdown(report: dict[str, Any]) -> str:
         add(
             "Growth of the CPU time per task from the smallest cluster to the largest; the "
             "exponent is log(growth) / log(growth of the cluster): below 1 the cost per task "
-            "grows sub-linearly.\n"
+            "grows sub-linearly (near 1, about linearly). The scenarios do not keep the tasks "
+            "per expert: "
+            + ", ".join(
+                f"{e['tasks'] // e['experts']:,} at {e['experts']:,} experts"
+                for e in report["compare"]
+                if e["arrival"] == "batch"
+            )
+            + ".\n"
         )
         add(
             "| strategy | arrival | experts | CPU s per 1,000 tasks | growth | exponent | sub-linear |"
