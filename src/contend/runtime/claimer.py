@@ -228,8 +228,8 @@ class ClaimLoop:
             # Tasks held ready are topped up once half of them are gone, not one by one: a
             # claim per started task was a write per task (sync no-op tasks on SQLite: four
             # times the transactions of coroutines, 10 tasks a claim against 31).
-            want, held = self.ahead(), len(self.ready)
-            extra = want - held if held * 2 <= want else 0
+            want, holding = self.ahead(), len(self.ready)
+            extra = want - holding if holding * 2 <= want else 0
             if free > 0 and self.ready:
                 self.on_free()  # slots freed while a claim was out
                 continue
