@@ -380,12 +380,13 @@ class Competition:
         commit, a rival's claim lands after half a round trip for the wake-up, one for its
         peek, one for its own late check if it waits, and half for the claim; this expert's
         late check reads after half a round trip, its peek and half another. A claim that
-        lands after that read makes a lost race; a rival with no free slot claims nothing. Rivals due at the same moment take turns in the
-        task's rendezvous order (a hash of task and expert, the same in every process),
-        each waiting out the round trips of those before it, at most one race window: the
-        candidates of equals are split among them instead of all being chased by all. Rivals
-        whose round trip is not known (the memory store, an older expert) are not waited
-        for: the plain race's delay stands."""
+        lands after that read makes a lost race; a rival with no free slot claims nothing.
+
+        Rivals due at the same moment take turns in the task's rendezvous order (a hash of
+        task and expert, the same in every process), each waiting out the round trips of
+        those before it, at most one race window: the candidates of equals are split among
+        them instead of all being chased by all. Rivals whose round trip is not known (the
+        memory store, an older expert) are not waited for: the plain race's delay stands."""
         mine_at = self._start(view, mine, best, self.capabilities)
         tie = self.window * TIE
         rank = _rank(view.id, self.name)
