@@ -104,6 +104,8 @@ def need_netns() -> None:
     """Skip when not root; otherwise, a machine without namespaces skips, except under
     CI=true, where it fails: the namespace tests must run there."""
     if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true and not root: the network namespace tests need root")
         pytest.skip("network namespaces need root")
     problem = netns_problem()
     if problem is None:
