@@ -106,7 +106,7 @@ def need_netns() -> None:
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true and not root: the network namespace tests need root")
-        pytest.skip("network namespaces need root")
+        pytest.skip("network namespaces need root (under CI=true this fails instead)")
     problem = netns_problem()
     if problem is None:
         return
