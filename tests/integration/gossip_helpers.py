@@ -101,8 +101,8 @@ def netns_problem() -> str | None:
 
 
 def need_netns() -> None:
-    """Skip when not root; otherwise, a machine without namespaces skips, except under
-    CI=true, where it fails: the namespace tests must run there."""
+    """Skip when not root or on a machine without namespaces, except under CI=true, where
+    either fails: the namespace tests must run there."""
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true and not root: the network namespace tests need root")
