@@ -131,6 +131,8 @@ class ClaimLoop:
         #: the last race's claim came back without some of the tasks it named (a rival was
         #: quicker): the loop looks again at once instead of waiting for a change
         self._outrun = False
+        #: tasks claimed ahead were given back (``holds``): claim no more ahead until a run ends
+        self._gave_back = False
         self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
         self._auction_wake: float | None = None  # store time of the next auction moment
         #: The shortest interval of the rate limits of its task types: how soon to look again
@@ -153,6 +155,7 @@ class ClaimLoop:
 
     def on_free(self) -> None:
         """A run ended: fill its slot from the tasks claimed ahead, then top them up."""
+        self._gave_back = False
         ready = self.ready
         if ready and not self.stopping.is_set():
             executor, limit = self.executor, self.config.concurrency
@@ -176,6 +179,31 @@ class ClaimLoop:
         if cap <= 0 or mean is None or rtt is None:
             return 0
         return min(cap, int(2 * rtt * cfg.concurrency / max(mean, 1e-6)))
+
+    def holds(self, task_type: str) -> bool:
+        """Whether a task of *task_type* may be held ahead: its own runs (not the mix's) end
+        sooner than two claims' time spread over the slots. A type not run yet is not held:
+        a burst of slow tasks after short ones was held on the short ones' mean (an expert
+        of 2 slots held 36 tasks of 0.2 s while its rival sat idle)."""
+        mean, rtt = self.executor.type_means.get(task_type), self.claim_seconds
+        return mean is not None and rtt is not None and 2 * rtt * self.config.concurrency > mean
+
+    async def _give_back(self, session: Session, held: list[Claimed]) -> list[Claimed]:
+        """Release those of *held* (claimed beyond the free slots) that are not to be held
+        ahead, for a rival to claim at once; returns the rest. Nothing more is claimed ahead
+        until a run ends: the tasks given back are the first a new claim would take again."""
+        keep = [c for c in held if self.holds(c.type)]
+        back = [c for c in held if not self.holds(c.type)]
+        self._gave_back = True
+        items = [(c.id, c.fence) for c in back]
+        try:
+            await session.call("a release", lambda: self.store.release(self.name, items))
+        except LeaseLost as exc:
+            self.keeper.lose(session, str(exc))
+            return []
+        except ContendError as exc:  # their leases lapse instead
+            log.warning("expert %s: could not give back %d task(s): %s", self.name, len(back), exc)
+        return keep
 
     def take_ready(self) -> list[Claimed]:
         out = [c for c, _ in self.ready]
@@ -229,7 +257,7 @@ class ClaimLoop:
             # claim per started task was a write per task (sync no-op tasks on SQLite: four
             # times the transactions of coroutines, 10 tasks a claim against 31).
             want, holding = self.ahead(), len(self.ready)
-            extra = want - holding if holding * 2 <= want else 0
+            extra = want - holding if holding * 2 <= want and not self._gave_back else 0
             if free > 0 and self.ready:
                 self.on_free()  # slots freed while a claim was out
                 continue
@@ -281,6 +309,8 @@ class ClaimLoop:
                 for c in claimed[:slots]:
                     self.executor.launch(c, session)
                 held = claimed[max(0, slots) :]
+                if held and not all(self.holds(c.type) for c in held):
+                    held = await self._give_back(session, held)
                 self.ready.extend((c, session) for c in held)
                 if held:
                     now = self.clock.monotonic()

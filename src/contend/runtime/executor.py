@@ -295,6 +295,9 @@ class Executor:
         self._ended = asyncio.Event()  # a run ended (or the drain was cut short)
         self._concurrency = concurrency
         self.mean_run: float | None = None  # seconds a run takes, a moving average
+        #: the same for each task type (its app's types: a bounded map), so that a burst of
+        #: slow ones after short ones is not claimed ahead on the short ones' mean
+        self.type_means: dict[str, float] = {}
         self._threads: ThreadRunner | None = None  # started with the first sync function
 
     @property
@@ -357,6 +360,8 @@ class Executor:
             sample = seconds if run.service is None else run.service
             mean = self.mean_run
             self.mean_run = sample if mean is None else mean + 0.05 * (sample - mean)
+            mean = self.type_means.get(c.type)
+            self.type_means[c.type] = sample if mean is None else mean + 0.2 * (sample - mean)
             self.tracker.record(c.type, error is None, seconds)
             self._finish(run, outcome, error, seconds)
         finally:
