@@ -31,6 +31,7 @@ from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
 from contend.store.port import Claimed
+from contend.store.postgres import floors
 from contend.store.postgres.apply import handover
 from contend.store.postgres.auctions import NOT_HELD
 from contend.store.postgres.database import Cursor, Database
@@ -194,6 +195,7 @@ def _candidates(
     only_ids: bool = False,
     typed: bool = False,
     plain: bool = False,
+    floored: bool = False,
 ) -> str:
     """CTEs ending in ``picked``: the ids to take. A claim (*lock*) takes first the central
     tasks given to the claimer (:func:`_mine`). Then with *lane*, the ``lane`` (see
@@ -206,7 +208,8 @@ def _candidates(
     The best are picked by one arm per queue (parameters ``q0``, ``q1``, …): with ``queue =
     ANY(array)`` the planner cannot walk ``tasks_claimable`` in claim order and sorts every
     pending task instead. With *typed*, only tasks whose type is in ``%(types)s``. With
-    *plain* (a claim's lean statement), no central tasks and the lean condition."""
+    *plain* (a claim's lean statement), no central tasks and the lean condition. With
+    *floored*, each queue's top level is sought from its floor (:mod:`.floors`)."""
     tail = " FOR UPDATE SKIP LOCKED" if lock else ""
     where = _claimable(lock=lock, only_ids=only_ids, typed=typed, ordered=lock, plain=plain)
     mine = lock and not plain
@@ -217,12 +220,15 @@ def _candidates(
         where += " AND t.id <> ALL(ARRAY(SELECT id FROM lane))"
         limit = f"{limit} - (SELECT count(*) FROM lane)"
     arms = []
+    columns = "t.id, t.eff_priority, t.run_at, t.limit_key, t.limit_max"
     for n in range(queues):
-        ctes.append(
-            f"best_{n} AS (SELECT t.id, t.eff_priority, t.run_at, t.limit_key, t.limit_max"
-            " FROM {s}.tasks t"
-            f" WHERE {where} AND t.queue = %(q{n})s ORDER BY {BEST} LIMIT {limit}{tail})"
-        )
+        if floored:
+            ctes.extend(floors.arms(n, columns, where, limit, tail))
+        else:
+            ctes.append(
+                f"best_{n} AS (SELECT {columns} FROM {{s}}.tasks t"
+                f" WHERE {where} AND t.queue = %(q{n})s ORDER BY {BEST} LIMIT {limit}{tail})"
+            )
         arms.append(f"SELECT * FROM best_{n}")
     ctes.append(
         f"best AS (SELECT id, limit_key, limit_max FROM ({' UNION ALL '.join(arms)}) u"
@@ -354,6 +360,8 @@ async def claim(
     kinds = _types(types)
     lane = min(check_limit(low_lane), limit)
     n_queues = max(1, len(set(queues)))
+    in_queues = _queues(queues)
+    params_queues: list[str] = in_queues["queues"]  # type: ignore[assignment]
 
     def pick(lane: bool) -> str:
         return _candidates(
@@ -379,7 +387,14 @@ async def claim(
             f" ORDER BY {BEST}"
         )
 
-    def build_lean() -> str:
+    # floors (``.floors``): for a lean claim of the best, not of named tasks nor with a lane
+    shape_floors = (
+        db.floors.setdefault(floors.key(params_queues, capabilities, kinds), floors.Shape())
+        if ids is None and not lane and queues
+        else None
+    )
+
+    def build_lean(floored: bool) -> str:
         candidates = _candidates(
             lock=True,
             queues=n_queues,
@@ -387,6 +402,7 @@ async def claim(
             only_ids=ids is not None,
             typed=kinds is not None,
             plain=True,
+            floored=floored,
         )
         return db.sql(
             f"WITH RECURSIVE {live_cte()}, {PLAIN}, {candidates}"
@@ -398,9 +414,8 @@ async def claim(
 
     shape = ("claim", n_queues, lane > 0, ids is not None, kinds is not None, assign, line)
     sql = db.text(shape, build)
-    lean = db.text(("lean", *shape[1:]), build_lean) if db.lean else None
     params = {
-        **_queues(queues),
+        **in_queues,
         "ids": ids,
         "types": kinds,
         "limit": limit,
@@ -418,13 +433,20 @@ async def claim(
             await check_session(db, cur, expert, session)
             return [], None
         whole = True
-        if lean is not None and db.lean:
-            await cur.execute(lean, db.params(**params))
+        if db.lean:
+            began = floors.clock()
+            at = shape_floors.floors if shape_floors and shape_floors.use(began) else None
+            floored = at is not None
+            lean = db.text(("lean", floored, *shape[1:]), lambda: build_lean(floored))
+            more = floors.params(at, params_queues) if at is not None else {}
+            await cur.execute(lean, db.params(**params, **more))
             rows = await cur.fetchall()
             # a feature is in use: this claim took nothing, the whole statement makes it
             # (decided on what this statement said, not on the flag, which a concurrent
             # claim of this instance may turn off while this one's answer is on its way)
             whole = any(r[0] is None for r in rows)
+            if shape_floors is not None and not whole:
+                shape_floors.learn(rows, not floored, began, floors.clock())
             if whole and db.lean:
                 db.lean = False
                 log.info(

@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from contend.errors import ConfigError, SchemaError, StoreError
 from contend.store._cancel import cancels, check_wanted
+from contend.store.postgres.floors import Shape
 from contend.store.postgres.url import safe
 
 T = TypeVar("T")
@@ -88,6 +89,8 @@ class Database:
         #: Claims may take the lean statement (``claims.claim``): none of central tasks, limit
         #: keys, fair share or auctions seen yet. Off for good once a claim finds one in use.
         self.lean = True
+        #: where lean claims' walks may start, per claim shape (``floors``)
+        self.floors: dict[Hashable, Shape] = {}
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size

@@ -1,0 +1,113 @@
+"""Claims that start at a floor (``contend.store.postgres.floors``), on a real PostgreSQL: the
+claim order stands (a higher priority first, first in first out within one, lower levels when
+the floor's is empty), a task given back below the floor waits for the next full walk, and
+behind a transaction that holds vacuum back, a claim reads past the entries of the tasks
+claimed since it began only once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from contend.domain.task import Capabilities, TaskSpec
+from contend.store.port import ExpertInfo
+from contend.store.postgres import PostgresStore, floors
+from tests.integration.postgres.conftest import StoreFactory
+
+#: Whether claims may start at their floors (their cost, which decides it, is left out).
+FORCED = [False]
+
+
+@pytest.fixture(autouse=True)
+def forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(floors.Shape, "use", lambda self, now: bool(self.floors) and FORCED[0])
+    yield
+    FORCED[0] = False
+
+
+async def _claim(store: PostgresStore, session: str, limit: int) -> list[str]:
+    got = await store.claim("e", session, ["default"], Capabilities(), limit=limit, lease_ttl=60)
+    return [c.id for c in got]
+
+
+async def test_a_floored_claim_keeps_the_claim_order(store: PostgresStore) -> None:
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    plain = [TaskSpec.build("t", [n]) for n in range(6)]
+    await store.submit(plain)
+    assert await _claim(store, session, 2) == [plain[0].id, plain[1].id]  # a full walk
+    FORCED[0] = True
+    urgent, low = TaskSpec.build("t", priority=5), TaskSpec.build("t", priority=-5)
+    await store.submit([low, urgent])
+    # the level above the floor's first, then the floor's own in order, then the one below
+    assert await _claim(store, session, 3) == [urgent.id, plain[2].id, plain[3].id]
+    assert await _claim(store, session, 3) == [plain[4].id, plain[5].id, low.id]
+    assert await _claim(store, session, 3) == []
+
+
+async def test_a_task_given_back_below_the_floor_waits_for_a_full_walk(
+    store: PostgresStore,
+) -> None:
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    specs = [TaskSpec.build("t", [n]) for n in range(6)]
+    await store.submit(specs)
+    first = await store.claim("e", session, ["default"], Capabilities(), limit=2, lease_ttl=60)
+    FORCED[0] = True
+    assert await _claim(store, session, 2) == [specs[2].id, specs[3].id]  # floor: specs[2]
+    assert await store.release("e", [(first[0].id, first[0].fence)]) == [None]
+    # below the floor: a floored claim does not see it (this is what floors skip)...
+    assert await _claim(store, session, 1) == [specs[4].id]
+    FORCED[0] = False
+    # ...the next full walk does, before anything due later
+    assert await _claim(store, session, 2) == [specs[0].id, specs[5].id]
+
+
+async def test_behind_held_vacuum_a_claim_reads_only_past_its_floor(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    store = await make_store(pool_size=1)  # its statistics flushed on the claims' connection
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    await store.submit([TaskSpec.build("t", [n]) for n in range(2_000)])
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as holder:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT txid_current()")
+        for _ in range(150):  # 1,500 tasks claimed (their pending versions stay)
+            assert len(await _claim(store, session, 10)) == 10
+        full = await _entries_read(store, pg_url, session)
+        FORCED[0] = True
+        await _claim(store, session, 10)  # learns the floor past those
+        floored = await _entries_read(store, pg_url, session)
+    assert full >= 1_500, full  # the full walk passed every claimed task's entry
+    assert floored <= 30, floored  # its own 10 and the last claim's 10
+
+
+async def _entries_read(store: PostgresStore, pg_url: str, session: str) -> int:
+    """Index entries ``tasks_claimable`` gave one claim of 10, read from the statistics."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+
+        async def read() -> int:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            cur = await conn.execute(
+                "SELECT idx_tup_read FROM pg_stat_user_indexes"
+                " WHERE schemaname = 'contend' AND indexrelname = 'tasks_claimable'"
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            return int(row[0])
+
+        await _flush(store)
+        before = await read()
+        assert len(await _claim(store, session, 10)) == 10
+        await _flush(store)
+        return await read() - before
+
+
+async def _flush(store: PostgresStore) -> None:
+    """Have the store's one connection report its statistics now (PostgreSQL 15 and later:
+    otherwise a backend reports them once a second at most)."""
+
+    async def run(cur: psycopg.AsyncCursor) -> None:
+        await cur.execute("SELECT pg_stat_force_next_flush()")
+
+    await store._db.run(run, tx=False)
