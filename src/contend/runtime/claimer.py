@@ -615,7 +615,9 @@ class ClaimLoop:
         wait = self.config.idle_wait
         if self.gate is not None and self.gate.closed:
             wait = min(wait, GATE_EVERY_CLOSED)  # a stage waits for the next: look again soon
-        due = await session.call("a read", lambda: self.store.next_due(self.queues))
+        # a task due already that we did not get matters only to a rate limit's poll below
+        later = self._rate_poll is None
+        due = await session.call("a read", lambda: self.store.next_due(self.queues, later=later))
         if due is None and self._auction_wake is None:
             now = 0.0  # nothing to time: spare the store a round trip per idle wake-up
         else:

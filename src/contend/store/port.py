@@ -552,8 +552,10 @@ class Store(Protocol):
     async def wait_for_change(self, timeout: float) -> None:
         """Return soon after the store may have changed, or after *timeout* seconds."""
 
-    async def next_due(self, queues: Sequence[str]) -> float | None:
-        """The earliest ``run_at`` of a pending task in *queues*, or None."""
+    async def next_due(self, queues: Sequence[str], *, later: bool = False) -> float | None:
+        """The earliest ``run_at`` of a pending task in *queues*, or None. With *later*, the
+        store may leave out the tasks due already (PostgreSQL does: behind a transaction that
+        holds vacuum back, reaching the first of them walks past every task claimed since)."""
 
     async def backlog(self, queues: Sequence[str]) -> Backlog:
         """How many tasks in *queues* are pending and due now, and the oldest one's age."""

@@ -14,6 +14,7 @@ import pytest
 from contend.domain.task import Capabilities, TaskSpec
 from contend.store.port import ExpertInfo
 from contend.store.postgres import PostgresStore, floors
+from contend.testing import FakeClock
 from tests.integration.postgres.conftest import StoreFactory
 
 #: Whether claims may start at their floors (their cost, which decides it, is left out).
@@ -111,3 +112,14 @@ async def _flush(store: PostgresStore) -> None:
         await cur.execute("SELECT pg_stat_force_next_flush()")
 
     await store._db.run(run, tx=False)
+
+
+async def test_next_due_later_leaves_out_what_is_due(
+    store: PostgresStore, clock: FakeClock
+) -> None:
+    # the idle wait's read: the tasks due already are the claimed ones' dead entries' side of
+    # the index, so it seeks past them and names only what falls due later
+    await store.submit([TaskSpec.build("t"), TaskSpec.build("t", delay=30.0)])
+    assert await store.next_due(["default"]) == clock.now()
+    assert await store.next_due(["default"], later=True) == clock.now() + 30.0
+    assert await store.next_due(["other"], later=True) is None

@@ -275,7 +275,7 @@ class Inspection:
         dues = [due for _, due in found if due is not None]
         return Backlog(sum(n for n, _ in found), max(0.0, now - min(dues)) if dues else None)
 
-    async def next_due(self, queues: Sequence[str]) -> float | None:
+    async def next_due(self, queues: Sequence[str], *, later: bool = False) -> float | None:
         async def level(prefix: bytes, floor: bytes) -> float | None:
             kvs, _ = await self._levels.read(prefix, prefix + floor, 1, 1, any_kv, b"\0first")
             return int(kvs[0].key[len(prefix) :][:17]) / 1_000_000 if kvs else None

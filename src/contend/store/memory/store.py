@@ -267,7 +267,7 @@ class MemoryStore:
         ]
         return Backlog(len(due), (now - min(due)) if due else None)
 
-    async def next_due(self, queues: Sequence[str]) -> float | None:
+    async def next_due(self, queues: Sequence[str], *, later: bool = False) -> float | None:
         return self._index.next_due(queues)
 
     # -- the claim protocol ----------------------------------------------------------------

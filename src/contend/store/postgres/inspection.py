@@ -212,14 +212,20 @@ async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
     return await db.run(run, tx=False)
 
 
-async def next_due(db: Database, queues: Sequence[str]) -> float | None:
+async def next_due(db: Database, queues: Sequence[str], *, later: bool = False) -> float | None:
+    """*later*: only tasks due after now, a seek in ``tasks_oldest`` past the entries of the
+    tasks claimed since vacuum last could remove them (they were due when claimed)."""
     if not queues:
         return None
+    after = " AND run_at > {now}" if later else ""
 
     async def run(cur: Cursor) -> float | None:
         await cur.execute(
-            db.sql("SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending' AND queue = ANY(%s)"),
-            (list(queues),),
+            db.sql(
+                "SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending'"
+                " AND queue = ANY(%(queues)s)" + after
+            ),
+            db.params(queues=list(queues)),
         )
         row = await cur.fetchone()
         return None if row is None else row[0]

@@ -191,7 +191,7 @@ async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
     return Backlog(row[0], None if row[1] is None else now - row[1])
 
 
-async def next_due(db: Database, queues: Sequence[str]) -> float | None:
+async def next_due(db: Database, queues: Sequence[str], *, later: bool = False) -> float | None:
     if not queues:
         return None
     marks = ",".join("?" * len(queues))
