@@ -125,3 +125,26 @@ async def test_slow_runs_after_short_ones_are_not_held_on_the_short_ones_mean(ap
 
 def _held_of(e: Any, task_type: str) -> int:
     return sum(1 for c, _ in e.parts.claimer.ready if c.type == task_type)
+
+
+async def test_nothing_is_held_ahead_while_claims_take_every_task_there_is(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once the queue is drained, tasks that arrive a few at a time are claimed for the free
+    # slots only: held ahead, they would wait for this expert's slots while a rival is idle.
+    async with expert(app, name="solo", concurrency=2) as e:
+        handles = [await app.submit("quick", [i]) for i in range(100)]
+        assert [await h.result(timeout=30) for h in handles] == list(range(100))
+        claimer = e.parts.claimer
+        assert claimer.ahead() > 0  # its runs are short: it would hold some ahead
+        limits: list[int] = []
+        claim = claimer.store.claim
+
+        async def spy(*args: Any, **kwargs: Any) -> list[Claimed]:
+            limits.append(kwargs["limit"])
+            return await claim(*args, **kwargs)
+
+        monkeypatch.setattr(claimer.store, "claim", spy)
+        for i in range(10):
+            assert await (await app.submit("quick", [i])).result(timeout=30) == i
+    assert limits and max(limits) <= 2, limits
