@@ -17,12 +17,13 @@ import functools
 import logging
 import random
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from enum import StrEnum
 
 from contend.domain.scoring import TaskView
 from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
+from contend.runtime.bidding import Bidder, auction_types, below_top
 from contend.runtime.clock import Clock, first_of, give_up, wait_event
 from contend.runtime.competition import Competition
 from contend.runtime.config import ExpertConfig
@@ -31,7 +32,7 @@ from contend.runtime.hooks import Hook, task_fields
 from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
 from contend.runtime.session import LeaseKeeper, Session
 from contend.runtime.task_type import TaskType
-from contend.store.port import Auction, Claimed, Store
+from contend.store.port import Claimed, Store
 
 log = logging.getLogger("contend.expert")
 
@@ -40,30 +41,6 @@ class SlotState(StrEnum):
     IDLE = "idle"
     CLAIMING = "claiming"
     EXECUTING = "executing"
-
-
-def auction_types(
-    tasks: Collection[TaskType], competition: Competition, threshold: float
-) -> set[str]:
-    """Task types to auction now: mode "auction", and mode "auto" once their runs take at
-    least *threshold* seconds, so that an auction pays for itself (seed 000 §6.1)."""
-    out = set()
-    typical = competition.typical
-    mine = competition.tracker.snapshot()
-    for tt in tasks:
-        if tt.mode == "auction":
-            out.add(tt.name)
-        elif tt.mode == "auto":
-            mean = typical.get(tt.name) or (mine[tt.name].mean_seconds if tt.name in mine else None)
-            if mean is not None and mean >= threshold:
-                out.add(tt.name)
-    return out
-
-
-def _below_top(views: list[TaskView]) -> list[TaskView]:
-    """The candidates below the highest base priority among *views*: the low lane's."""
-    top = max((v.priority for v in views), default=0)
-    return [v for v in views if v.priority < top]
 
 
 #: The most tasks an expert holds beyond its free slots by default, when its runs are so short
@@ -133,8 +110,7 @@ class ClaimLoop:
         self._outrun = False
         #: tasks claimed ahead were given back (``holds``): claim no more ahead until a run ends
         self._gave_back = False
-        self._auctions: dict[str, tuple[Auction, bool]] = {}  # task -> (state, final)
-        self._auction_wake: float | None = None  # store time of the next auction moment
+        self.bidder = Bidder(store, name, config, competition, executor)
         #: The shortest interval of the rate limits of its task types: how soon to look again
         #: when a due task was held back (None: no rate limits, wait for a change).
         rates = [tt.rate_limit.interval for tt in tasks.values() if tt.rate_limit is not None]
@@ -516,7 +492,7 @@ class ClaimLoop:
             types=self.types,
         )
         views = await session.call("a read", peek)
-        self._auction_wake = None
+        self.bidder.wake_at = None
         if not views:
             return []
         claimed: list[Claimed] = []
@@ -560,7 +536,7 @@ class ClaimLoop:
             # starves nothing on the race path either
             best = set(ids[:free])
             low = sorted(
-                (v for v in _below_top(races) if v.id not in best),
+                (v for v in below_top(races) if v.id not in best),
                 key=lambda v: (v.created_at, v.id),
             )[: min(lane, free)]
             ids = ids[: free - len(low)] + [v.id for v in low]
@@ -573,43 +549,8 @@ class ClaimLoop:
     async def _bid_and_claim(
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0
     ) -> list[Claimed]:
-        """Auction mode: bid our fitness on each task; after the close, the top bidder claims,
-        and each next bidder may after its grace period (the store refuses a claim out of
-        turn). Of the *free* lots bid on, *lane*
-        are the low lane's: the longest waiting below the top priority."""
-        me = self.competition.me(self.executor.load)
-        entitled: list[str] = []
-        now = await session.call("a read", self.store.now)
-        seen = {v.id for v in lots}
-        for tid in [t for t in self._auctions if t not in seen]:
-            del self._auctions[tid]  # claimed or gone: forget it (keeps the map bounded)
-        low = sorted(_below_top(lots), key=lambda v: (v.created_at, v.id))[: min(lane, free)]
-        chosen = [v for v in lots if v not in low][: max(1, free) - len(low)] + low
-        for view in chosen:
-            state = self._auctions.get(view.id)
-            if state is None or (not state[1] and now >= state[0].closes_at):
-                score = self.config.fitness(me, view)
-                bid = functools.partial(
-                    self.store.bid,
-                    self.name,
-                    session.id,
-                    view.id,
-                    score,
-                    self.config.auction_window,
-                    self.config.auction_grace,
-                )
-                auction = await session.call("a bid", bid)
-                state = (auction, auction.now >= auction.closes_at)
-                self._auctions[view.id] = state
-            auction, _ = state
-            if not auction.open:
-                continue
-            at = auction.may_claim_at(self.name)  # the grace the first bid set
-            if now >= at:
-                entitled.append(view.id)
-            else:
-                wake = at if now >= auction.closes_at else auction.closes_at
-                self._auction_wake = min(self._auction_wake or wake, wake)
+        """Auction mode (``runtime.bidding``): bid on the lots, claim those this expert may."""
+        entitled = await self.bidder.entitled(session, lots, free, lane)
         return await self._claim(session, free, task_ids=entitled, low_lane=lane)
 
     # -- waiting ---------------------------------------------------------------------------
@@ -624,7 +565,7 @@ class ClaimLoop:
         # a task due already that we did not get matters only to a rate limit's poll below
         later = self._rate_poll is None
         due = await session.call("a read", lambda: self.store.next_due(self.queues, later=later))
-        if due is None and self._auction_wake is None:
+        if due is None and self.bidder.wake_at is None:
             now = 0.0  # nothing to time: spare the store a round trip per idle wake-up
         else:
             now = await session.call("a read", self.store.now)
@@ -638,8 +579,8 @@ class ClaimLoop:
                 # or held back by a rate limit: look again when the key may have room
                 # (jittered, so that rivals polling the same key spread out)
                 wait = min(wait, self._rate_poll * (0.5 + self._rand()))
-        if self._auction_wake is not None:
-            wait = max(0.001, min(wait, self._auction_wake - now))
+        if self.bidder.wake_at is not None:
+            wait = max(0.001, min(wait, self.bidder.wake_at - now))
         if wait <= 0:
             return
         waiter = asyncio.create_task(self.store.wait_for_change(wait))
