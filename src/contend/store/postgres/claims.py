@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
 from contend.domain import transitions as rules
 from contend.domain.scoring import TaskView
@@ -327,6 +328,124 @@ PLAIN = "plain AS (SELECT NOT EXISTS (SELECT 1 FROM {s}.features) AS ok)"
 _NO_TASK = ", ".join(["NULL"] * (CLAIMED_COLUMNS.count(",") + 1))
 
 
+class _Claim(NamedTuple):
+    """What a claim's statements depend on besides the parameters (the key of their text)."""
+
+    queues: int  # how many distinct queues
+    lane: bool
+    named: bool  # of named task ids
+    typed: bool  # of some task types only
+    assign: str  # the update's SET list, as the domain decided the claim
+    line: str  # its history line
+
+    def pick(self, lane: bool) -> str:
+        return _candidates(
+            lock=True, queues=self.queues, lane=lane, only_ids=self.named, typed=self.typed
+        )
+
+    def whole(self) -> str:
+        """The whole statement: it takes nothing where limit keys or fair tasks were picked,
+        and names them instead."""
+        slow = " AND NOT (SELECT keyed FROM keyed) AND NOT (SELECT fair FROM fair)"
+        take = take_ctes(slow) % {"assign": self.assign, "line": self.line}
+        return (
+            f"WITH RECURSIVE {live_cte()}, {self.pick(self.lane)}"
+            ", keyed AS (SELECT count(*) > 0 AS keyed, array_agg(DISTINCT p.limit_key) FILTER ("
+            "   WHERE p.limit_max IS NOT NULL"
+            "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
+            "  FROM picked p WHERE p.limit_key IS NOT NULL)"
+            f", fair AS (SELECT {has_fair(self.named, self.queues)}"
+            " AND EXISTS (SELECT 1 FROM picked) AS fair)"
+            f", {take}"
+            " SELECT *, NULL::text[], NULL::boolean FROM claimed"
+            f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"
+            f" ORDER BY {BEST}"
+        )
+
+    def lean(self, floored: bool) -> str:
+        """The lean statement (see :func:`claim`); *floored*: each queue's walk starts at its
+        floor (:mod:`.floors`)."""
+        candidates = _candidates(
+            lock=True,
+            queues=self.queues,
+            lane=self.lane,
+            only_ids=self.named,
+            typed=self.typed,
+            plain=True,
+            floored=floored,
+        )
+        return (
+            f"WITH RECURSIVE {live_cte()}, {PLAIN}, {candidates}"
+            f", {take_ctes('') % {'assign': self.assign, 'line': self.line}}"
+            " SELECT *, NULL::text[], NULL::boolean FROM claimed"
+            f" UNION ALL SELECT {_NO_TASK}, NULL::text[], NULL::boolean FROM plain WHERE NOT ok"
+            f" ORDER BY {BEST}"
+        )
+
+    def picks(self, fair: bool) -> str:
+        """The pick of a claim made again under its keys' locks (:class:`~.limited.Limited`),
+        in fair order where there are fair tasks."""
+        if not fair:
+            return (
+                f"WITH RECURSIVE {live_cte(True)}, {self.pick(False)}"
+                " SELECT CASE WHEN t.central THEN 'mine' ELSE 'best' END,"
+                f" {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
+                " ORDER BY t.central DESC, t.eff_priority DESC, t.run_at, t.id"
+            )
+        named, typed = self.named, self.typed
+        where = _claimable(lock=True, only_ids=named, typed=typed, ordered=True)
+        ctes, query = fair_sql(where, queues=self.queues, named=named, lane=self.lane, lock=True)
+        mine = _mine(queues=self.queues, only_ids=named, typed=typed)
+        head = _lane(lock=True, only_ids=named, typed=typed, central=True) if self.lane else ""
+        return (
+            f"WITH RECURSIVE {live_cte(True)}, {mine}, {head}{', ' if head else ''}{ctes}"
+            f" {query} UNION ALL SELECT 'mine', {PICK_COLUMNS} FROM mine JOIN {{s}}.tasks t"
+            " USING (id)"
+        )
+
+    def again(self) -> str:
+        """The update of a claim made again: the history line of a rate-limited claim bears
+        the time its rate was spent at (Limited.claim), so that the starts it records keep
+        the rate's spacing."""
+        stamped = self.line.replace("{now}", "coalesce(%(decided_at)s::float8, {now})", 1)
+        return take_ctes(" AND t.state = 'pending'", live=True) % {
+            "assign": self.assign,
+            "line": stamped,
+        }
+
+
+async def _lean(
+    db: Database,
+    cur: Cursor,
+    shape: _Claim,
+    params: dict[str, Any],
+    shape_floors: floors.Shape | None,
+    queues: list[str],
+) -> list[Any] | None:
+    """The lean statement's rows (see :func:`claim`); None when a feature is in use (it took
+    nothing). Its walks start at their floors when *shape_floors* says so."""
+    began = floors.clock()
+    at = shape_floors.floors if shape_floors and shape_floors.use(began) else None
+    sql = db.text(("lean", at is not None, *shape), lambda: db.sql(shape.lean(at is not None)))
+    more = floors.params(at, queues) if at is not None else {}
+    await cur.execute(sql, db.params(**params, **more))
+    rows = await cur.fetchall()
+    # decided on what this statement said, not on the flag, which a concurrent claim of this
+    # instance may turn off while this one's answer is on its way
+    if any(r[0] is None for r in rows):
+        if db.lean:
+            db.lean = False
+            log.info(
+                "PostgreSQL store %s uses limits, fair share, central queues or auctions:"
+                " claims take the whole statement from now on",
+                db.schema,
+            )
+        return None
+    if shape_floors is not None:
+        shape_floors.learn(rows, at is None, began, floors.clock())
+    return rows
+
+
 async def claim(
     db: Database,
     expert: str,
@@ -359,61 +478,18 @@ async def claim(
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
     kinds = _types(types)
     lane = min(check_limit(low_lane), limit)
-    n_queues = max(1, len(set(queues)))
     in_queues = _queues(queues)
-    params_queues: list[str] = in_queues["queues"]  # type: ignore[assignment]
-
-    def pick(lane: bool) -> str:
-        return _candidates(
-            lock=True, queues=n_queues, lane=lane, only_ids=ids is not None, typed=kinds is not None
-        )
-
+    distinct: list[str] = in_queues["queues"]  # type: ignore[assignment]
     assign, line, decided = handover(rules.claimed(expert, start=start))
-
-    def build() -> str:
-        slow = " AND NOT (SELECT keyed FROM keyed) AND NOT (SELECT fair FROM fair)"
-        take = take_ctes(slow) % {"assign": assign, "line": line}
-        return db.sql(
-            f"WITH RECURSIVE {live_cte()}, {pick(lane > 0)}"
-            ", keyed AS (SELECT count(*) > 0 AS keyed, array_agg(DISTINCT p.limit_key) FILTER ("
-            "   WHERE p.limit_max IS NOT NULL"
-            "    OR EXISTS (SELECT 1 FROM {s}.rate_keys r WHERE r.key = p.limit_key)) AS keys"
-            "  FROM picked p WHERE p.limit_key IS NOT NULL)"
-            f", fair AS (SELECT {has_fair(ids is not None, n_queues)}"
-            " AND EXISTS (SELECT 1 FROM picked) AS fair)"
-            f", {take}"
-            " SELECT *, NULL::text[], NULL::boolean FROM claimed"
-            f" UNION ALL SELECT {_NO_TASK}, keys, fair FROM keyed, fair WHERE keyed OR fair"
-            f" ORDER BY {BEST}"
-        )
-
+    shape = _Claim(
+        max(1, len(distinct)), lane > 0, ids is not None, kinds is not None, assign, line
+    )
     # floors (``.floors``): for a lean claim of the best, not of named tasks nor with a lane
     shape_floors = (
-        db.floors.setdefault(floors.key(params_queues, capabilities, kinds), floors.Shape())
+        db.floors.setdefault(floors.key(distinct, capabilities, kinds), floors.Shape())
         if ids is None and not lane and queues
         else None
     )
-
-    def build_lean(floored: bool) -> str:
-        candidates = _candidates(
-            lock=True,
-            queues=n_queues,
-            lane=lane > 0,
-            only_ids=ids is not None,
-            typed=kinds is not None,
-            plain=True,
-            floored=floored,
-        )
-        return db.sql(
-            f"WITH RECURSIVE {live_cte()}, {PLAIN}, {candidates}"
-            f", {take_ctes('') % {'assign': assign, 'line': line}}"
-            " SELECT *, NULL::text[], NULL::boolean FROM claimed"
-            f" UNION ALL SELECT {_NO_TASK}, NULL::text[], NULL::boolean FROM plain WHERE NOT ok"
-            f" ORDER BY {BEST}"
-        )
-
-    shape = ("claim", n_queues, lane > 0, ids is not None, kinds is not None, assign, line)
-    sql = db.text(shape, build)
     params = {
         **in_queues,
         "ids": ids,
@@ -432,30 +508,11 @@ async def claim(
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
             await check_session(db, cur, expert, session)
             return [], None
-        whole = True
-        if db.lean:
-            began = floors.clock()
-            at = shape_floors.floors if shape_floors and shape_floors.use(began) else None
-            floored = at is not None
-            lean = db.text(("lean", floored, *shape[1:]), lambda: build_lean(floored))
-            more = floors.params(at, params_queues) if at is not None else {}
-            await cur.execute(lean, db.params(**params, **more))
-            rows = await cur.fetchall()
-            # a feature is in use: this claim took nothing, the whole statement makes it
-            # (decided on what this statement said, not on the flag, which a concurrent
-            # claim of this instance may turn off while this one's answer is on its way)
-            whole = any(r[0] is None for r in rows)
-            if shape_floors is not None and not whole:
-                shape_floors.learn(rows, not floored, began, floors.clock())
-            if whole and db.lean:
-                db.lean = False
-                log.info(
-                    "PostgreSQL store %s uses limits, fair share, central queues or"
-                    " auctions: claims take the whole statement from now on",
-                    db.schema,
-                )
-        if whole:
-            await cur.execute(sql, db.params(**params))
+        rows = await _lean(db, cur, shape, params, shape_floors, distinct) if db.lean else None
+        if rows is None:
+            await cur.execute(
+                db.text(("claim", *shape), lambda: db.sql(shape.whole())), db.params(**params)
+            )
             rows = await cur.fetchall()
         met = next(((r[-2] or [], bool(r[-1])) for r in rows if r[0] is None), None)
         if not rows:  # nothing claimable, or a session that is not live: which?
@@ -466,34 +523,16 @@ async def claim(
     if met is None:
         return got
     keys, fair = met
-    if fair:
-        where = _claimable(
-            lock=True, only_ids=ids is not None, typed=kinds is not None, ordered=True
-        )
-        ctes, query = fair_sql(
-            where, queues=n_queues, named=ids is not None, lane=lane > 0, lock=True
-        )
-        named, typed = ids is not None, kinds is not None
-        mine = _mine(queues=n_queues, only_ids=named, typed=typed)
-        head = _lane(lock=True, only_ids=named, typed=typed, central=True) if lane else ""
-        pick_sql = (
-            f"WITH RECURSIVE {live_cte(True)}, {mine}, {head}{', ' if head else ''}{ctes}"
-            f" {query} UNION ALL SELECT 'mine', {PICK_COLUMNS} FROM mine JOIN {{s}}.tasks t"
-            " USING (id)"
-        )
-    else:
-        pick_sql = (
-            f"WITH RECURSIVE {live_cte(True)}, {pick(False)}"
-            " SELECT CASE WHEN t.central THEN 'mine' ELSE 'best' END,"
-            f" {PICK_COLUMNS} FROM picked JOIN {{s}}.tasks t USING (id)"
-            " ORDER BY t.central DESC, t.eff_priority DESC, t.run_at, t.id"
-        )
-    # the history line of a rate-limited claim bears the time its rate was spent at
-    # (Limited.claim), so that the starts it records keep the rate's spacing
-    stamped = line.replace("{now}", "coalesce(%(decided_at)s::float8, {now})", 1)
-    again = take_ctes(" AND t.state = 'pending'", live=True) % {"assign": assign, "line": stamped}
-    limited = Limited(db, pick_sql, again, params, fair=fair, named=ids is not None, queues=queues)
-    return await db.run(lambda cur: limited.claim(cur, keys), tx=True)
+    again = Limited(
+        db,
+        shape.picks(fair),
+        shape.again(),
+        params,
+        fair=fair,
+        named=ids is not None,
+        queues=queues,
+    )
+    return await db.run(lambda cur: again.claim(cur, keys), tx=True)
 
 
 async def steal(
