@@ -1,7 +1,8 @@
 """Two versions of contend side by side in one run, on any backend: drain rate, CPU per task and
 idle submit-to-start latency.
 
-``python -m benchmarks.versions REV --backend sqlite|postgresql|etcd [--runs 3] [--tasks 20000]``
+``python -m benchmarks.versions REV --backend sqlite|postgresql|etcd [--runs 3] [--tasks 20000]
+[--concurrency 512] [--body async|sync]``
 checks REV out into a temporary worktree and measures it and this checkout in turn, RUNS times
 each, alternating, so that both meet the same moods of a machine whose speed swings two- to
 threefold within an hour. Each measurement is one child process whose ``PYTHONPATH`` is that
@@ -40,11 +41,15 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(url: str | None, n: int, concurrency: int, latency: bool) -> dict[str, Any]:
+async def measure(
+    url: str | None, n: int, concurrency: int, latency: bool, body: str = "async"
+) -> dict[str, Any]:
     """One measurement with the contend on sys.path (the child's version)."""
     from contend.cli.bench import Bench
 
-    bench = Bench(argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url))
+    bench = Bench(
+        argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url, body=body)
+    )
     if latency:
         await bench.latency()
     # The experts' CPU from the moment the tasks fall due to the last one done (Bench.drain
@@ -75,13 +80,15 @@ async def measure(url: str | None, n: int, concurrency: int, latency: bool) -> d
     return out
 
 
-async def child(backend: str, url: str, n: int, concurrency: int, latency: bool) -> dict[str, Any]:
+async def child(
+    backend: str, url: str, n: int, concurrency: int, latency: bool, body: str
+) -> dict[str, Any]:
     if backend == "postgresql":
         from contend.testing.postgres import fresh_database
 
         async with fresh_database() as db_url:
-            return await measure(db_url, n, concurrency, latency)
-    return await measure(url or None, n, concurrency, latency)
+            return await measure(db_url, n, concurrency, latency, body)
+    return await measure(url or None, n, concurrency, latency, body)
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -120,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 env = {**os.environ, "PYTHONPATH": str(src)}
                 cmd = [sys.executable, "-m", "benchmarks.versions", args.rev,
                        "--backend", args.backend, "--tasks", str(args.tasks),
-                       "--concurrency", str(args.concurrency), "--child", url]  # fmt: skip
+                       "--concurrency", str(args.concurrency), "--body", args.body,
+                       "--child", url]  # fmt: skip
                 if args.no_latency:
                     cmd.append("--no-latency")
                 done = subprocess.run(
@@ -163,12 +171,20 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=512)
     parser.add_argument("--no-latency", action="store_true", help="measure the drain only")
+    parser.add_argument("--body", choices=["async", "sync"], default="async", help="task bodies")
     parser.add_argument("--out", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         figures = asyncio.run(
-            child(args.backend, args.child, args.tasks, args.concurrency, not args.no_latency)
+            child(
+                args.backend,
+                args.child,
+                args.tasks,
+                args.concurrency,
+                not args.no_latency,
+                args.body,
+            )
         )
         print(json.dumps(figures), flush=True)
         return 0
