@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from contend.domain.task import Capabilities, TaskSpec
+from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.store.port import ExpertInfo
 from contend.store.postgres import PostgresStore, floors
 from contend.testing import FakeClock
@@ -123,3 +123,43 @@ async def test_next_due_later_leaves_out_what_is_due(
     assert await store.next_due(["default"]) == clock.now()
     assert await store.next_due(["default"], later=True) == clock.now() + 30.0
     assert await store.next_due(["other"], later=True) is None
+
+
+async def test_a_low_lane_looks_for_levels_only_where_there_are_some(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    store = await make_store(pool_size=1)
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    await store.submit([TaskSpec.build("t", [n]) for n in range(20)])
+
+    async def lane_claim() -> int:
+        await _flush(store)
+        before = await _index_read(pg_url, "tasks_lane")
+        got = await store.claim(
+            "e", session, ["default"], Capabilities(), limit=4, lease_ttl=60, low_lane=1
+        )
+        assert len(got) == 4
+        await _flush(store)
+        return await _index_read(pg_url, "tasks_lane") - before
+
+    # every task at priority 0: nothing below the top, and the lane's skip scan is left out
+    assert await lane_claim() == 0
+    low = TaskSpec.build("t", priority=-1)
+    await store.submit([low])  # a second level: the lane looks, and takes it
+    assert await lane_claim() > 0
+    assert (await store.get(low.id)).state == TaskState.RUNNING
+    # a lean claim still (the levels are not a feature the lean claim leaves out)
+    assert store._db.lean
+
+
+async def _index_read(pg_url: str, index: str) -> int:
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        cur = await conn.execute(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes"
+            " WHERE schemaname = 'contend' AND indexrelname = %s",
+            (index,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])

@@ -106,6 +106,14 @@ def _level_below(cond: str) -> str:
     )
 
 
+#: Whether a task of a priority other than 0 was ever submitted (migration 13). If not, every
+#: task is at one base priority, the low lane has nothing below the top to take, and its skip
+#: scan is left out: behind a transaction that holds vacuum back, each probe of a level
+#: walked the entries of every task claimed since (sustained 1,000 tasks/s fell behind for
+#: good once claims came back full and took a lane slot).
+SOME_LEVELS = "EXISTS (SELECT 1 FROM {s}.features WHERE name = 'levels')"
+
+
 def _lane(
     *, lock: bool, only_ids: bool, typed: bool, central: bool = False, plain: bool = False
 ) -> str:
@@ -142,6 +150,7 @@ def _lane(
     return (
         "levels (queue, priority, depth) AS ("
         f"  SELECT l.queue, {_level_below('')}, 1 FROM unnest(%(queues)s::text[]) AS l(queue)"
+        f"  WHERE {SOME_LEVELS}"
         "  UNION ALL"
         f"  SELECT l.queue, {_level_below('AND t.priority < l.priority')}, l.depth + 1"
         "   FROM levels l WHERE l.priority IS NOT NULL AND l.depth < %(levels)s"
@@ -320,9 +329,10 @@ async def peek(
 
 
 #: CTE ``plain``: whether the store never used a feature that the lean claim leaves out
-#: (central queues, limit keys, fair share, auctions: the ``features`` table, migration 12).
+#: (central queues, limit keys, fair share, auctions: the ``features`` table, migration 12;
+#: its ``levels`` row is the low lane's, see SOME_LEVELS).
 #: A sequential read of a table of at most four rows: no index to open.
-PLAIN = "plain AS (SELECT NOT EXISTS (SELECT 1 FROM {s}.features) AS ok)"
+PLAIN = "plain AS (SELECT NOT EXISTS (SELECT 1 FROM {s}.features WHERE name <> 'levels') AS ok)"
 
 #: CLAIMED_COLUMNS' place in the row that tells a claim it met limit keys or fair tasks.
 _NO_TASK = ", ".join(["NULL"] * (CLAIMED_COLUMNS.count(",") + 1))
@@ -484,10 +494,10 @@ async def claim(
     shape = _Claim(
         max(1, len(distinct)), lane > 0, ids is not None, kinds is not None, assign, line
     )
-    # floors (``.floors``): for a lean claim of the best, not of named tasks nor with a lane
+    # floors (``.floors``): for a lean claim of the best, not of named tasks
     shape_floors = (
         db.floors.setdefault(floors.key(distinct, capabilities, kinds), floors.Shape())
-        if ids is None and not lane and queues
+        if ids is None and queues
         else None
     )
     params = {

@@ -262,6 +262,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             " WHERE EXISTS (SELECT 1 FROM {s}.auctions) OR EXISTS (SELECT 1 FROM {s}.bids)",
         ),
     ),
+    Migration(
+        13,
+        "priority levels in use: a low lane looks for levels only where there are some",
+        (
+            # 'levels' in features: a task of a priority other than 0 was submitted; the lean
+            # claim leaves out the other features' parts, not the low lane
+            "INSERT INTO {s}.features SELECT 'levels'"
+            " WHERE EXISTS (SELECT 1 FROM {s}.tasks WHERE priority <> 0)",
+        ),
+    ),
 )
 
 #: The version this contend understands.

@@ -207,6 +207,8 @@ def _features(specs: Sequence[TaskSpec]) -> list[str]:
             used.add("limits")
         if spec.fair:
             used.add("fair")
+        if spec.priority != 0:
+            used.add("levels")  # not a claim's feature: the low lane's (claims._lane)
     return sorted(used)
 
 
