@@ -6,6 +6,7 @@ claimed since it began only once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import psycopg
@@ -23,7 +24,7 @@ FORCED = [False]
 
 @pytest.fixture(autouse=True)
 def forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(floors.Shape, "use", lambda self, now: bool(self.floors) and FORCED[0])
+    monkeypatch.setattr(floors.Shape, "use", lambda self, now, heard=True: bool(self.floors) and FORCED[0])
     yield
     FORCED[0] = False
 
@@ -163,3 +164,24 @@ async def _index_read(pg_url: str, index: str) -> int:
         row = await cur.fetchone()
         assert row is not None
         return int(row[0])
+
+
+async def test_a_task_given_back_is_heard_of_and_claimed_at_once(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.undo()  # floors used as the store decides: here, as if whole walks were costly
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    specs = [TaskSpec.build("t", [n]) for n in range(6)]
+    await store.submit(specs)
+    first = await store.claim("e", session, ["default"], Capabilities(), limit=2, lease_ttl=60)
+    (shape,) = store._db.floors.values()
+    shape.full_cost = 1.0  # a whole walk costs a second: floors for the next 10 s
+    assert store._db.floors_heard and shape.use(floors.clock())
+    assert await _claim(store, session, 2) == [specs[2].id, specs[3].id]  # floor: specs[2]
+    assert await store.release("e", [(first[0].id, first[0].fence)]) == [None]
+    # the release's notice says a task may stand below the floor: the next claim walks whole
+    for _ in range(500):
+        if not shape.use(floors.clock()):
+            break
+        await asyncio.sleep(0.01)
+    assert await _claim(store, session, 1) == [specs[0].id]

@@ -14,8 +14,9 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
+from contend.domain.task import TaskState
 from contend.domain.transitions import Attempts, Outcome
-from contend.store.postgres.database import Database
+from contend.store.postgres.database import LOWERED, Database
 
 #: One decided outcome for one task: (task id, its fence, the outcome).
 Decided = tuple[str, int, Outcome]
@@ -63,6 +64,12 @@ _SET = (
 _ATTEMPTS_CASES = " ".join(f"WHEN '{a.value}' THEN {sql}" for a, sql in ATTEMPTS_SQL.items())
 
 
+def lowers(outcome: Outcome) -> bool:
+    """Whether *outcome* may leave a task claimable below a claim's floor (``floors``): pending
+    with the due time it had (given back, lapsed, its dependencies over), not due from now."""
+    return outcome.state == TaskState.PENDING and outcome.due_in is None and not outcome.due_now
+
+
 def apply(
     db: Database,
     guard: str,
@@ -108,7 +115,9 @@ def apply(
             names.append(column)
             refs[column] = f"i.{column}"
     assign = _SET.format(attempts_cases=_ATTEMPTS_CASES, **refs)
-    wake = ", pg_notify(%(channel)s, '')" if notify else ""
+    # a task pending again may stand below a claim's floor (``floors``): say so
+    lowered = any(lowers(o) for _, _, o in decided)
+    wake = f", pg_notify(%(channel)s, '{LOWERED if lowered else ''}')" if notify else ""
     sql = db.sql(
         f"WITH {before} applied AS ("
         f"  UPDATE {{s}}.tasks t SET {assign}"

@@ -435,7 +435,8 @@ async def _lean(
     """The lean statement's rows (see :func:`claim`); None when a feature is in use (it took
     nothing). Its walks start at their floors when *shape_floors* says so."""
     began = floors.clock()
-    at = shape_floors.floors if shape_floors and shape_floors.use(began) else None
+    heard = db.floors_heard
+    at = shape_floors.floors if shape_floors and shape_floors.use(began, heard) else None
     sql = db.text(("lean", at is not None, *shape), lambda: db.sql(shape.lean(at is not None)))
     more = floors.params(at, queues) if at is not None else {}
     await cur.execute(sql, db.params(**params, **more))

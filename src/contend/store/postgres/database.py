@@ -60,6 +60,11 @@ LOST_SCHEMA = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
 NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
 #: The same, read when the statement runs: ``now()`` is the transaction's start, which in a
 #: task's own transaction (``transactions.py``) may be long past.
+#: The payload of a notification that a task may be claimable below a claim's floor: pending
+#: again with the due time it had (given back, lapsed, its dependencies over, retried by
+#: hand) or promoted by ageing.
+LOWERED = "floor"
+
 NOW_LIVE = "coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)"
 
 
@@ -91,6 +96,9 @@ class Database:
         self.lean = True
         #: where lean claims' walks may start, per claim shape (``floors``)
         self.floors: dict[Hashable, Shape] = {}
+        #: whether this instance hears the notices that a task may stand below a floor (its
+        #: LISTEN connection is up)
+        self.floors_heard = False
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size
@@ -230,8 +238,15 @@ class Database:
         params["now"] = None if self.clock is None else float(self.clock())
         return params
 
-    async def notify(self, cur: Cursor) -> None:
-        await cur.execute("SELECT pg_notify(%s, '')", (self.channel,))
+    async def notify(self, cur: Cursor, *, lowered: bool = False) -> None:
+        """Wake the listeners; *lowered*: a task may have become claimable below a claim's
+        floor (``floors``), so each listener's next claim walks its queues whole."""
+        await cur.execute("SELECT pg_notify(%s, %s)", (self.channel, LOWERED if lowered else ""))
+
+    def floors_lowered(self) -> None:
+        """A notice said a task may stand below the floors: the next claims walk whole."""
+        for shape in self.floors.values():
+            shape.full_at = -float("inf")
 
     async def now(self) -> float:
         if self.clock is not None:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from contend.domain import transitions as rules
 from contend.domain.task import TaskState, if_failed_of
-from contend.store.postgres.apply import LOCKED, Decided, apply
+from contend.store.postgres.apply import LOCKED, Decided, apply, lowers
 from contend.store.postgres.database import Cursor, Database
 
 
@@ -24,6 +24,8 @@ async def settle_dependents(db: Database, cur: Cursor, ended: Sequence[tuple[str
             return
         decided, still = _decide(todo, waiting)
         await _apply(db, cur, decided, still)
+        if any(lowers(o) for _, _, o in decided):
+            await db.notify(cur, lowered=True)  # due since they were submitted: below floors
         todo = [(tid, o.state) for tid, _, o in decided if o.ends]
 
 

@@ -27,7 +27,7 @@ async def expire(db: Database) -> int:
             )
         )
         if moved:
-            await db.notify(cur)
+            await db.notify(cur, lowered=True)
         return moved
 
     return await db.run(run)
@@ -97,7 +97,7 @@ async def end_session(db: Database, expert: str, session: str) -> int:
         ]
         moved = await _apply_expiry(db, cur, decided)
         if moved:
-            await db.notify(cur)
+            await db.notify(cur, lowered=True)
         return moved
 
     return await db.run(run)
@@ -131,3 +131,4 @@ async def age(db: Database, cur: Cursor) -> None:
         ),
         (ids, aged, promote),
     )
+    await db.notify(cur, lowered=True)  # a promoted task may stand below a floor of its level

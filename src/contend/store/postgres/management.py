@@ -8,7 +8,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import TaskState
 from contend.domain.transitions import Outcome
 from contend.errors import TaskNotFound
-from contend.store.postgres.apply import LOCKED, apply
+from contend.store.postgres.apply import LOCKED, apply, lowers
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.dependants import settle_dependents
 
@@ -33,7 +33,7 @@ async def _manage(
         if outcome.ends:  # a task that ended waits on nothing, and its dependants are told
             await cur.execute(db.sql("DELETE FROM {s}.task_deps WHERE task_id = %s"), (task_id,))
             await settle_dependents(db, cur, [(task_id, str(outcome.state))])
-        await db.notify(cur)
+        await db.notify(cur, lowered=lowers(outcome))
 
     await db.run(run)
 

@@ -15,7 +15,7 @@ from psycopg.rows import TupleRow
 
 from contend.errors import StoreError
 from contend.store._cancel import cancels, check_wanted
-from contend.store.postgres.database import Database
+from contend.store.postgres.database import LOWERED, Database
 from contend.store.postgres.url import parse_postgres_url, safe
 
 log = logging.getLogger("contend.store.postgres")
@@ -73,6 +73,7 @@ class Wakeups:
             ) from exc
         self._listener_conn = conn
         self._listening = True
+        self._db.floors_heard = True
         self._listener = asyncio.get_running_loop().create_task(
             self._listen_loop(conn), name=f"contend-listen-{self._db.schema}"
         )
@@ -87,6 +88,8 @@ class Wakeups:
             await self._listener_conn.close()
             self._listener_conn = None
         self._listening = False
+        self._db.floors_heard = False
+        self._db.floors_lowered()  # a notice may have been missed
 
     async def _listen_loop(self, conn: AsyncConnection[TupleRow] | None) -> None:
         """Turn notifications into wake-ups; on a lost connection, poll and reconnect.
@@ -114,16 +117,21 @@ class Wakeups:
                     return
                 self._listener_conn = conn
                 self._listening = True
+                self._db.floors_heard = True
                 self._touch()  # changes may have been missed while it was down
                 log.info("LISTEN connection restored")
             pause = 0.05
             try:
-                async for _ in conn.notifies():
+                async for notice in conn.notifies():
+                    if notice.payload == LOWERED:
+                        self._db.floors_lowered()
                     self._touch()
             except psycopg.Error as exc:
                 if not self._closing:
                     log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self._listening = False
+            self._db.floors_heard = False
+            self._db.floors_lowered()  # a notice may have been missed
             self._listener_conn = None
             try:
                 await conn.close()
