@@ -214,19 +214,28 @@ async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
 
 async def next_due(db: Database, queues: Sequence[str], *, later: bool = False) -> float | None:
     """*later*: only tasks due after now, a seek in ``tasks_oldest`` past the entries of the
-    tasks claimed since vacuum last could remove them (they were due when claimed)."""
-    if not queues:
+    tasks claimed since vacuum last could remove them (they were due when claimed).
+
+    One arm per queue, each ordered by the index's own columns: with ``queue = ANY(array)``
+    the planner may walk ``tasks_claimable`` instead and read every entry of the queue (in the
+    5-minute hold of the sustained run, this read took most of the server's time)."""
+    distinct = list(dict.fromkeys(queues))
+    if not distinct:
         return None
     after = " AND run_at > {now}" if later else ""
 
-    async def run(cur: Cursor) -> float | None:
-        await cur.execute(
-            db.sql(
-                "SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending'"
-                " AND queue = ANY(%(queues)s)" + after
-            ),
-            db.params(queues=list(queues)),
+    def build() -> str:
+        arms = " UNION ALL ".join(
+            f"(SELECT run_at FROM {{s}}.tasks WHERE state = 'pending' AND queue = %(q{n})s{after}"
+            " ORDER BY run_at LIMIT 1)"
+            for n in range(len(distinct))
         )
+        return db.sql(f"SELECT min(r) FROM ({arms}) u(r)")
+
+    sql = db.text(("next_due", len(distinct), later), build)
+
+    async def run(cur: Cursor) -> float | None:
+        await cur.execute(sql, db.params(**{f"q{n}": q for n, q in enumerate(distinct)}))
         row = await cur.fetchone()
         return None if row is None else row[0]
 
