@@ -24,7 +24,9 @@ FORCED = [False]
 
 @pytest.fixture(autouse=True)
 def forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(floors.Shape, "use", lambda self, now, heard=True: bool(self.floors) and FORCED[0])
+    monkeypatch.setattr(
+        floors.Shape, "use", lambda self, now, heard=True: bool(self.floors) and FORCED[0]
+    )
     yield
     FORCED[0] = False
 
