@@ -164,12 +164,18 @@ class ClaimLoop:
         mean, rtt = self.executor.type_means.get(task_type), self.claim_seconds
         return mean is not None and rtt is not None and 2 * rtt * self.config.concurrency > mean
 
+    def _keeps(self, c: Claimed) -> bool:
+        """Whether *c*, claimed beyond the free slots, stays held: its type's runs are short
+        (``holds``), or a leader gave it to this expert (a central queue's task given back is
+        given out again: the suite saw one assigned twice)."""
+        return c.queue in self.competition.central or self.holds(c.type)
+
     async def _give_back(self, session: Session, held: list[Claimed]) -> list[Claimed]:
         """Release those of *held* (claimed beyond the free slots) that are not to be held
         ahead, for a rival to claim at once; returns the rest. Nothing more is claimed ahead
         until a run ends: the tasks given back are the first a new claim would take again."""
-        keep = [c for c in held if self.holds(c.type)]
-        back = [c for c in held if not self.holds(c.type)]
+        keep = [c for c in held if self._keeps(c)]
+        back = [c for c in held if not self._keeps(c)]
         self._gave_back = True
         items = [(c.id, c.fence) for c in back]
         try:
@@ -291,7 +297,7 @@ class ClaimLoop:
                 for c in claimed[:slots]:
                     self.executor.launch(c, session)
                 held = claimed[max(0, slots) :]
-                if held and not all(self.holds(c.type) for c in held):
+                if held and not all(self._keeps(c) for c in held):
                     held = await self._give_back(session, held)
                 self.ready.extend((c, session) for c in held)
                 if held:
