@@ -174,8 +174,10 @@ class ClaimLoop:
         """Release those of *held* (claimed beyond the free slots) that are not to be held
         ahead, for a rival to claim at once; returns the rest. Nothing more is claimed ahead
         until a run ends: the tasks given back are the first a new claim would take again."""
-        keep = [c for c in held if self._keeps(c)]
-        back = [c for c in held if not self._keeps(c)]
+        keep: list[Claimed] = []
+        back: list[Claimed] = []
+        for c in held:
+            (keep if self._keeps(c) else back).append(c)
         self._gave_back = True
         items = [(c.id, c.fence) for c in back]
         try:
@@ -239,13 +241,13 @@ class ClaimLoop:
             # claim per started task was a write per task (sync no-op tasks on SQLite: four
             # times the transactions of coroutines, 10 tasks a claim against 31).
             want, holding = self.ahead(), len(self.ready)
-            extra = want - holding if holding * 2 <= want and not self._gave_back else 0
-            if self._short:
-                # The last claim took every task there was: no backlog to hold ahead of, and
-                # what this expert held would wait for its slots while an idle rival could
-                # start it (sync bodies at 1,000 tasks/s on PostgreSQL: claims of 18 tasks for
-                # 8 slots, a claimed task waiting 6 ms to start against 3 for coroutines).
-                extra = 0
+            # Nothing more after a give-back (until a run ends), nor after a claim that took
+            # every task there was: no backlog to hold ahead of, and what this expert held
+            # would wait for its slots while an idle rival could start it (sync bodies at
+            # 1,000 tasks/s on PostgreSQL: claims of 18 tasks for 8 slots, a claimed task
+            # waiting 6 ms to start against 3 for coroutines).
+            topping_up = holding * 2 <= want and not self._gave_back and not self._short
+            extra = want - holding if topping_up else 0
             if free > 0 and self.ready:
                 self.on_free()  # slots freed while a claim was out
                 continue
