@@ -197,28 +197,32 @@ def _live_numbers(d: Dashboard, stats: StoreStats, snap: StoreSnapshot) -> dict[
     return n
 
 
-def routes(d: Dashboard) -> list[Route | Mount]:
-    store = d.store
+class _Handlers:
+    """The dashboard's pages and actions, one method a route."""
 
-    async def overview(request: Request) -> Response:
-        snap = await d.snapshot()
-        stats = await d.stats()
+    def __init__(self, d: Dashboard) -> None:
+        self.d = d
+        self.store = d.store
+
+    async def overview(self, request: Request) -> Response:
+        snap = await self.d.snapshot()
+        stats = await self.d.stats()
         blocked = pages.blocked_by_reason(snap.blocked.counts)
         return _html(pages.overview(stats, blocked, root=_root(request)))
 
-    async def experts(request: Request) -> Response:
-        return _html(pages.experts(await d.stats(), root=_root(request)))
+    async def experts(self, request: Request) -> Response:
+        return _html(pages.experts(await self.d.stats(), root=_root(request)))
 
-    async def queues(request: Request) -> Response:
-        stats = await d.stats()
-        oldest = {q: (await store.backlog([q])).oldest_age for q in stats.counts}
-        throughput = d.sampler.queue_throughput()
+    async def queues(self, request: Request) -> Response:
+        stats = await self.d.stats()
+        oldest = {q: (await self.store.backlog([q])).oldest_age for q in stats.counts}
+        throughput = self.d.sampler.queue_throughput()
         return _html(pages.queues(stats, throughput, oldest, root=_root(request)))
 
-    async def competition(request: Request) -> Response:
-        return _html(pages.competition(await d.stats(), root=_root(request)))
+    async def competition(self, request: Request) -> Response:
+        return _html(pages.competition(await self.d.stats(), root=_root(request)))
 
-    async def tasks(request: Request) -> Response:
+    async def tasks(self, request: Request) -> Response:
         root = _root(request)
         qp = request.query_params
         state = qp.get("state") or None
@@ -227,7 +231,7 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         f = pages.TaskFilter(
             state, qp.get("queue") or None, qp.get("type") or None, qp.get("q") or None
         )
-        listed = await store.list_tasks(
+        listed = await self.store.list_tasks(
             state=TaskState(state) if state else None,
             queue=f.queue,
             type=f.type,
@@ -236,44 +240,44 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         )
         text = (f.text or "").lower()
         chosen = [t for t in listed if not text or text in _searchable(t)]
-        now, experts_ = await store.now(), await store.list_experts()
+        now, experts_ = await self.store.now(), await self.store.list_experts()
         shown = chosen[:SHOW]
-        keys = await store.key_states({t.limit_key for t in shown if t.limit_key is not None})
+        keys = await self.store.key_states({t.limit_key for t in shown if t.limit_key is not None})
         found = [(t, explain(t, now, experts_, keys)) for t in shown]
-        names = sorted((await d.stats()).counts)
+        names = sorted((await self.d.stats()).counts)
         more = len(listed) >= SCAN or len(chosen) > SHOW
         return _html(pages.tasks(found, f, names, now, len(listed), more, root=root))
 
-    async def task_detail(request: Request) -> Response:
+    async def task_detail(self, request: Request) -> Response:
         root = _root(request)
         task_id = request.path_params["task_id"]
         try:
-            task = await store.get(task_id, history=True)
+            task = await self.store.get(task_id, history=True)
         except TaskNotFound:
             return _html(pages.error("Not found", f"no task {task_id}", root=root), 404)
-        now, experts_ = await store.now(), await store.list_experts()
-        keys = await store.key_states([task.limit_key] if task.limit_key is not None else [])
+        now, experts_ = await self.store.now(), await self.store.list_experts()
+        keys = await self.store.key_states([task.limit_key] if task.limit_key is not None else [])
         note = request.query_params.get("note", "")[:200]
         why = explain(task, now, experts_, keys)
-        return _html(pages.task_detail(task, why, now, d.csrf(request), note, root=root))
+        return _html(pages.task_detail(task, why, now, self.d.csrf(request), note, root=root))
 
-    async def act(request: Request) -> Response:
+    async def act(self, request: Request) -> Response:
         root = _root(request)
         task_id, action = request.path_params["task_id"], request.path_params["action"]
         if action not in ("retry", "cancel"):
             return _html(pages.error("Not found", f"no action {action}", root=root), 404)
-        if not d.allowed(request):
+        if not self.d.allowed(request):
             refused = pages.error("Refused", "a token is needed to change a task", root=root)
             return _html(refused, 401)
         form = await _form(request)
         host = request.headers.get("host", "")
-        if not d.guard.csrf_ok(
+        if not self.d.guard.csrf_ok(
             request.cookies.get(COOKIE), form.get("csrf"), request.headers.get("origin"), host
         ):
             message = "the form's CSRF check failed: reload the page"
             return _html(pages.error("Refused", message, root=root), 403)
         try:
-            task = await (store.retry if action == "retry" else store.cancel)(task_id)
+            task = await (self.store.retry if action == "retry" else self.store.cancel)(task_id)
         except TaskNotFound:
             return _html(pages.error("Not found", f"no task {task_id}", root=root), 404)
         except InvalidTransition as exc:
@@ -281,49 +285,51 @@ def routes(d: Dashboard) -> list[Route | Mount]:
         note = quote(f"{action}: the task is now {task.state}")
         return RedirectResponse(f"{root}/tasks/{task_id}?note={note}", status_code=303)
 
-    async def api_live(request: Request) -> Response:
-        stats = await d.stats()
-        snap = await d.snapshot()
+    async def api_live(self, request: Request) -> Response:
+        stats = await self.d.stats()
+        snap = await self.d.snapshot()
         points = [
             {"at": p.at, "throughput": p.throughput, "success_rate": p.success_rate}
-            for p in d.sampler.points()[-300:]
+            for p in self.d.sampler.points()[-300:]
         ]
-        return JSONResponse({"numbers": _live_numbers(d, stats, snap), "points": points})
+        return JSONResponse({"numbers": _live_numbers(self.d, stats, snap), "points": points})
 
-    async def metrics(request: Request) -> Response:
-        d.metrics.update(await d.snapshot(fresh=True))
-        return Response(generate_latest(d.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response:
+        self.d.metrics.update(await self.d.snapshot(fresh=True))
+        return Response(generate_latest(self.d.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def login_form(request: Request) -> Response:
+    async def login_form(self, request: Request) -> Response:
         root = _root(request)
-        if not d.guard.required:
+        if not self.d.guard.required:
             return RedirectResponse(root + "/", status_code=303)
         return _html(pages.login(root=root))
 
-    async def login(request: Request) -> Response:
+    async def login(self, request: Request) -> Response:
         root = _root(request)
         form = await _form(request)
-        if not d.guard.right_token(form.get("token", "")):
+        if not self.d.guard.right_token(form.get("token", "")):
             return _html(pages.login(refused=True, root=root), 403)
         reply = RedirectResponse(root + "/", status_code=303)
         reply.set_cookie(
-            COOKIE, d.guard.cookie_value(), path=root or "/", httponly=True, samesite="strict"
+            COOKIE, self.d.guard.cookie_value(), path=root or "/", httponly=True, samesite="strict"
         )
         return reply
 
-    page = d.page
+
+def routes(d: Dashboard) -> list[Route | Mount]:
+    h, page = _Handlers(d), d.page
     return [
-        Route("/", page(overview)),
-        Route("/experts", page(experts)),
-        Route("/queues", page(queues)),
-        Route("/competition", page(competition)),
-        Route("/tasks", page(tasks)),
-        Route("/tasks/{task_id}", page(task_detail)),
-        Route("/tasks/{task_id}/{action}", act, methods=["POST"]),
-        Route("/api/live", page(api_live)),
-        Route("/metrics", page(metrics)),
-        Route("/login", login_form, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
+        Route("/", page(h.overview)),
+        Route("/experts", page(h.experts)),
+        Route("/queues", page(h.queues)),
+        Route("/competition", page(h.competition)),
+        Route("/tasks", page(h.tasks)),
+        Route("/tasks/{task_id}", page(h.task_detail)),
+        Route("/tasks/{task_id}/{action}", h.act, methods=["POST"]),
+        Route("/api/live", page(h.api_live)),
+        Route("/metrics", page(h.metrics)),
+        Route("/login", h.login_form, methods=["GET"]),
+        Route("/login", h.login, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
 

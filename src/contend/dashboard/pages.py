@@ -174,6 +174,18 @@ def _select(name: str, options: Sequence[str], chosen: str | None) -> Safe:
     return tag("select", join(opts), name=name, id=f"filter-{name}")
 
 
+def _task_filter_form(f: TaskFilter, queue_names: Sequence[str], root: str) -> Safe:
+    text = f'<input name="q" value="{esc(f.text or "")}" placeholder="id, args, error…">'
+    fields = [
+        tag("label", join(["state ", _select("state", STATES, f.state)])),
+        tag("label", join(["queue ", _select("queue", queue_names, f.queue)])),
+        tag("label", join(["type ", Safe(f'<input name="type" value="{esc(f.type or "")}">')])),
+        tag("label", join(["text ", Safe(text)])),
+        tag("button", "filter", type="submit"),
+    ]
+    return tag("form", join(fields), method="get", action=f"{root}/tasks", class_="filters")
+
+
 def tasks(
     found: Sequence[tuple[Task, Diagnosis | None]],
     f: TaskFilter,
@@ -184,34 +196,7 @@ def tasks(
     *,
     root: str,
 ) -> str:
-    form = tag(
-        "form",
-        join(
-            [
-                tag("label", join(["state ", _select("state", STATES, f.state)])),
-                tag("label", join(["queue ", _select("queue", queue_names, f.queue)])),
-                tag(
-                    "label",
-                    join(["type ", Safe(f'<input name="type" value="{esc(f.type or "")}">')]),
-                ),
-                tag(
-                    "label",
-                    join(
-                        [
-                            "text ",
-                            Safe(
-                                f'<input name="q" value="{esc(f.text or "")}" placeholder="id, args, error…">'
-                            ),
-                        ]
-                    ),
-                ),
-                tag("button", "filter", type="submit"),
-            ]
-        ),
-        method="get",
-        action=f"{root}/tasks",
-        class_="filters",
-    )
+    form = _task_filter_form(f, queue_names, root)
     rows = [
         (
             tag("a", t.id, href=f"{root}/tasks/{t.id}", class_="mono"),

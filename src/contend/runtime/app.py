@@ -192,22 +192,7 @@ class App:
                 raise ConfigError(f"@app.task needs a function, got {shown(f)}")
             if type_name in self.tasks and self.tasks[type_name].fn is not f:
                 raise ConfigError(f"task type {shown(type_name)} is registered twice")
-            if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
-                raise ConfigError(
-                    f"timeout of {shown(type_name)} must be positive, got {shown(timeout)}"
-                )
-            if mode not in ("race", "auction", "auto"):
-                raise ConfigError(f"mode of {shown(type_name)} must be 'race', 'auction' or 'auto'")
-            if isolation not in ISOLATIONS:
-                raise ConfigError(
-                    f"isolation of {shown(type_name)} must be None or 'process', "
-                    f"got {shown(isolation)}"
-                )
-            if isolation == "process":
-                try:
-                    import_path(f)
-                except ValueError as exc:
-                    raise ConfigError(f"task type {shown(type_name)}: {exc}") from None
+            _check_options(type_name, f, timeout, mode, isolation)
             limit = memory_limit_of(type_name, memory_limit, isolation)
             rate = None if rate_limit is None else Rate.of(rate_limit, rate_burst)
             if concurrency_limit is not None or limit_key is not None or rate or fair:
@@ -584,3 +569,22 @@ class TaskHandle:
 
     def __await__(self) -> Any:
         return self.result().__await__()
+
+
+def _check_options(
+    type_name: str, f: Callable[..., Any], timeout: object, mode: str, isolation: str | None
+) -> None:
+    """Refuse a task type's bad options, by name, before anything is registered."""
+    if timeout is not None and (not isinstance(timeout, int | float) or timeout <= 0):
+        raise ConfigError(f"timeout of {shown(type_name)} must be positive, got {shown(timeout)}")
+    if mode not in ("race", "auction", "auto"):
+        raise ConfigError(f"mode of {shown(type_name)} must be 'race', 'auction' or 'auto'")
+    if isolation not in ISOLATIONS:
+        raise ConfigError(
+            f"isolation of {shown(type_name)} must be None or 'process', got {shown(isolation)}"
+        )
+    if isolation == "process":
+        try:
+            import_path(f)
+        except ValueError as exc:
+            raise ConfigError(f"task type {shown(type_name)}: {exc}") from None

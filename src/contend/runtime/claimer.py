@@ -17,7 +17,7 @@ import functools
 import logging
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 
 from contend.domain.scoring import TaskView
@@ -235,19 +235,7 @@ class ClaimLoop:
     async def _run(self) -> None:
         cfg = self.config
         while not self.stopping.is_set():
-            free = cfg.concurrency - self.executor.load
-            room = cfg.prefetch - len(self.prefetched)
-            # Tasks held ready are topped up once half of them are gone, not one by one: a
-            # claim per started task was a write per task (sync no-op tasks on SQLite: four
-            # times the transactions of coroutines, 10 tasks a claim against 31).
-            want, holding = self.ahead(), len(self.ready)
-            # Nothing more after a give-back (until a run ends), nor after a claim that took
-            # every task there was: no backlog to hold ahead of, and what this expert held
-            # would wait for its slots while an idle rival could start it (sync bodies at
-            # 1,000 tasks/s on PostgreSQL: claims of 18 tasks for 8 slots, a claimed task
-            # waiting 6 ms to start against 3 for coroutines).
-            topping_up = holding * 2 <= want and not self._gave_back and not self._short
-            extra = want - holding if topping_up else 0
+            free, room, extra = self._wants()
             if free > 0 and self.ready:
                 self.on_free()  # slots freed while a claim was out
                 continue
@@ -256,36 +244,12 @@ class ClaimLoop:
                 if cfg.concurrency - self.executor.load <= 0:
                     await self._wake.wait()
                 continue
-            session = self.keeper.session
-            if session is None or session.lost.is_set():
-                # no session: wait for the keeper to open one (it backs off while it cannot)
-                self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
-                await wait_event(self.clock, self.keeper.ready, cfg.heartbeat_every)
-                continue
-            if not session.safe():  # its deadline passed a moment ago: nothing more under it
-                self.keeper.lose(session, "no renewal within the lease")
-                continue
-            gate = self.gate
-            if gate is not None and gate.active:
-                try:
-                    read = functools.partial(gate.open_queues, self.all_queues)
-                    self.queues = await session.call("a backlog read", read)
-                except ContendError as exc:
-                    log.warning("expert %s: could not read the backlog: %s", self.name, exc)
-                    self.queues = [q for q in self.all_queues if q not in gate.closed]
-                if not self.queues:  # every stage it serves waits for the ones after
-                    self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
-                    self._wake.clear()
-                    await wait_event(self.clock, self._wake, GATE_EVERY_CLOSED)
-                    continue
-            if not self.competition.active:  # an emergency expert while all is calm
-                self.state = SlotState.IDLE
-                self._wake.clear()
-                await wait_event(self.clock, self._wake, cfg.heartbeat_every)
+            session = await self._usable_session()
+            if session is None or await self._held_off(session):
                 continue
             self.state = SlotState.CLAIMING
             try:
-                claimed = await self._round(session, free, room, max(0, extra))
+                claimed = await self._round(session, free, room, extra)
             except LeaseLost as exc:
                 self.keeper.lose(session, str(exc))
                 continue
@@ -294,38 +258,98 @@ class ClaimLoop:
                 await self._pause(0.5)
                 continue
             if claimed:
-                self.state = SlotState.EXECUTING
-                slots = cfg.concurrency - self.executor.load
-                for c in claimed[:slots]:
-                    self.executor.launch(c, session)
-                held = claimed[max(0, slots) :]
-                if held and not all(self._keeps(c) for c in held):
-                    held = await self._give_back(session, held)
-                self.ready.extend((c, session) for c in held)
-                if held:
-                    now = self.clock.monotonic()
-                    self._ready_at.update((c.id, now) for c in held)
-                await asyncio.sleep(0)
-                continue
-            if self._outrun:  # a rival took what it named: more may be pending, look again
+                await self._take(session, claimed)
+            elif self._outrun:  # a rival took what it named: more may be pending, look again
                 self._outrun = False
-                continue
-            if free <= 0:  # full, prefetch topped up: wait for a slot
+            elif free <= 0:  # full, prefetch topped up: wait for a slot
                 # ...if none freed while the round was out: that run's wake-up came before
                 # this clear, and waiting for the next one left a free slot idle for
                 # idle_wait (sync bodies on PostgreSQL: pickup p50 505 ms at 1,000 tasks/s)
                 self._wake.clear()
                 if cfg.concurrency - self.executor.load <= 0:
                     await wait_event(self.clock, self._wake, cfg.idle_wait)
-                continue
-            self.state = SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
+            else:
+                await self._idle_round(session)
+
+    def _wants(self) -> tuple[int, int, int]:
+        """Free slots, prefetch room, and how many more to claim ahead of the slots."""
+        free = self.config.concurrency - self.executor.load
+        room = self.config.prefetch - len(self.prefetched)
+        # Tasks held ready are topped up once half of them are gone, not one by one: a
+        # claim per started task was a write per task (sync no-op tasks on SQLite: four
+        # times the transactions of coroutines, 10 tasks a claim against 31).
+        want, holding = self.ahead(), len(self.ready)
+        # Nothing more after a give-back (until a run ends), nor after a claim that took
+        # every task there was: no backlog to hold ahead of, and what this expert held
+        # would wait for its slots while an idle rival could start it (sync bodies at
+        # 1,000 tasks/s on PostgreSQL: claims of 18 tasks for 8 slots, a claimed task
+        # waiting 6 ms to start against 3 for coroutines).
+        topping_up = holding * 2 <= want and not self._gave_back and not self._short
+        return free, room, max(0, want - holding) if topping_up else 0
+
+    def _resting(self) -> SlotState:
+        return SlotState.IDLE if not self.executor.load else SlotState.EXECUTING
+
+    async def _usable_session(self) -> Session | None:
+        """The session to claim under, or None after waiting for the keeper to open one."""
+        session = self.keeper.session
+        if session is None or session.lost.is_set():
+            # no session: wait for the keeper to open one (it backs off while it cannot)
+            self.state = self._resting()
+            await wait_event(self.clock, self.keeper.ready, self.config.heartbeat_every)
+            return None
+        if not session.safe():  # its deadline passed a moment ago: nothing more under it
+            self.keeper.lose(session, "no renewal within the lease")
+            return None
+        return session
+
+    async def _held_off(self, session: Session) -> bool:
+        """Whether to claim nothing this time (and wait a while): every stage it serves waits
+        for the ones after, or it is an emergency expert while all is calm."""
+        gate = self.gate
+        if gate is not None and gate.active:
             try:
-                await self._idle(session)
-            except LeaseLost as exc:
-                self.keeper.lose(session, str(exc))
+                read = functools.partial(gate.open_queues, self.all_queues)
+                self.queues = await session.call("a backlog read", read)
             except ContendError as exc:
-                log.warning("expert %s: could not read the store: %s", self.name, exc)
-                await self._pause(0.5)
+                log.warning("expert %s: could not read the backlog: %s", self.name, exc)
+                self.queues = [q for q in self.all_queues if q not in gate.closed]
+            if not self.queues:
+                self.state = self._resting()
+                self._wake.clear()
+                await wait_event(self.clock, self._wake, GATE_EVERY_CLOSED)
+                return True
+        if not self.competition.active:
+            self.state = SlotState.IDLE
+            self._wake.clear()
+            await wait_event(self.clock, self._wake, self.config.heartbeat_every)
+            return True
+        return False
+
+    async def _take(self, session: Session, claimed: list[Claimed]) -> None:
+        """Start what *claimed* has room for; hold the rest ready (or give it back)."""
+        self.state = SlotState.EXECUTING
+        slots = self.config.concurrency - self.executor.load
+        for c in claimed[:slots]:
+            self.executor.launch(c, session)
+        held = claimed[max(0, slots) :]
+        if held and not all(self._keeps(c) for c in held):
+            held = await self._give_back(session, held)
+        self.ready.extend((c, session) for c in held)
+        if held:
+            now = self.clock.monotonic()
+            self._ready_at.update((c.id, now) for c in held)
+        await asyncio.sleep(0)
+
+    async def _idle_round(self, session: Session) -> None:
+        self.state = self._resting()
+        try:
+            await self._idle(session)
+        except LeaseLost as exc:
+            self.keeper.lose(session, str(exc))
+        except ContendError as exc:
+            log.warning("expert %s: could not read the store: %s", self.name, exc)
+            await self._pause(0.5)
 
     async def _round(self, session: Session, free: int, room: int, extra: int) -> list[Claimed]:
         """One round under *session*: what to start now (up to *free*, plus *extra* to hold
@@ -481,7 +505,6 @@ class ClaimLoop:
             return await self._claim(session, free + extra, low_lane=lane)
         # A race places each task on the fittest expert: claim only for the free slots, so
         # that holding ahead never takes a task a fitter rival would win.
-        extra = 0
         if free <= 0:
             return []
         central = [q for q in self.queues if q in comp.central]
@@ -490,7 +513,7 @@ class ClaimLoop:
             if given:
                 return given
         # look deep enough that equally fit experts do not all reach for the same few tasks
-        depth = max(16, (free + extra) * 3)
+        depth = max(16, free * 3)
         peek = functools.partial(
             self.store.peek,
             self.queues,
@@ -511,15 +534,28 @@ class ClaimLoop:
             lane = 0
         bid_on = {v.id for v in lots}
         races = [v for v in views if v.id not in bid_on]
-        free += extra
         if not races or free <= 0:
             return claimed
+        return claimed + await self._race(session, races, free, load, lane, peek)
+
+    async def _race(
+        self,
+        session: Session,
+        races: list[TaskView],
+        free: int,
+        load: int,
+        lane: int,
+        peek: Callable[[], Awaitable[list[TaskView]]],
+    ) -> list[Claimed]:
+        """Wait out this expert's race delay for *races* (as fit as its rivals are), then
+        claim the best of them still pending for its *free* slots."""
+        comp = self.competition
         plan = comp.plan(races, load, self.claim_seconds or 0.0)
         first = plan[0][0]
         if first > 0:
             await self._pause(first)
             if self.stopping.is_set():
-                return claimed
+                return []
         # The candidates this expert is about as fit for as for the first one, best first.
         # It names no more of them than it has free slots: every id named and not won is a
         # lost race (issue 13 counts each one), and after the late check below nearly all are
@@ -552,7 +588,7 @@ class ClaimLoop:
             ids = ids[:free]
         got = await self._claim(session, free, task_ids=ids, low_lane=lane)
         self._outrun = len(got) < len(ids)
-        return claimed + got
+        return got
 
     async def _bid_and_claim(
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0
