@@ -48,7 +48,7 @@ from contend.store.postgres.limits import (
     in_fair_order,
     key_states,
 )
-from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, caps, claimed
+from contend.store.postgres.rows import CLAIMED_COLUMNS, FITS, NOT_CLAIMED, caps, claimed
 from contend.store.postgres.sessions import check_session
 
 log = logging.getLogger("contend.store.postgres")
@@ -101,7 +101,7 @@ def _level_below(cond: str) -> str:
     that meets *cond* (one probe of ``tasks_lane``)."""
     return (
         "(SELECT t.priority FROM {s}.tasks t WHERE t.state = 'pending' AND NOT t.central"
-        " AND t.queue = l.queue"
+        f" AND t.queue = l.queue AND {NOT_CLAIMED.format(t='t.')}"
         f" {cond} ORDER BY t.priority DESC LIMIT 1)"
     )
 
@@ -157,7 +157,7 @@ def _lane(
         "), heads AS ("
         "  SELECT h.* FROM levels l CROSS JOIN LATERAL ("
         "   SELECT t.id, t.priority, t.run_at, t.limit_key, t.limit_max FROM {s}.tasks t"
-        f"   WHERE {where} AND t.queue = l.queue"
+        f"   WHERE {where} AND t.queue = l.queue AND {NOT_CLAIMED.format(t='t.')}"
         "    AND t.priority >= l.priority AND t.priority <= l.priority"
         f"   ORDER BY t.priority DESC, t.run_at, t.id LIMIT %(lane)s{tail}) h"
         "  WHERE l.priority IS NOT NULL"
@@ -432,8 +432,17 @@ async def _lean(
     shape_floors: floors.Shape | None,
     queues: list[str],
 ) -> list[Any] | None:
-    """The lean statement's rows (see :func:`claim`); None when a feature is in use (it took
-    nothing). Its walks start at their floors when *shape_floors* says so."""
+    """The lean statement's rows; None when a feature is in use (it took nothing). Its walks
+    start at their floors when *shape_floors* says so.
+
+    While the store has never used central queues, limit keys, fair share or auctions (the
+    ``features`` table is empty), the lean statement serves claims: no assigned central tasks,
+    no limits' room, no auctions' order, no probe for keys or fair tasks. Their subplans cost a
+    claim even when they never run (the executor opens every index they name): 0.53 ms of
+    server time for a one-task claim against 0.16 ms without. The lean statement reads the
+    table in its own snapshot and takes nothing when a feature is in use; the store then uses
+    the whole statement for good. The table is written in the same statement as the first
+    task or bid that uses a feature, so no claim sees such a task without it."""
     began = floors.clock()
     heard = db.floors_heard
     at = shape_floors.floors if shape_floors and shape_floors.use(began, heard) else None
@@ -474,16 +483,8 @@ async def claim(
     """A claim is one statement while the tasks it picks have no limit key and its queues
     (its named tasks) no fair task. Otherwise that statement takes nothing and names the
     limited keys instead; the claim is then made again in a transaction, under those keys'
-    locks and in fair order where there are fair tasks (:class:`~.limited.Limited`).
-
-    While the store has never used central queues, limit keys, fair share or auctions (the
-    ``features`` table is empty), a leaner statement does: no assigned central tasks, no
-    limits' room, no auctions' order, no probe for keys or fair tasks. Their subplans cost a
-    claim even when they never run (the executor opens every index they name): 0.53 ms of
-    server time for a one-task claim against 0.16 ms without. The lean statement reads the
-    table in its own snapshot and takes nothing when a feature is in use; the store then
-    uses the whole statement for good. The table is written in the same statement as the
-    first task or bid that uses a feature, so no claim sees such a task without it."""
+    locks and in fair order where there are fair tasks (:class:`~.limited.Limited`). A leaner
+    statement serves stores that never used those features (:func:`_lean`)."""
     check_limit(limit)
     ttl = check_ttl(lease_ttl)
     ids = list(dict.fromkeys(task_ids)) if task_ids is not None else None
@@ -534,15 +535,8 @@ async def claim(
     if met is None:
         return got
     keys, fair = met
-    again = Limited(
-        db,
-        shape.picks(fair),
-        shape.again(),
-        params,
-        fair=fair,
-        named=ids is not None,
-        queues=queues,
-    )
+    picks, named = shape.picks(fair), ids is not None
+    again = Limited(db, picks, shape.again(), params, fair=fair, named=named, queues=queues)
     return await db.run(lambda cur: again.claim(cur, keys), tx=True)
 
 
