@@ -44,21 +44,29 @@ class Waiter(NamedTuple):
 Waiting = dict[str, Waiter]
 
 
+#: The edges of the ended tasks (``%(ids)s``) removed; their dependants still waiting, locked.
+WAITING_ON = (
+    "WITH gone AS ("
+    "  DELETE FROM {s}.task_deps WHERE dep_id = ANY(%(ids)s) RETURNING dep_id, task_id"
+    ") SELECT g.dep_id, t.id, t.fence, t.deps_left, t.depends_on, t.if_failed"
+    " FROM gone g JOIN {s}.tasks t ON t.id = g.task_id"
+    " WHERE t.state = 'waiting' AND EXISTS (SELECT FROM gone)"
+    " ORDER BY t.id FOR UPDATE OF t"
+)
+
+
 async def _waiting_on(db: Database, cur: Cursor, ended: list[str]) -> Waiting:
     """Remove the dependency edges of *ended*; the dependants still waiting, locked.
 
     A statement of its own, after the write that ended them: it sees a dependant whose
-    submission committed while that write waited for the dependency's row lock."""
-    await cur.execute(
-        db.sql(
-            "WITH gone AS ("
-            "  DELETE FROM {s}.task_deps WHERE dep_id = ANY(%(ids)s) RETURNING dep_id, task_id"
-            ") SELECT g.dep_id, t.id, t.fence, t.deps_left, t.depends_on, t.if_failed"
-            " FROM gone g JOIN {s}.tasks t ON t.id = g.task_id"
-            " WHERE t.state = 'waiting' ORDER BY t.id FOR UPDATE OF t"
-        ),
-        db.params(ids=ended),
-    )
+    submission committed while that write waited for the dependency's row lock.
+
+    ``EXISTS (SELECT FROM gone)`` is a one-time filter: where no edge was removed (the usual
+    case) the plan reads nothing of ``tasks``, whatever join it chose. A generic plan made
+    while the table was new and small joined by a whole scan of it, and kept doing so until
+    the first ANALYZE: at 1,000 tasks/s on a fresh store this statement grew to 6.6 ms and
+    1,569 buffers a call within a minute, and pickup p50 from 5 to 31 ms."""
+    await cur.execute(db.sql(WAITING_ON), db.params(ids=ended))
     waiting: Waiting = {}
     for dep, tid, fence, left, deps, choices in await cur.fetchall():
         waiting.setdefault(tid, Waiter(fence, left, [], deps or [], choices or [])).ended.append(

@@ -1,0 +1,62 @@
+"""Statements whose cached plan may be made while the store is new, on a real PostgreSQL.
+
+psycopg prepares a statement after a few runs and the server then keeps a generic plan, made
+for the tables' size at that moment, until statistics change (the first ANALYZE). A plan made
+for an almost empty ``tasks`` table may scan it whole; these tests make such a plan on
+purpose (the planner told to avoid the other joins) and check that the common case still
+reads nothing of the table once it has grown.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from contend.domain.task import TaskSpec
+from contend.store.postgres import PostgresStore
+from contend.store.postgres.dependants import WAITING_ON
+
+GROWN = 20_000
+
+
+def _grow(conn: psycopg.Connection, n: int) -> None:
+    """*n* more succeeded tasks, copies of the first one under new ids."""
+    conn.execute(
+        "INSERT INTO contend.tasks SELECT (jsonb_populate_record(NULL::contend.tasks,"
+        " to_jsonb(t) || jsonb_build_object('id', 'grown-' || g, 'state', 'succeeded'))).*"
+        " FROM contend.tasks t, generate_series(1, %s) g"
+        " WHERE t.id = (SELECT min(id) FROM contend.tasks)",
+        (n,),
+    )
+
+
+def _prepared(sql: str) -> str:
+    """*sql* of the store, as the server's PREPARE takes it."""
+    return re.sub(r"%\((\w+)\)s", "$1", sql.replace("{s}", '"contend"'))
+
+
+async def test_ending_a_task_without_dependants_reads_nothing_of_the_tasks(
+    store: PostgresStore, pg_url: str
+) -> None:
+    await store.submit([TaskSpec.build("t", [n]) for n in range(3)])
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # the join that scans the tasks for each edge removed, chosen while the table is small
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("SET enable_hashjoin = off")
+        conn.execute("SET enable_mergejoin = off")
+        conn.execute(f"PREPARE waiting_on(text[]) AS {_prepared(WAITING_ON)}")
+        conn.execute("EXECUTE waiting_on('{a,b}')")
+        _grow(conn, GROWN)
+        plan = [
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE waiting_on('{a,b}')"
+            )
+        ]
+    text = "\n".join(plan)
+    assert "Seq Scan on tasks" in text, text  # the plan this test is about
+    scans = [line for line in plan if "Seq Scan on tasks" in line]
+    assert all("never executed" in line for line in scans), text
+    hits = max(int(m) for m in re.findall(r"shared hit=(\d+)", text))
+    assert hits < 50, text  # a scan of the grown table reads several hundred
