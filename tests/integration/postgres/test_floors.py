@@ -86,15 +86,23 @@ async def test_behind_held_vacuum_a_claim_reads_only_past_its_floor(
     assert floored <= 30, floored  # its own 10 and the last claim's 10
 
 
-async def _entries_read(store: PostgresStore, pg_url: str, session: str) -> int:
-    """Index entries ``tasks_claimable`` gave one claim of 10, read from the statistics."""
+async def _entries_read(
+    store: PostgresStore,
+    pg_url: str,
+    session: str,
+    *,
+    limit: int = 10,
+    index: str = "tasks_claimable",
+) -> int:
+    """Index entries *index* gave one claim of *limit*, read from the statistics."""
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
 
         async def read() -> int:
             await conn.execute("SELECT pg_stat_clear_snapshot()")
             cur = await conn.execute(
                 "SELECT idx_tup_read FROM pg_stat_user_indexes"
-                " WHERE schemaname = 'contend' AND indexrelname = 'tasks_claimable'"
+                " WHERE schemaname = 'contend' AND indexrelname = %s",
+                (index,),
             )
             row = await cur.fetchone()
             assert row is not None
@@ -102,7 +110,7 @@ async def _entries_read(store: PostgresStore, pg_url: str, session: str) -> int:
 
         await _flush(store)
         before = await read()
-        assert len(await _claim(store, session, 10)) == 10
+        assert len(await _claim(store, session, limit)) == limit
         await _flush(store)
         return await read() - before
 
@@ -187,3 +195,35 @@ async def test_a_task_given_back_is_heard_of_and_claimed_at_once(
             break
         await asyncio.sleep(0.01)
     assert await _claim(store, session, 1) == [specs[0].id]
+
+
+async def test_a_claims_walk_can_take_no_index_but_the_claim_orders(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    # With statistics that say few tasks are pending, a generic plan read the smallest index
+    # whose predicate the claim implied (tasks_ageing) and sorted: behind a transaction that
+    # held vacuum back it fetched every held-back entry there, past any floor (the sustained
+    # run: 9,181 buffers a claim). Here tasks_claimable is gone and every plan has to take
+    # another index if one can serve the walk: none may.
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        name = pg_url.rsplit("/", 1)[1]
+        await conn.execute(f'ALTER DATABASE "{name}" SET enable_seqscan = off')
+        await conn.execute(f'ALTER DATABASE "{name}" SET enable_bitmapscan = off')
+    store = await make_store(pool_size=1)
+    session = await store.register_expert(ExpertInfo("e"), 60.0)
+    await store.submit([TaskSpec.build("t", [n]) for n in range(40)])
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("DROP INDEX contend.tasks_claimable")
+    others = ("tasks_oldest", "tasks_ageing", "tasks_lane")
+    read = {i: await _entries_read(store, pg_url, session, limit=5, index=i) for i in others}
+    FORCED[0] = True  # the walks from the floor that claim learned
+    read |= {i + "*": await _entries_read(store, pg_url, session, limit=5, index=i) for i in others}
+    assert set(read.values()) == {0}, read
+    # what those indexes are for still takes them
+    assert await store.next_due(["default"]) is not None
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "EXPLAIN SELECT id FROM contend.tasks WHERE state = 'pending'"
+            " AND promote_at <= 1e12 LIMIT 5000 FOR UPDATE SKIP LOCKED"
+        )
+        assert "tasks_ageing" in str(await cur.fetchall())

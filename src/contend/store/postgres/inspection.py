@@ -13,7 +13,7 @@ from contend.errors import TaskNotFound
 from contend.store._common import check_limit
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
 from contend.store.postgres.database import Cursor, Database, one
-from contend.store.postgres.rows import TASK_COLUMNS, row_to_task
+from contend.store.postgres.rows import NOT_CLAIMED, TASK_COLUMNS, row_to_task
 
 
 async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
@@ -141,7 +141,7 @@ async def stats(db: Database) -> StoreStats:
             db.sql(
                 "SELECT {now}, "
                 "(SELECT min(run_at) FROM {s}.tasks WHERE state = 'pending' "
-                " AND run_at <= {now})"
+                f" AND {NOT_CLAIMED.format(t='')} AND run_at <= {{now}})"
             ),
             db.params(),
         )
@@ -202,7 +202,7 @@ async def backlog(db: Database, queues: Sequence[str]) -> Backlog:
         await cur.execute(
             db.sql(
                 "SELECT {now}, count(*), min(run_at) FROM {s}.tasks WHERE state = 'pending' "
-                "AND queue = ANY(%(queues)s) AND run_at <= {now}"
+                f"AND {NOT_CLAIMED.format(t='')} AND queue = ANY(%(queues)s) AND run_at <= {{now}}"
             ),
             db.params(queues=list(queues)),
         )
@@ -226,7 +226,8 @@ async def next_due(db: Database, queues: Sequence[str], *, later: bool = False) 
 
     def build() -> str:
         arms = " UNION ALL ".join(
-            f"(SELECT run_at FROM {{s}}.tasks WHERE state = 'pending' AND queue = %(q{n})s{after}"
+            f"(SELECT run_at FROM {{s}}.tasks WHERE state = 'pending' AND queue = %(q{n})s"
+            f" AND {NOT_CLAIMED.format(t='')}{after}"
             " ORDER BY run_at LIMIT 1)"
             for n in range(len(distinct))
         )
