@@ -219,11 +219,26 @@ async def test_a_claims_walk_can_take_no_index_but_the_claim_orders(
     FORCED[0] = True  # the walks from the floor that claim learned
     read |= {i + "*": await _entries_read(store, pg_url, session, limit=5, index=i) for i in others}
     assert set(read.values()) == {0}, read
-    # what those indexes are for still takes them
+    # what those indexes are for still takes them, each its own
+    before = await _index_reads(store, pg_url)
     assert await store.next_due(["default"]) is not None
+    assert (await store.backlog(["default"])).pending == 10
+    after = await _index_reads(store, pg_url)
+    assert after["tasks_oldest"] > before["tasks_oldest"], (before, after)
+    assert after["tasks_ageing"] == before["tasks_ageing"], (before, after)
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         cur = await conn.execute(
             "EXPLAIN SELECT id FROM contend.tasks WHERE state = 'pending'"
             " AND promote_at <= 1e12 LIMIT 5000 FOR UPDATE SKIP LOCKED"
         )
         assert "tasks_ageing" in str(await cur.fetchall())
+
+
+async def _index_reads(store: PostgresStore, pg_url: str) -> dict[str, int]:
+    await _flush(store)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes"
+            " WHERE schemaname = 'contend' AND relname = 'tasks'"
+        )
+        return {name: int(n) for name, n in await cur.fetchall()}

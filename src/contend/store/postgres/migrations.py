@@ -276,24 +276,28 @@ MIGRATIONS: tuple[Migration, ...] = (
         14,
         "the pending tasks' other indexes out of the claim's reach: its walks take claim order",
         (
-            # A claim's walk may use any index whose predicate its conditions imply. With
-            # statistics that say few tasks are pending, a generic plan read the smallest of
-            # them, tasks_ageing, and sorted: behind a transaction that held vacuum back it
-            # fetched the entry of every task done since, past any floor (9,181 buffers a
-            # claim, 55 ms). `promote_at IS NOT NULL` (the column is NOT NULL) is a condition
-            # no claim states, so only tasks_claimable serves the walks; the queries these
-            # indexes are for state it (NOT_CLAIMED in ``rows``) or imply it.
+            # A query may use any index whose predicate its conditions imply. With statistics
+            # that say few tasks are pending, a claim's generic plan read the smallest such
+            # index, tasks_ageing, and sorted: behind a transaction that held vacuum back it
+            # fetched the entry of every task done since, past any floor (18,503 buffers and
+            # 55 ms a claim). Each of these indexes now also requires a condition true of
+            # every row (the columns are NOT NULL) that only its own queries state or imply:
+            # claims can walk tasks_claimable alone, and next_due, backlog, stats and the
+            # lane's skip scan (NOT_CLAIMED in ``rows``) cannot take tasks_ageing.
             *(
                 step
-                for name, columns in (
-                    ("tasks_oldest", "(queue, run_at, id)"),
-                    ("tasks_ageing", "(promote_at)"),
-                    ("tasks_lane", "(queue, priority DESC, run_at, id)"),
+                for name, columns, only in (
+                    ("tasks_oldest", "(queue, run_at, id)", "created_at IS NOT NULL"),
+                    ("tasks_ageing", "(promote_at)", "promote_at IS NOT NULL"),
+                    (
+                        "tasks_lane",
+                        "(queue, priority DESC, run_at, id)",
+                        "created_at IS NOT NULL AND NOT central",
+                    ),
                 )
                 for step in (
                     f"CREATE INDEX {name}_14 ON {{s}}.tasks {columns}"
-                    " WHERE state = 'pending' AND promote_at IS NOT NULL"
-                    + (" AND NOT central" if name == "tasks_lane" else ""),
+                    f" WHERE state = 'pending' AND {only}",
                     f"DROP INDEX {{s}}.{name}",
                     f"ALTER INDEX {{s}}.{name}_14 RENAME TO {name}",
                 )

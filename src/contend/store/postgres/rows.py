@@ -33,10 +33,11 @@ CLAIMED_COLUMNS = (
     "   t.eff_priority, t.trace"
 )
 
-#: The condition that opens ``tasks_oldest``, ``tasks_ageing`` and ``tasks_lane`` to a query
-#: (migration 14): true of every row, and stated by no claim's walk, which then has only
-#: ``tasks_claimable`` to take. The queries those indexes serve state it, as ``t`` or bare.
-NOT_CLAIMED = "{t}promote_at IS NOT NULL"
+#: The condition that opens ``tasks_oldest`` and ``tasks_lane`` to a query (migration 14):
+#: true of every row, and stated by no claim's walk, which then has only ``tasks_claimable``
+#: to take. The queries those indexes serve state it (``{t}``: ``t.`` or nothing).
+#: ``tasks_ageing`` asks for ``promote_at IS NOT NULL``, which only the ageing sweep implies.
+NOT_CLAIMED = "{t}created_at IS NOT NULL"
 
 # The requirement filter: tags a subset of the expert's, every resource need within its amount.
 FITS = (
