@@ -16,6 +16,7 @@ import psycopg
 from contend.domain.task import TaskSpec
 from contend.store.postgres import PostgresStore
 from contend.store.postgres.dependants import WAITING_ON
+from contend.store.postgres.submission import STATISTICS_AFTER
 
 GROWN = 20_000
 
@@ -63,3 +64,26 @@ async def test_ending_a_task_without_dependants_reads_nothing_of_the_tasks(
     executed = text.split("\nPlanning")[0]  # planning reads the catalogs, not the table
     hits = max(int(m) for m in re.findall(r"shared hit=(\d+)", executed))
     assert hits < 50, text
+
+
+async def test_a_new_store_analyzes_its_tasks_once_it_has_some(
+    store: PostgresStore, pg_url: str
+) -> None:
+    # plans cached while the table was nearly empty stay until its statistics change: the
+    # commit's update scanned the whole table until autovacuum's first analyze (never, where
+    # autovacuum is off, as on this project's test server)
+    def analyzed() -> int:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT coalesce(analyze_count + autoanalyze_count, 0) FROM pg_stat_user_tables"
+                " WHERE schemaname = 'contend' AND relname = 'tasks'"
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    await store.submit([TaskSpec.build("t", [n]) for n in range(STATISTICS_AFTER - 1)])
+    assert analyzed() == 0
+    await store.submit([TaskSpec.build("t", ["one more"])])
+    assert analyzed() == 1
+    await store.submit([TaskSpec.build("t", [n]) for n in range(STATISTICS_AFTER)])
+    assert analyzed() == 1  # once per instance

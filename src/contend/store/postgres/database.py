@@ -94,6 +94,9 @@ class Database:
         #: Claims may take the lean statement (``claims.claim``): none of central tasks, limit
         #: keys, fair share or auctions seen yet. Off for good once a claim finds one in use.
         self.lean = True
+        #: tasks this instance submitted, until it has seen to the table's first statistics
+        #: (``submission.first_statistics``); None once it has
+        self.submitted: int | None = 0
         #: where lean claims' walks may start, per claim shape (``floors``)
         self.floors: dict[Hashable, Shape] = {}
         #: whether this instance hears the notices that a task may stand below a floor (its
