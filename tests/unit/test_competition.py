@@ -198,8 +198,8 @@ def test_queue_modes_are_checked() -> None:
 
 def test_an_off_zone_expert_waits_for_a_far_in_zone_rivals_round_trips() -> None:
     # the far zone's rival needs its wake-up, peek and claim, 2 round trips of 80 ms, to land
-    # its claim; the zone margin and the race's delay (90 ms here) made the near expert take
-    # the task first
+    # its claim, and half a round trip of slack for its own processing; the zone margin and
+    # the race's delay (90 ms here) made the near expert take the task first
     prefer_eu = Requirements(prefer=frozenset({"zone:eu"}))
     c = comp(tags=("zone:us",), zone_margin=0.05, rand=lambda: 0.5)  # jitter's middle: none
     c.update_peers([peer("eu", ("zone:eu",))], 0)
@@ -207,7 +207,7 @@ def test_an_off_zone_expert_waits_for_a_far_in_zone_rivals_round_trips() -> None
     assert plain == pytest.approx(0.05 + 0.1 * (1 - 0.6))  # round trips not known
     c.update_peers([peer("eu", ("zone:eu",), metrics={"claim_ms": 80.0})], 0)
     ((delay, _, _),) = c.plan([view("t", prefer_eu)], 0, rtt=0.002)
-    assert delay == pytest.approx(2 * 0.080 - 2 * 0.002)
+    assert delay == pytest.approx(2.5 * 0.080 - 2 * 0.002)
     # a rival with no free slot claims nothing (and scores below this idle expert): only the
     # zone margin is waited
     c.update_peers([peer("eu", ("zone:eu",), load=4, metrics={"claim_ms": 80.0})], 0)
@@ -217,7 +217,8 @@ def test_an_off_zone_expert_waits_for_a_far_in_zone_rivals_round_trips() -> None
 
 def test_equals_with_known_round_trips_take_turns_by_task() -> None:
     # two equally fit experts (a third, different one makes the race matter): each is first
-    # for some tasks and waits the other's round trip on the rest, the same order in both
+    # for some tasks and, on the rest, waits out the other's jitter (up to window × jitter,
+    # 10 ms), then its round trip and slack (3 + 1.5 ms); the same order in both
     views = [TaskView(f"task-{i}", "t", "default", 0, Requirements(), 0.0) for i in range(40)]
     delays: dict[str, dict[str, float]] = {}
     for name, twin in (("a", "b"), ("b", "a")):
@@ -226,9 +227,42 @@ def test_equals_with_known_round_trips_take_turns_by_task() -> None:
         delays[name] = {tid: d for d, _, tid in c.plan(views, 0, rtt=0.003)}
     for v in views:
         pair = sorted((delays["a"][v.id], delays["b"][v.id]))
-        assert pair == [0.0, pytest.approx(0.003)], v.id
+        assert pair == [0.0, pytest.approx(0.01 + 0.003 + 0.0015)], v.id
     firsts = sum(1 for v in views if delays["a"][v.id] == 0.0)
     assert 10 <= firsts <= 30  # split between them, not all to one
+
+
+def test_a_rival_tied_at_the_top_is_waited_for_through_its_jitter_and_late_check() -> None:
+    # two idle GPU experts tie for a GPU task; each waits its jitter and reads again before it
+    # claims, so a third, slower expert must leave them a round trip more than for a lone
+    # fittest one (it read too early and lost the task half the time)
+    gpu = Requirements(tags=frozenset({"gpu"}))
+    slow = comp(
+        tags=("gpu",), fitness=lambda e, t: 0.5 if e.name == "me" else 1.0, rand=lambda: 0.5
+    )
+    slow.update_peers([peer("g1", ("gpu",), metrics={"claim_ms": 40.0})], 0)
+    ((alone, _, _),) = slow.plan([view("t", gpu)], 0, rtt=0.002)
+    # wake-up, peek and claim: 2 of its round trips, half one of slack, less this one's read
+    assert alone == pytest.approx(2 * 0.040 + 0.020 - 2 * 0.002)
+    slow.update_peers([peer(n, ("gpu",), metrics={"claim_ms": 40.0}) for n in ("g1", "g2")], 0)
+    ((tied, _, _),) = slow.plan([view("t", gpu)], 0, rtt=0.002)
+    # and its late check's round trip, after the most its jitter can be (window × jitter)
+    assert tied == pytest.approx(3 * 0.040 + 0.1 * 0.1 + 0.020 - 2 * 0.002)
+
+
+def test_an_expert_scores_itself_as_its_rivals_see_it() -> None:
+    # Two equal experts, each idle now but published (seconds ago) with a busy slot, each
+    # scoring the other by its published load: on their live loads each saw itself fitter
+    # and both went at once. On what both published they agree: the one that published
+    # less load goes first, the other waits.
+    c_a = comp("a", rand=lambda: 0.5)
+    c_b = comp("b", rand=lambda: 0.5)
+    records = [peer("a", load=0), peer("b", load=2), peer("gpu", ("gpu",))]
+    c_a.update_peers(records, 0)
+    c_b.update_peers(records, 0)
+    ((first, _, _),) = c_a.plan([view()], load=3)  # live load higher than it published
+    ((second, _, _),) = c_b.plan([view()], load=0)  # live load lower than it published
+    assert first == 0.0 and second > 0.0
 
 
 # -- scoring rivals once per task, or per shape, between heartbeats -------------------------

@@ -32,6 +32,9 @@ from contend.store.port import Backlog, ExpertRecord
 
 #: A rival within this fraction of the best fitness counts as equally fit: no wait.
 TIE = 0.05
+#: The least margin, seconds, an expert leaves after a rival's expected claim before its own
+#: late check reads.
+SLACK_MIN = 0.001
 #: At most this many task types are tracked per expert (the rest are not scored on history).
 MAX_TYPES = 1000
 #: At most this many tasks (or task shapes) have their rivals' scores kept between two
@@ -182,6 +185,11 @@ class Competition:
         self.window = window
         self.typical: dict[str, float] = {}
         self.lost_races = 0
+        #: This expert as its last heartbeat published it: what its rivals score it by, and so
+        #: what it scores itself by in a race. Scored on its live load and run times instead,
+        #: two equal experts each saw the other as it was seconds ago, both went first, and
+        #: one lost (a fifth of all lost races across three zones).
+        self._published: ExpertView | None = None
         self.active = tier != "emergency"  # emergency experts wait for pressure
 
     # -- views -----------------------------------------------------------------------------
@@ -219,6 +227,7 @@ class Competition:
     def update_peers(self, peers: list[ExpertRecord], my_load: int) -> None:
         """Take in a fresh list of experts: rivals, the cluster's load, typical run times."""
         self.peers = peers
+        mine = next((p for p in peers if p.info.id == self.name), None)
         live = [p for p in peers if p.alive and p.info.id != self.name]
         load = my_load + sum(p.load for p in live)
         slots = self.capacity + sum(p.info.capacity for p in live)
@@ -235,6 +244,7 @@ class Competition:
         self.typical = typical
         # read at every claim round: built once here
         self._rivals = self._views_of_rivals(live, histories)
+        self._published = None if mine is None else expert_view(mine, typical)
         self._unlike = any(not self._alike(r) for r in self._rivals)
         self._rtt = {p.info.id: rtt for p in live if (rtt := _claim_seconds(p)) > 0}
         self._scores = {}
@@ -328,7 +338,7 @@ class Competition:
     ) -> list[tuple[float, int, str]]:
         """(delay, position, task id) for each candidate, soonest first; *rtt*: this expert's
         claim round trip, seconds."""
-        me = self.me(load)
+        me = self.me(load) if self._published is None else self._published
         rivals = self.rivals()
         plan = []
         for n, view in enumerate(views):
@@ -390,6 +400,9 @@ class Competition:
         mine_at = self._start(view, mine, best, self.capabilities)
         tie = self.window * TIE
         rank = _rank(view.id, self.name)
+        # a rival alone at the top claims what it peeked; one tied there waits its jitter and
+        # reads again first
+        tied = sum(1 for f in (mine, *theirs) if f >= best * (1 - TIE)) > 1
         wait = turns = 0.0
         for rival, fit in zip(rivals, theirs, strict=True):
             rtt = self._rtt.get(rival.name)
@@ -397,10 +410,20 @@ class Competition:
                 continue
             at = self._start(view, fit, best, rival.capabilities)
             if at < mine_at - tie:
-                wait = max(wait, at + rtt * (3.0 if at > 0 else 2.0) - 2.0 * own)
+                waits = at > 0 or tied
+                lands = at + rtt * (3.0 if waits else 2.0)
+                if waits and at == 0:
+                    lands += self.window * self.jitter
+                wait = max(wait, lands + _slack(rtt) - 2.0 * own)
             elif at <= mine_at + tie and _rank(view.id, rival.name) < rank:
-                turns += rtt
-        return max(wait, mine_at + min(turns, self.window)) if turns else wait
+                turns += rtt + _slack(rtt)
+        if not turns:
+            return wait
+        # after the latest the one before may go: its delay carries jitter, which turns replace
+        spread = (
+            self.window * self.jitter * (1.0 if mine >= best * (1 - TIE) else 1.0 - mine / best)
+        )
+        return max(wait, mine_at + spread + min(turns, self.window))
 
     def metrics(self, claim_attempts: int, claims_won: int) -> dict[str, Any]:
         return {
@@ -417,6 +440,12 @@ class Competition:
 def _claim_seconds(p: ExpertRecord) -> float:
     ms = p.metrics.get("claim_ms")
     return float(ms) / 1000 if isinstance(ms, int | float) and ms > 0 else 0.0
+
+
+def _slack(rtt: float) -> float:
+    """What a waiting expert adds to a rival's expected landing: the rival's own processing
+    and the spread of its round trip, as half that round trip and at least SLACK_MIN."""
+    return max(SLACK_MIN, 0.5 * rtt)
 
 
 def _rank(task_id: str, expert: str) -> int:
