@@ -44,8 +44,8 @@ def rows(summary: dict[str, Any]) -> list[str]:
     out = [
         "| system | cleanup held back | done / submitted | pickup p50 (ms) | p99 (ms) "
         "| worst 10-s window p99 (ms) | p99 before / while / after held (ms) | recovery (s) "
-        "| store size start → max → end (MiB) |",
-        "|---|---|---:|---:|---:|---:|---|---:|---|",
+        "| store size start → max → end (MiB) | measured |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for r in summary["results"]:
         worst = max((w["p99_ms"] or 0 for w in r["windows"]), default=None)
@@ -60,7 +60,8 @@ def rows(summary: dict[str, Any]) -> list[str]:
             f"| {r['system']} | {'yes' if r['hold'] else 'no'} | {r['done']:,} / "
             f"{r['submitted']:,} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(worst)} "
             f"| {phases} | {'–' if rec is None or not r['hold'] else f'{rec:.0f}'} "
-            f"| {_mib(sizes[0])} → {_mib(max(sizes))} → {_mib(sizes[-1])} |"
+            f"| {_mib(sizes[0])} → {_mib(max(sizes))} → {_mib(sizes[-1])} "
+            f"| {r.get('commit', summary['commit'])}, {r.get('measured_at', summary['measured_at'])} |"
         )
     return out
 
@@ -79,8 +80,9 @@ def markdown(summary: dict[str, Any], svg: str) -> str:
     head = [
         "## Sustained load",
         "",
-        f"Written by `python -m benchmarks.sustained` (`make bench`); measured "
-        f"{summary['measured_at']} at commit {summary['commit']}, {mode}: "
+        f"Written by `python -m benchmarks.sustained` (`make bench`); last run "
+        f"{summary['measured_at']} at commit {summary['commit']} (each run's own in the table; "
+        f"`--merge` keeps the runs of cases not run again), {mode}: "
         f"{summary['rate']:,.0f} tasks/s for {summary['duration_s']:,.0f} s per run; figures per "
         f"window in `benchmarks-sustained.json`. Machine-speed probe "
         f"{summary['machine_json_per_s_before']:,} before, {summary['machine_json_per_s_after']:,} "

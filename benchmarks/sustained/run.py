@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, (case, hold) in enumerate(runs, 1):
             say(f"[{i}/{len(runs)}] {case}{', cleanup held back 20%-70%' if hold else ''}")
             results.append(one(case, hold, args, etcd))
+            results[-1].update(commit=meta["commit"], measured_at=meta["measured_at"])
             say("  " + line(results[-1]))
     finally:
         if etcd is not None:
@@ -124,6 +125,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta["machine_json_per_s_after"] = machine_speed()
     meta["loadavg_after"] = loadavg()
     return {**meta, "results": results}
+
+
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """*new*'s meta and runs, after *old*'s runs of the (case, hold) pairs *new* did not run,
+    each run keeping the commit and time it was measured at."""
+    ran = {(r["case"], r["hold"]) for r in new["results"]}
+    kept = [
+        {"commit": old.get("commit"), "measured_at": old.get("measured_at"), **r}
+        for r in old.get("results", [])
+        if (r.get("case"), r["hold"]) not in ran
+    ]
+    order = {c: n for n, c in enumerate(CASES)}
+    runs = sorted(kept + new["results"], key=lambda r: (order.get(r.get("case"), 99), r["hold"]))
+    return {**new, "results": runs}
 
 
 def main() -> int:
@@ -139,6 +154,11 @@ def main() -> int:
     parser.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--svg", type=Path, default=ROOT / "docs" / "sustained.svg")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the written runs of other cases (and holds), replacing only those run now",
+    )
     args = parser.parse_args()
     args.duration = args.duration or (60.0 if args.quick else 600.0)
     args.tail = args.tail if args.tail is not None else (20.0 if args.quick else 60.0)
@@ -150,6 +170,8 @@ def main() -> int:
     summary = run(args)
     from benchmarks.sustained.report import print_table, write
 
+    if args.merge and args.out.exists():
+        summary = merged(json.loads(args.out.read_text()), summary)
     print_table(summary)
     if not args.no_write:
         write(summary, args.out, args.md, args.svg, args.peer_python)

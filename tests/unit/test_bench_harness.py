@@ -108,3 +108,31 @@ def test_the_benchmark_commands_parse_their_options() -> None:
         )
         assert done.returncode == 0, done.stderr
         assert "--quick" in done.stdout
+
+
+def test_a_merged_sustained_run_replaces_only_the_runs_made_again() -> None:
+    from benchmarks.sustained.run import merged
+
+    def run(case: str, hold: bool, p99: float) -> dict[str, object]:
+        return {"case": case, "hold": hold, "p99_ms": p99}
+
+    old = {
+        "commit": "aaa",
+        "measured_at": "then",
+        "results": [run("contend-postgresql-async", False, 55.0), run("pgqueuer", True, 9e4)],
+    }
+    new = {
+        "commit": "bbb",
+        "measured_at": "now",
+        "results": [run("contend-sqlite-async", True, 5.0)],
+    }
+    new["results"][0].update(commit="bbb", measured_at="now")
+    again = {"commit": "ccc", "measured_at": "later", "results": [run("pgqueuer", True, 20.0)]}
+    again["results"][0].update(commit="ccc", measured_at="later")
+    got = merged(merged(old, new), again)
+    assert [(r["case"], r["hold"], r["p99_ms"], r["commit"]) for r in got["results"]] == [
+        ("contend-postgresql-async", False, 55.0, "aaa"),
+        ("pgqueuer", True, 20.0, "ccc"),  # the run made again replaces the old one
+        ("contend-sqlite-async", True, 5.0, "bbb"),
+    ]
+    assert got["commit"] == "ccc"
