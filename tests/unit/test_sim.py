@@ -22,7 +22,7 @@ from contend.testing.clock import FakeClock
 
 def _outcome(strategy: str, seed: int, scenario: Scenario) -> dict[str, object]:
     out = simulate(scenario, strategy, SimConfig(seed=seed)).to_json()
-    del out["wall_seconds"], out["cpu_seconds"]
+    del out["wall_seconds"], out["cpu_seconds"], out["work_cpu_seconds"]
     return out
 
 
@@ -118,6 +118,15 @@ def test_counters_come_from_the_experts_and_the_store() -> None:
     assert race.to_json()["success"] == round(race.success, 4)
     auction = simulate(scenario, "auction")
     assert auction.claims_won == 120 and auction.bids >= 120  # every task bid on
+
+
+def test_the_work_cpu_leaves_the_clusters_start_and_stop_out() -> None:
+    # 60 experts and 6 tasks: starting, warming up and stopping 60 experts costs per expert;
+    # the work phase (first arrival to last completion) is a part of the run's CPU time
+    race = simulate(make_scenario(60, 6, seed=3), "race")
+    assert 0 < race.work_cpu_seconds < race.cpu_seconds
+    fifo = simulate(make_scenario(60, 6, seed=3), "fifo")  # modelled: all of it is work
+    assert fifo.work_cpu_seconds == fifo.cpu_seconds
 
 
 @pytest.mark.parametrize("arrival", ["batch", "stream"])

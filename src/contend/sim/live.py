@@ -80,15 +80,19 @@ class VirtualStore(MemoryStore):
 
 class _Finishes(Hook):
     """When each task's completion was committed, in the scenario's time (virtual time less
-    the warm-up)."""
+    the warm-up), and the process's CPU time at the first arrival and the last completion."""
 
-    def __init__(self, clock: FakeClock, start: float) -> None:
+    def __init__(self, clock: FakeClock, start: float, tasks: int) -> None:
         self.clock = clock
         self.start = start
+        self.tasks = tasks
         self.at: dict[str, float] = {}
+        self.cpu_first = self.cpu_last = 0.0
 
     def on_committed(self, expert: str, outcome: Outcome) -> None:
         self.at[outcome.task_id] = self.clock() - self.start
+        if len(self.at) == self.tasks:
+            self.cpu_last = time.process_time()
 
 
 def _app(sc: Scenario, store: MemoryStore, clock: FakeClock, mode: str) -> App:
@@ -146,13 +150,18 @@ def _specs(sc: Scenario, jobs: Sequence[Job]) -> list[TaskSpec]:
     ]
 
 
-async def _arrivals(sc: Scenario, store: MemoryStore, clock: FakeClock, start: float) -> None:
+async def _arrivals(
+    sc: Scenario, store: MemoryStore, clock: FakeClock, finishes: _Finishes
+) -> None:
+    start = finishes.start
     batches: dict[float, list[Job]] = {}
     for job in sorted(sc.jobs, key=lambda j: (j.arrival, j.id)):
         batches.setdefault(start + job.arrival, []).append(job)
     for at, jobs in batches.items():
         if at > clock():
             await clock.sleep(at - clock())
+        if not finishes.cpu_first:
+            finishes.cpu_first = time.process_time()
         await store.submit(_specs(sc, jobs))
 
 
@@ -175,17 +184,17 @@ async def _until(clock: FakeClock, done: Any, limit: float) -> int:
 
 async def _run(
     sc: Scenario, strategy: str, cfg: SimConfig
-) -> tuple[dict[str, float], dict[str, int]]:
+) -> tuple[dict[str, float], dict[str, int], float]:
     random.seed(cfg.seed)  # race delays, jitter and back-off draw from it
     clock = FakeClock(0.0)
     store = VirtualStore("memory://sim", clock=clock)
     # the cluster runs before work arrives: by then every expert has heard of the others
     start = WARM_UP * cfg.heartbeat
-    finishes = _Finishes(clock, start)
+    finishes = _Finishes(clock, start, len(sc.jobs))
     app = _app(sc, store, clock, "auction" if strategy == "auction" else "race")
     experts = _experts(sc, app, clock, cfg, finishes)
     runners = [asyncio.create_task(e.run(), name=f"sim-{e.name}") for e in experts]
-    arrivals = asyncio.create_task(_arrivals(sc, store, clock, start))
+    arrivals = asyncio.create_task(_arrivals(sc, store, clock, finishes))
     horizon = start + max((j.arrival for j in sc.jobs), default=0.0) + HORIZON
     try:
         steps = await _until(clock, lambda: len(finishes.at) >= len(sc.jobs), horizon)
@@ -201,7 +210,7 @@ async def _run(
         "bids": store.bids,
         "events": steps,
     }
-    return finishes.at, counts
+    return finishes.at, counts, finishes.cpu_last - finishes.cpu_first
 
 
 def simulate_live(sc: Scenario, strategy: str, cfg: SimConfig) -> Result:
@@ -217,7 +226,7 @@ def simulate_live(sc: Scenario, strategy: str, cfg: SimConfig) -> Result:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        finish, n = asyncio.run(_run(sc, strategy, cfg))
+        finish, n, work_cpu = asyncio.run(_run(sc, strategy, cfg))
     finally:
         if enabled:
             gc.enable()
@@ -233,4 +242,5 @@ def simulate_live(sc: Scenario, strategy: str, cfg: SimConfig) -> Result:
         events=n["events"],
         wall=time.perf_counter() - started,
         cpu=time.process_time() - cpu,
+        work_cpu=work_cpu,
     )

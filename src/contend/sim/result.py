@@ -39,6 +39,9 @@ class Result:
     events: int  # moments of virtual time the simulation stopped at
     wall_seconds: float  # real time the simulation took (not virtual time)
     cpu_seconds: float  # CPU time of this process for it: steadier on a shared machine
+    #: CPU time from the first arrival to the last completion: the work's cost, without the
+    #: cluster's start, warm-up and stop (for the modelled yardsticks, all of it)
+    work_cpu_seconds: float
 
     @property
     def claims_per_task(self) -> float:
@@ -73,6 +76,7 @@ class Result:
             "events": self.events,
             "wall_seconds": round(self.wall_seconds, 3),
             "cpu_seconds": round(self.cpu_seconds, 3),
+            "work_cpu_seconds": round(self.work_cpu_seconds, 3),
         }
 
 
@@ -96,6 +100,7 @@ def summarise(
     events: int,
     wall: float,
     cpu: float,
+    work_cpu: float | None = None,
 ) -> Result:
     """The result of a run from each task's completion time and the run's counters."""
     if len(finish) != len(sc.jobs):
@@ -122,4 +127,5 @@ def summarise(
         events=events,
         wall_seconds=wall,
         cpu_seconds=cpu,
+        work_cpu_seconds=cpu if work_cpu is None else work_cpu,
     )
