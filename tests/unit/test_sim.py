@@ -292,3 +292,39 @@ async def test_the_memory_store_can_wait_for_a_change_with_no_timeout() -> None:
     assert not waiting.done()
     await store.submit([TaskSpec.build("x")])
     await asyncio.wait_for(waiting, 5.0)
+
+
+async def test_a_plain_tasks_end_wakes_no_idle_expert_but_a_freed_slot_does() -> None:
+    # Every end woke every idle expert, which read the queue for nothing: among 200 simulated
+    # experts, 244 claim rounds per task in a batch. An end that frees nothing (no limit,
+    # no dependants) now wakes only those waiting for any change (a result's caller).
+    store = MemoryStore()
+    session = await store.register_expert(ExpertInfo("e"), 30.0)
+    plain = TaskSpec.build("x")
+    limited = TaskSpec.build("x", limit_key="k", concurrency_limit=1)
+    after = TaskSpec.build("x", depends_on=[limited.id])
+    await store.submit([plain, limited, after])
+    claimed = {
+        c.id: c
+        for c in await store.claim(
+            "e", session, ["default"], Capabilities(), limit=5, lease_ttl=30.0
+        )
+    }
+    assert set(claimed) == {plain.id, limited.id}
+
+    async def woken(end: TaskSpec) -> tuple[bool, bool]:
+        await store.wait_for_work(0)
+        await store.wait_for_change(0)
+        work = asyncio.create_task(store.wait_for_work(math.inf))
+        change = asyncio.create_task(store.wait_for_change(math.inf))
+        await asyncio.sleep(0)
+        await store.complete("e", [Completion(end.id, claimed[end.id].fence, "null")])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        got = (work.done(), change.done())
+        work.cancel()
+        change.cancel()
+        return got
+
+    assert await woken(plain) == (False, True)
+    assert await woken(limited) == (True, True)  # its slot, and its dependant, freed

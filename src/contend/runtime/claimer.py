@@ -565,6 +565,7 @@ class ClaimLoop:
         slack = first + comp.window * 0.1
         # in the store's order (the peek's), as the store would take the best of them
         ids = [tid for _, _, tid in sorted((p for p in plan if p[0] <= slack), key=lambda p: p[1])]
+        planned = len(ids)
         if first > 0:
             # Late check: a fitter rival went first and has most likely taken these by now.
             # A read says which are still there: a claim of gone ones is a lost race, a write
@@ -587,7 +588,10 @@ class ClaimLoop:
         else:
             ids = ids[:free]
         got = await self._claim(session, free, task_ids=ids, low_lane=lane)
-        self._outrun = len(got) < len(ids)
+        # a rival took some of them, before the late check or after: more may be pending
+        # (the other candidates), so look again at once rather than wait for the next change
+        # of work (a task's end is none: a batch's last tasks waited out the idle wait)
+        self._outrun = len(got) < len(ids) or len(ids) < min(planned, free)
         return got
 
     async def _bid_and_claim(
@@ -627,7 +631,12 @@ class ClaimLoop:
             wait = max(0.001, min(wait, self.bidder.wake_at - now))
         if wait <= 0:
             return
-        waiter = asyncio.create_task(self.store.wait_for_change(wait))
+        # Work only: a task's end wakes nobody unless it frees something (its limit's slot,
+        # its dependants), or unless a rival holds tasks claimed ahead that this expert
+        # may steal once the rival's load changes.
+        steals = self.config.steal_ratio is not None and self.competition.loaded
+        wait_for = self.store.wait_for_change if steals else self.store.wait_for_work
+        waiter = asyncio.create_task(wait_for(wait))
         if self._stopped is None:
             self._stopped = asyncio.create_task(self.stopping.wait())
         try:

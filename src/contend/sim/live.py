@@ -69,6 +69,9 @@ class VirtualStore(MemoryStore):
     async def wait_for_change(self, timeout: float) -> None:
         await super().wait_for_change(math.inf)
 
+    async def wait_for_work(self, timeout: float) -> None:
+        await super().wait_for_work(math.inf)
+
     async def claim(self, expert: str, session: str, *args: Any, **kwargs: Any) -> list[Claimed]:
         self.claims += 1
         return await super().claim(expert, session, *args, **kwargs)

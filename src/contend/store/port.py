@@ -552,6 +552,14 @@ class Store(Protocol):
     async def wait_for_change(self, timeout: float) -> None:
         """Return soon after the store may have changed, or after *timeout* seconds."""
 
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return soon after a task may have become claimable (submitted, pending again, a
+        dependency ended, a limit's slot freed, given by a leader), or after *timeout*
+        seconds: what an idle expert waits for. A store that cannot tell those changes from
+        the others returns after any change, as :meth:`wait_for_change` does. (A plain
+        task's end woke every idle expert, which read the queue for nothing: among 1,000
+        simulated experts, 250 claim rounds per task.)"""
+
     async def next_due(self, queues: Sequence[str], *, later: bool = False) -> float | None:
         """The earliest ``run_at`` of a pending task in *queues*, or None. With *later*, the
         store may leave out the tasks due already (PostgreSQL does: behind a transaction that

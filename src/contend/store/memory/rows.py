@@ -35,14 +35,29 @@ class Rows:
         self._index = TaskIndex()
         self._changed = asyncio.Event()
         self._version = 0
+        #: what wait_for_work watches: changes that may have made a task claimable
+        self._work_changed = asyncio.Event()
+        self._work_version = 0
+        #: set by _apply when an outcome may have made a task claimable
+        self._freed = False
         self._done_times: list[tuple[float, str]] = []  # (when, queue) of each success
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
 
-    def _touch(self) -> None:
+    def _touch(self, work: bool = True) -> None:
+        """Wake the waiters for a change; those for work too when *work*."""
         self._version += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        if work:
+            self._work_version += 1
+            self._work_changed.set()
+            self._work_changed = asyncio.Event()
+
+    def _take_freed(self) -> bool:
+        """Whether an outcome applied since the last call may have made a task claimable."""
+        freed, self._freed = self._freed, False
+        return freed
 
     def _set_state(self, tid: str, row: Row, state: TaskState) -> None:
         """Move *row* to *state* and keep the indexes in step. Call it after changing run_at."""
@@ -62,6 +77,9 @@ class Rows:
             row.result = outcome.result_json
         if not outcome.owned:
             row.owner, row.lease_deadline = None, None
+            # pending again, or a limited task's slot given back
+            if outcome.state == TaskState.PENDING or row.spec.limit_key is not None:
+                self._freed = True
         self._set_state(tid, row, outcome.state)
         row.updated_at = now
         record_event(row, now, outcome, row.fence)
@@ -162,7 +180,7 @@ class Rows:
 
     async def progress(self, expert: str, task_id: str, fence: int, progress_json: str) -> None:
         self._save(expert, task_id, fence, "progress", progress_json)
-        self._touch()  # a caller waiting on the task sees it at once
+        self._touch(work=False)  # a caller waiting on the task sees it at once
 
     def _save(self, expert: str, task_id: str, fence: int, what: str, text: str) -> None:
         """A fenced write of a running task's checkpoint or progress."""
@@ -179,7 +197,7 @@ class Rows:
             [(item.task_id, item.fence) for item in items],
             lambda i: rules.completed(expert, items[i].result_json),
         )
-        self._touch()
+        self._touch(work=self._take_freed())
         return out
 
     async def fail(self, expert: str, items: Sequence[Failure]) -> list[FencedOut | None]:
@@ -191,7 +209,7 @@ class Rows:
             return rules.failed(expert, item.error_json, item.retry_delay, item.final_state)
 
         out = self._write_each(expert, [(item.task_id, item.fence) for item in items], decide)
-        self._touch()
+        self._touch(work=self._take_freed())
         return out
 
     async def release(

@@ -84,6 +84,7 @@ class MemoryStore(Rows):
         self.url = url
         self._leaders = Leaders(self._tasks, self._index, self._sessions)
         self._seen = 0
+        self._work_seen = 0
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
         self._limits = Limits(self._tasks)
         self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
@@ -445,7 +446,7 @@ class MemoryStore(Rows):
                 del self._keys[row.spec.key]
         cap_histories(self._tasks.values(), keep_events)
         if gone:
-            self._touch()
+            self._touch(work=False)
         return len(gone)
 
     async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
@@ -474,6 +475,19 @@ class MemoryStore(Rows):
             except TimeoutError:
                 pass
         self._seen = self._version
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return after the next change that may have made a task claimable, or after
+        *timeout* seconds (``math.inf``: none): not after a plain task's end, a progress
+        report or a prune, which change nothing an idle expert could claim."""
+        if self._work_version == self._work_seen:
+            try:
+                await asyncio.wait_for(
+                    self._work_changed.wait(), None if timeout == math.inf else timeout
+                )
+            except TimeoutError:
+                pass
+        self._work_seen = self._work_version
 
 
 def _dispatches(store: MemoryStore) -> CentralDispatch:

@@ -16,7 +16,7 @@ from typing import Any
 
 from contend.domain.task import TaskState
 from contend.domain.transitions import Attempts, Outcome
-from contend.store.postgres.database import LOWERED, Database
+from contend.store.postgres.database import ENDED, LOWERED, Database
 
 #: One decided outcome for one task: (task id, its fence, the outcome).
 Decided = tuple[str, int, Outcome]
@@ -117,13 +117,22 @@ def apply(
     assign = _SET.format(attempts_cases=_ATTEMPTS_CASES, **refs)
     # a task pending again may stand below a claim's floor (``floors``): say so
     lowered = any(lowers(o) for _, _, o in decided)
-    wake = f", pg_notify(%(channel)s, '{LOWERED if lowered else ''}')" if notify else ""
+    # a task that ended without a limit's slot to give back wakes no idle expert (ENDED);
+    # its dependants, if any, are settled with their own notification (dependants.py)
+    work = LOWERED if lowered else ""
+    wake = (
+        f", pg_notify(%(channel)s, CASE WHEN state = 'pending' OR limited THEN '{work}'"
+        f" ELSE '{ENDED}' END)"
+        if notify
+        else ""
+    )
     sql = db.sql(
         f"WITH {before} applied AS ("
         f"  UPDATE {{s}}.tasks t SET {assign}"
         f"  FROM unnest({', '.join(arrays)}) AS i({', '.join(names)})"
         f"  WHERE {guard}"
-        f"  RETURNING t.id, t.fence, t.state, {refs['event']} AS event,"
+        f"  RETURNING t.id, t.fence, t.state, t.limit_key IS NOT NULL AS limited,"
+        f"   {refs['event']} AS event,"
         f"   {refs['actor']} AS actor, {refs['detail']} AS detail"
         "), events AS ("
         "  INSERT INTO {s}.task_events (task_id, at, event, fence, expert, detail)"

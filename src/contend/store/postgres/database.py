@@ -64,6 +64,9 @@ NOW = "coalesce(%(now)s::float8, extract(epoch from now())::float8)"
 #: again with the due time it had (given back, lapsed, its dependencies over, retried by
 #: hand) or promoted by ageing.
 LOWERED = "floor"
+#: The payload of a notification that tasks ended and freed nothing (no limit's slot, no
+#: dependant): it wakes those waiting for a result, not the idle experts.
+ENDED = "end"
 
 NOW_LIVE = "coalesce(%(now)s::float8, extract(epoch from clock_timestamp())::float8)"
 

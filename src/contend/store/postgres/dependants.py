@@ -1,7 +1,8 @@
 """Dependants of tasks that just ended: the domain's
 :func:`~contend.domain.transitions.dependency_ended` decides what each waiting dependant
 becomes (one fewer dependency left, ready, or dead), and a dependant that dies settles its own
-in turn. The caller wakes the listeners (every caller that ends a task notifies)."""
+in turn. Dependants made pending wake the idle experts here: the ended task's own notice says
+only ``end`` when it frees nothing else (``apply``)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ async def settle_dependents(db: Database, cur: Cursor, ended: Sequence[tuple[str
             return
         decided, still = _decide(todo, waiting)
         await _apply(db, cur, decided, still)
-        if any(lowers(o) for _, _, o in decided):
-            await db.notify(cur, lowered=True)  # due since they were submitted: below floors
+        ready = [o for _, _, o in decided if o.state == TaskState.PENDING]
+        if ready:  # work for the idle experts (the ended task's own notice may say "end")
+            # due since they were submitted: below the floors, unless due from now
+            await db.notify(cur, lowered=any(lowers(o) for o in ready))
         todo = [(tid, o.state) for tid, _, o in decided if o.ends]
 
 

@@ -167,6 +167,11 @@ class PostgresStore:
         LISTEN connection is down (or disabled), after at most the poll interval."""
         await self._wakeups.wait_for_change(timeout)
 
+    async def wait_for_work(self, timeout: float) -> None:
+        """As :meth:`wait_for_change`, but a task that ended and freed nothing (no limit's
+        slot, no dependant) wakes no one waiting here (its notification says ``end``)."""
+        await self._wakeups.wait_for_work(timeout)
+
 
 def _is_a_store(store: PostgresStore) -> Store:
     return store  # mypy checks here that PostgresStore implements the whole port

@@ -15,7 +15,7 @@ from psycopg.rows import TupleRow
 
 from contend.errors import StoreError
 from contend.store._cancel import cancels, check_wanted
-from contend.store.postgres.database import LOWERED, Database
+from contend.store.postgres.database import ENDED, LOWERED, Database
 from contend.store.postgres.url import parse_postgres_url, safe
 
 log = logging.getLogger("contend.store.postgres")
@@ -35,15 +35,23 @@ class Wakeups:
         self._changed = asyncio.Event()
         self._version = 0
         self._seen = 0
+        #: what wait_for_work watches: notices of work (all but ENDED)
+        self._work_changed = asyncio.Event()
+        self._work_version = 0
+        self._work_seen = 0
 
     @property
     def listening(self) -> bool:
         return self._listening
 
-    def _touch(self) -> None:
+    def _touch(self, work: bool = True) -> None:
         self._version += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        if work:
+            self._work_version += 1
+            self._work_changed.set()
+            self._work_changed = asyncio.Event()
 
     def opening(self) -> None:
         self._closing = False
@@ -125,7 +133,7 @@ class Wakeups:
                 async for notice in conn.notifies():
                     if notice.payload == LOWERED:
                         self._db.floors_lowered()
-                    self._touch()
+                    self._touch(work=notice.payload != ENDED)
             except psycopg.Error as exc:
                 if not self._closing:
                     log.warning("LISTEN connection lost (%s); polling until it is back", exc)
@@ -144,10 +152,19 @@ class Wakeups:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the
         LISTEN connection is down (or disabled), after at most the poll interval."""
         if self._version == self._seen:
-            wait = timeout if self._listening else min(timeout, self._poll_interval)
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), wait)
-                except TimeoutError:
-                    pass
+            await self._wait(self._changed, timeout)
         self._seen = self._version
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """As :meth:`wait_for_change`, but not woken by tasks that ended and freed nothing."""
+        if self._work_version == self._work_seen:
+            await self._wait(self._work_changed, timeout)
+        self._work_seen = self._work_version
+
+    async def _wait(self, changed: asyncio.Event, timeout: float) -> None:
+        wait = timeout if self._listening else min(timeout, self._poll_interval)
+        if wait > 0:
+            try:
+                await asyncio.wait_for(changed.wait(), wait)
+            except TimeoutError:
+                pass

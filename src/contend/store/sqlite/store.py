@@ -135,6 +135,10 @@ class SQLiteStore:
     async def wait_for_change(self, timeout: float) -> None:
         await self._db.wakeups.wait_for_change(self._db.conn, timeout)
 
+    async def wait_for_work(self, timeout: float) -> None:
+        """As :meth:`wait_for_change`: another process's commit is seen, not what it did."""
+        await self._db.wakeups.wait_for_change(self._db.conn, timeout)
+
 
 def _is_a_store(store: SQLiteStore) -> Store:
     return store  # mypy checks here that SQLiteStore implements the whole port
