@@ -468,12 +468,7 @@ class MemoryStore(Rows):
         """Return after the next change of the store, or after *timeout* seconds (``math.inf``:
         no timeout, and no timer)."""
         if self._version == self._seen:
-            try:
-                await asyncio.wait_for(
-                    self._changed.wait(), None if timeout == math.inf else timeout
-                )
-            except TimeoutError:
-                pass
+            await _wait(self._changed, timeout)
         self._seen = self._version
 
     async def wait_for_work(self, timeout: float) -> None:
@@ -481,13 +476,15 @@ class MemoryStore(Rows):
         *timeout* seconds (``math.inf``: none): not after a plain task's end, a progress
         report or a prune, which change nothing an idle expert could claim."""
         if self._work_version == self._work_seen:
-            try:
-                await asyncio.wait_for(
-                    self._work_changed.wait(), None if timeout == math.inf else timeout
-                )
-            except TimeoutError:
-                pass
+            await _wait(self._work_changed, timeout)
         self._work_seen = self._work_version
+
+
+async def _wait(changed: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(changed.wait(), None if timeout == math.inf else timeout)
+    except TimeoutError:
+        pass
 
 
 def _dispatches(store: MemoryStore) -> CentralDispatch:

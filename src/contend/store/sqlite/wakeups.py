@@ -120,6 +120,9 @@ class Wakeups:
         self._data_version = -1
         self._local_gen = 0
         self._seen_gen = 0
+        #: Changes seen, by any waiter: a waiter woken with others returns if one of them saw
+        #: the change first (it had moved data_version on, so it looked like no change).
+        self._changes = 0
         #: Each waiting call's future: set True when a change was seen (return), False when
         #: there is a reason to look (the WAL was written to).
         self._waiters: set[asyncio.Future[bool]] = set()
@@ -156,12 +159,16 @@ class Wakeups:
         cap = WATCHED_CAP if self._watch is not None else max(POLL_CAP, self._idle_poll)
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout
+        changes = self._changes
         while True:
+            if self._changes != changes:
+                return  # another waiter saw a change since this one began
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._data_version or self._local_gen != self._seen_gen:
                 self._data_version = version
                 self._seen_gen = self._local_gen
                 self._poll = self._idle_poll
+                self._changes += 1
                 self._wake(True)  # the others waiting now would no longer see it
                 return
             now = time.monotonic()

@@ -242,63 +242,37 @@ async def test_concurrent_owner_writes_land_exactly_once(harness: Harness) -> No
     assert len(landed) == 1
 
 
-async def _wakes(
-    waiter: Store, act: Awaitable[object], *, within: float = 5.0, work: bool = False
-) -> float:
-    wait = waiter.wait_for_work if work else waiter.wait_for_change
-    await wait(0)  # take in earlier changes
+async def _wakes(waiter: Store, act: Awaitable[object], *, within: float = 5.0) -> float:
+    """How long after *act* began both of *waiter*'s waits returned: for any change and for
+    work (every act here makes work)."""
+    await waiter.wait_for_change(0)  # take in earlier changes
+    await waiter.wait_for_work(0)
     started = time.monotonic()
-    waiting = asyncio.create_task(wait(60))
+    waiting = [asyncio.create_task(w(60)) for w in (waiter.wait_for_change, waiter.wait_for_work)]
     await asyncio.sleep(0)
     await act
-    await asyncio.wait_for(waiting, within)
+    await asyncio.wait_for(asyncio.gather(*waiting), within)
     return time.monotonic() - started
 
 
-async def test_wait_for_change_returns_soon_after_another_instance_submits(
-    harness: Harness,
-) -> None:
+async def test_waits_return_soon_after_another_instance_submits(harness: Harness) -> None:
     waiter, other = await harness.new_store(), await harness.new_store()
     took = await _wakes(waiter, other.submit([spec()]))
     assert took < 5
 
 
-async def test_wait_for_work_returns_soon_after_another_instance_submits(
-    harness: Harness,
-) -> None:
-    waiter, other = await harness.new_store(), await harness.new_store()
-    took = await _wakes(waiter, other.submit([spec()]), work=True)
-    assert took < 5
-
-
-async def test_wait_for_work_returns_soon_after_a_commit_frees_a_dependent(
-    harness: Harness,
-) -> None:
-    s = harness.store
-    a = spec()
-    b = spec(depends_on=[a.id])
-    await s.submit([a, b])
-    e = await join(harness)
-    c = await e.claim_one()
-    took = await _wakes(s, e.write("complete", a.id, c.fence), work=True)
-    assert took < 5
-    assert await state_of(s, b.id) == P
-
-
-async def test_wait_for_work_returns_soon_after_a_failure_is_retried(harness: Harness) -> None:
+async def test_waits_return_soon_after_a_failure_is_retried(harness: Harness) -> None:
     s = harness.store
     a = spec(max_attempts=2)
     await s.submit([a])
     e = await join(harness)
     c = await e.claim_one()
-    took = await _wakes(s, s.fail(e.name, [Failure(a.id, c.fence, "{}", 0.0)]), work=True)
+    took = await _wakes(s, s.fail(e.name, [Failure(a.id, c.fence, "{}", 0.0)]))
     assert took < 5
     assert await state_of(s, a.id) == P
 
 
-async def test_wait_for_change_returns_soon_after_a_commit_frees_a_dependent(
-    harness: Harness,
-) -> None:
+async def test_waits_return_soon_after_a_commit_frees_a_dependent(harness: Harness) -> None:
     s = harness.store
     a = spec()
     b = spec(depends_on=[a.id])
