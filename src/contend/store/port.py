@@ -557,8 +557,8 @@ class Store(Protocol):
         dependency ended, a limit's slot freed, given by a leader), or after *timeout*
         seconds: what an idle expert waits for. A store that cannot tell those changes from
         the others returns after any change, as :meth:`wait_for_change` does. (A plain
-        task's end woke every idle expert, which read the queue for nothing: among 1,000
-        simulated experts, 250 claim rounds per task.)"""
+        task's end woke every idle expert, which read the queue for nothing: among 200
+        simulated experts, 244 claim rounds per task of a batch.)"""
 
     async def next_due(self, queues: Sequence[str], *, later: bool = False) -> float | None:
         """The earliest ``run_at`` of a pending task in *queues*, or None. With *later*, the

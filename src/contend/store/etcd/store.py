@@ -114,7 +114,7 @@ class EtcdStore:
         self.compact_history = manage.compact_history
         self.prune = Retention(etcd, keys).prune  # retention.py
         self.wait_for_change = self._changes.wait  # watch.py
-        self.wait_for_work = self._changes.wait  # the watch sees new pending keys alone
+        self.wait_for_work = self._changes.wait  # the same: new pending keys, our own writes
         self.begin = Transactions(etcd, keys, clock, owned, dependants, touch).begin
 
     # -- connection --------------------------------------------------------------------------
