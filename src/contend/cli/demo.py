@@ -113,12 +113,15 @@ async def _counts(store: Store) -> dict[str, int]:
 
 async def _kill_one(run: DemoRun, store: Store) -> None:
     """SIGKILL the expert holding the most running tasks (preferring one with a long report),
-    among those whose capabilities another expert also has: killing the only ``geo`` expert
-    would leave the geo tasks with nobody to run them."""
+    among those whose unfinished work another expert could still do: killing the only ``geo``
+    expert while geo tasks remain would leave them with nobody to run them."""
     running = await store.list_tasks(state=TaskState.RUNNING, limit=100_000)
+    unfinished = list(running)
+    for state in (TaskState.CLAIMED, TaskState.PENDING):
+        unfinished += await store.list_tasks(state=state, limit=100_000)
     by_owner: dict[str, list[Any]] = {}
     for t in running:
-        if t.owner in run.procs and _replaceable(run, t.owner):
+        if t.owner in run.procs and _replaceable(run, t.owner, unfinished):
             by_owner.setdefault(t.owner, []).append(t)
     if not by_owner:
         return
@@ -126,10 +129,17 @@ async def _kill_one(run: DemoRun, store: Store) -> None:
         by_owner,
         key=lambda o: (any(t.type == "daily_report" for t in by_owner[o]), len(by_owner[o])),
     )
+    # Freeze the victim first, so that what it holds cannot change between the listing and the
+    # kill; if it finished everything in between, let it go on and try again later.
     proc = run.procs[victim]
+    proc.send_signal(signal.SIGSTOP)
+    held = [t.id for t in by_owner[victim] if not (await store.get(t.id)).state.terminal]
+    if not held:
+        proc.send_signal(signal.SIGCONT)
+        return
     proc.send_signal(signal.SIGKILL)
     run.killed, run.killed_at = victim, time.monotonic()
-    run.killed_tasks = [t.id for t in by_owner[victim]]
+    run.killed_tasks = held
     await proc.wait()
 
 
@@ -176,9 +186,14 @@ async def _submit(store: Store, run: DemoRun, specs: list[Any], experts: int) ->
     _say(f"  submitted in {time.perf_counter() - t0:.2f}s; starting experts (lease {LEASE:.0f}s)")
 
 
-def _replaceable(run: DemoRun, name: str) -> bool:
-    others = {c for n, caps in run.caps.items() if n != name for c in caps}
-    return set(run.caps.get(name, ())) <= others
+def _replaceable(run: DemoRun, name: str, unfinished: list[Any]) -> bool:
+    """Whether every unfinished task could still run on some other live expert."""
+    others = [set(caps) for n, caps in run.caps.items() if n != name and _alive(run, n)]
+    return all(any(t.requirements.tags <= caps for caps in others) for t in unfinished)
+
+
+def _alive(run: DemoRun, name: str) -> bool:
+    return name in run.procs and run.procs[name].returncode is None
 
 
 async def _start_experts(run: DemoRun, experts: int, window: float) -> None:
@@ -236,6 +251,7 @@ async def _note_recovery(run: DemoRun, store: Store, now: float, tty: bool) -> N
     """Once every task the killed expert held has ended, say how long that took."""
     states = [(await store.get(t)).state for t in run.killed_tasks]
     if all(s.terminal for s in states):
+        now = max(now, time.monotonic())
         run.recovered_at = now
         _say(
             ("\n" if tty else "") + f"  recovered: all {len(run.killed_tasks)} task(s) of "
