@@ -109,8 +109,8 @@ def test_only_importable_functions_may_run_in_a_process() -> None:
 
     with pytest.raises(ConfigError, match="module-level function"):
         app.task(isolation="process")(local)
-    with pytest.raises(ConfigError, match="None or 'process'"):
-        app.task(isolation="thread")(t.add)
+    with pytest.raises(ConfigError, match="None, 'thread' or 'process'"):
+        app.task(isolation="threads")(t.add)
 
 
 def _alive(pid: int) -> bool:

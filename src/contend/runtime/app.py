@@ -7,6 +7,7 @@ same coroutines on a private event loop in a background thread that ``App.close(
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import threading
@@ -168,7 +169,12 @@ class App:
     ) -> F | Callable[[F], F]:
         """Register a sync or async function as a task type (named after the function).
 
-        ``isolation="process"`` runs each call in a child process of its own, killed when the
+        A sync function runs in a worker thread; once it has proved short (32 runs in a row
+        under 0.25 ms) it runs on the expert's event loop instead, which costs a no-op task
+        about a quarter less CPU, until a run takes over 2 ms there. ``isolation="thread"``
+        keeps it in threads always: for a function that is usually quick but may block for
+        long (the loop would wait for it once). ``isolation="process"`` runs each call in a
+        child process of its own, killed when the
         run must stop (lease lost, timeout, cancel); the function must be importable (a
         module-level function, not in ``__main__``) and its args and result JSON. With it,
         ``memory_limit`` (bytes, or text such as ``"512MiB"``) kills a child whose resident
@@ -581,7 +587,13 @@ def _check_options(
         raise ConfigError(f"mode of {shown(type_name)} must be 'race', 'auction' or 'auto'")
     if isolation not in ISOLATIONS:
         raise ConfigError(
-            f"isolation of {shown(type_name)} must be None or 'process', got {shown(isolation)}"
+            f"isolation of {shown(type_name)} must be None, 'thread' or 'process', "
+            f"got {shown(isolation)}"
+        )
+    if isolation == "thread" and inspect.iscoroutinefunction(f):
+        raise ConfigError(
+            f"isolation='thread' of {shown(type_name)} is for plain functions; "
+            "an async function runs on the event loop"
         )
     if isolation == "process":
         try:

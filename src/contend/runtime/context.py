@@ -137,6 +137,10 @@ class TaskContext:
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     _why: str = field(default="", repr=False)
+    #: the sync helpers were called (the function waits on the loop: never run it there)
+    _called_back: bool = field(default=False, repr=False)
+    #: while a sync function runs on the loop itself: its helpers' writes, made after it returns
+    _deferred: list[Callable[[], Awaitable[None]]] | None = field(default=None, repr=False)
 
     @property
     def cancelled(self) -> bool:
@@ -256,11 +260,19 @@ class TaskContext:
         """The same as :meth:`progress`, for sync task functions running in a worker thread."""
         if self._loop is None:
             raise RuntimeError("this context is not attached to an event loop")
+        self._called_back = True
+        if self._deferred is not None:  # on the loop itself: written once the function returns
+            self._deferred.append(lambda: self.progress(done, total, note))
+            return
         asyncio.run_coroutine_threadsafe(self.progress(done, total, note), self._loop).result()
 
     def checkpoint_sync(self, state: JSON) -> None:
         """The same as :meth:`checkpoint`, for sync task functions running in a worker thread."""
         if self._loop is None:
             raise RuntimeError("this context is not attached to an event loop")
+        self._called_back = True
+        if self._deferred is not None:  # on the loop itself: written once the function returns
+            self._deferred.append(lambda: self.checkpoint(state))
+            return
         future = asyncio.run_coroutine_threadsafe(self.checkpoint(state), self._loop)
         future.result()

@@ -1,7 +1,8 @@
 """The executor: runs claimed tasks and turns each run into an outcome for the committer.
 
 Async task functions run on the event loop, sync ones in a thread pool of the expert's
-concurrency; both under the task's timeout on the expert's clock. A run belongs to the session
+concurrency (or, once they have proved short, on the loop too: ``runtime.inline``); both under
+the task's timeout on the expert's clock. A run belongs to the session
 its task was claimed under: its checkpoints are refused once that session is no longer safe,
 and when it is lost the run is stopped and nothing of it is committed. A sync function cannot
 be interrupted in its thread: it is told to stop (``ctx.cancelled``) and its result, if it
@@ -21,6 +22,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from contend.runtime.clock import Clock, bounded, wait_event
 from contend.runtime.competition import TypeTracker
 from contend.runtime.context import TaskContext, _current
 from contend.runtime.hooks import Hook, Outcome, task_fields
+from contend.runtime.inline import InlinePolicy
 from contend.runtime.isolation import ChildFailed, run_in_process
 from contend.runtime.pipeline import forwarded
 from contend.runtime.session import Session
@@ -299,6 +302,7 @@ class Executor:
         #: slow ones after short ones is not claimed ahead on the short ones' mean
         self.type_means: dict[str, float] = {}
         self._threads: ThreadRunner | None = None  # started with the first sync function
+        self.inline = InlinePolicy()  # which sync functions have proved short enough for the loop
 
     @property
     def load(self) -> int:
@@ -452,6 +456,9 @@ class Executor:
                 if timeout is None:  # no wait_for: one coroutine less per task
                     return await tt.fn(*args, **kwargs)
                 return await self.clock.wait_for(tt.fn(*args, **kwargs), timeout)
+            movable = tt.isolation is None and timeout is None
+            if movable and self.inline.on_loop(tt.name):
+                return await self._on_loop(tt, run, args, kwargs)
             threads = self._threads
             if threads is None:
                 loop = asyncio.get_running_loop()
@@ -461,6 +468,8 @@ class Executor:
             try:
                 result = await (fut if timeout is None else self.clock.wait_for(fut, timeout))
                 run.service = took[0] if took else None
+                if movable and took:
+                    self.inline.ran_in_thread(tt.name, took[0], called_back=ctx._called_back)
                 return result
             except TimeoutError:
                 ctx._stop("it timed out")  # a thread cannot be interrupted: tell it to stop
@@ -470,6 +479,31 @@ class Executor:
                 raise
         finally:
             _current.reset(token)
+
+    async def _on_loop(
+        self, tt: TaskType, run: Run, args: list[Any], kwargs: Mapping[str, Any]
+    ) -> Any:
+        """Run a sync function that has proved short on the loop itself (contend.runtime.inline).
+        The loop is hidden from it, as it would be in a thread (so ``asyncio.run`` inside works);
+        what it asked ``checkpoint_sync`` / ``progress_sync`` to write is written after it returns,
+        whether it returned or raised."""
+        ctx = run.ctx
+        deferred: list[Callable[[], Awaitable[None]]] = []
+        ctx._deferred = deferred
+        loop = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(None)
+        began = time.perf_counter()
+        try:
+            result = tt.fn(*args, **kwargs)
+        finally:
+            took = time.perf_counter() - began
+            asyncio.events._set_running_loop(loop)
+            ctx._deferred = None
+            run.service = took
+            self.inline.ran_on_loop(tt.name, took, called_back=ctx._called_back)
+            for write in deferred:
+                await write()
+        return result
 
     def _finish(
         self, run: Run, outcome: Outcome, error: BaseException | None, seconds: float = 0.0

@@ -34,7 +34,7 @@ from contend.errors import FencedOut, MemoryLimitExceeded, PayloadError
 from contend.runtime.context import TaskContext, _current
 from contend.store.port import TaskTransaction
 
-ISOLATIONS = (None, "process")
+ISOLATIONS = (None, "thread", "process")
 #: The longest JSON line either side sends (a payload is at most 1 MiB of JSON, escaped).
 LINE_LIMIT = 16 * 1024 * 1024
 #: The child's exit status when its parent went away.
