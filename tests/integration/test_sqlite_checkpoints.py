@@ -5,10 +5,13 @@ thread copies the WAL back after writes, and closing the store stops it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from contend.domain.task import TaskSpec
 from contend.store.sqlite import SQLiteStore
@@ -55,3 +58,42 @@ async def test_a_closed_checkpointer_starts_no_thread(tmp_path: Path) -> None:
     ckpt.close()
     ckpt.poke()
     assert ckpt._thread is None and ckpt.runs == 0
+
+
+async def test_a_reader_that_holds_the_wal_back_is_reported_and_the_wal_cut_back_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open read transaction keeps the WAL from being copied back: it grew to 6 GiB in five
+    minutes of a sustained run, with nothing in the log to say why, and kept that size after."""
+    keep = 2**20  # small, so that a test need not write 64 MiB
+    monkeypatch.setattr("contend.store.sqlite.connection.WAL_KEEP_BYTES", keep)
+    path = tmp_path / "s.db"
+    wal = tmp_path / "s.db-wal"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    ckpt = store._db.checkpointer
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM tasks").fetchone()  # its snapshot pins the WAL
+        with caplog.at_level(logging.INFO, logger="contend.store.sqlite"):
+            n = 0
+            while not ckpt.pinned:
+                await store.submit([TaskSpec.build("t", [n, i]) for i in range(500)])
+                n += 1
+                assert n < 200, f"never pinned; last checkpoint {ckpt.last}"
+            assert ckpt.last is not None and ckpt.last[0] - ckpt.last[1] >= FALLBACK_PAGES
+            assert "a read transaction is holding the WAL back" in caplog.text
+            reader.execute("COMMIT")
+            await store.submit([TaskSpec.build("t", ["after"])])
+            await _until(lambda: not ckpt.pinned, "the checkpoint after the reader ended")
+            assert "the WAL is no longer held back" in caplog.text
+        assert caplog.text.count("holding the WAL back") == 1  # said once, not per checkpoint
+        held = wal.stat().st_size
+        assert held > FALLBACK_PAGES * 4096
+        await _until(lambda: ckpt.last is not None and ckpt.last[0] == ckpt.last[1], "all copied")
+        await store.submit([TaskSpec.build("t", ["restarts the WAL"])])
+        assert wal.stat().st_size <= keep, (held, wal.stat().st_size)
+    finally:
+        reader.close()
+        await store.close()

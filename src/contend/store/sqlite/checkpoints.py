@@ -34,6 +34,10 @@ INTERVAL = 0.1
 #: The automatic checkpoint of the store's own connections: only when the WAL reaches this many
 #: pages (16 MiB at 4 KiB a page), which the thread keeps it well below.
 FALLBACK_PAGES = 4000
+#: The store's connections cut the WAL file back to this size when they start it over after a
+#: checkpoint (``journal_size_limit``). The WAL reuses its file from the start and does not
+#: shrink on its own: once a reader had held it back, it kept the gigabytes it grew to.
+WAL_KEEP_BYTES = 64 * 2**20
 
 
 class Checkpointer:
@@ -53,6 +57,11 @@ class Checkpointer:
         #: checkpoints run, and the last one's (WAL frames, frames copied back to the file)
         self.runs = 0
         self.last: tuple[int, int] | None = None
+        #: the last checkpoint left at least FALLBACK_PAGES frames it could not copy: a read
+        #: transaction that began before them (an open ``BEGIN``, a backup, a long report)
+        #: holds the WAL back, and it grows until that transaction ends
+        self.pinned = False
+        self._pinned_since = 0.0
 
     def poke(self) -> None:
         """A commit of this process added to the WAL: checkpoint it soon."""
@@ -127,4 +136,25 @@ class Checkpointer:
             return
         self.runs += 1
         if row is not None:
-            self.last = (int(row[1]), int(row[2]))
+            self.last = (frames, copied) = (int(row[1]), int(row[2]))
+            self._note_pinned(frames - copied >= FALLBACK_PAGES, frames)
+
+    def _note_pinned(self, pinned: bool, frames: int) -> None:
+        """Say when a reader starts and stops holding the WAL back: the file grows by every
+        write meanwhile (gigabytes in minutes under load), which nothing else would explain."""
+        if pinned and not self.pinned:
+            self._pinned_since = time.monotonic()
+            log.warning(
+                "SQLite store %r: a read transaction is holding the WAL back (%d pages that "
+                "cannot be copied to the database); %s-wal grows until that transaction ends",
+                self._path,
+                frames,
+                self._path,
+            )
+        elif self.pinned and not pinned:
+            log.info(
+                "SQLite store %r: the WAL is no longer held back (it was for %.0f s)",
+                self._path,
+                time.monotonic() - self._pinned_since,
+            )
+        self.pinned = pinned

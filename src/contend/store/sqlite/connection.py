@@ -26,7 +26,7 @@ from typing import TypeVar
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
 from contend.store._cancel import cancels, check_wanted
-from contend.store.sqlite.checkpoints import FALLBACK_PAGES, Checkpointer
+from contend.store.sqlite.checkpoints import FALLBACK_PAGES, WAL_KEEP_BYTES, Checkpointer
 from contend.store.sqlite.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -85,6 +85,7 @@ class Database:
             raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
         db.execute("PRAGMA busy_timeout = 0")
         db.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
+        db.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
         db.create_function("contend_fits", 1, self._fits, deterministic=True)
         self._db = db
         try:

@@ -31,7 +31,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import JSON
 from contend.errors import StoreError
 from contend.store.port import Completion
-from contend.store.sqlite.checkpoints import FALLBACK_PAGES
+from contend.store.sqlite.checkpoints import FALLBACK_PAGES, WAL_KEEP_BYTES
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import apply_outcomes
 from contend.store.sqlite.owner_writes import check_owners
@@ -68,6 +68,7 @@ class Transactions:
         conn.execute("PRAGMA busy_timeout = 0")
         conn.execute(f"PRAGMA synchronous = {self._sync}")
         conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
         return conn
 
     def _end(self, conn: sqlite3.Connection, *, reuse: bool) -> None:
