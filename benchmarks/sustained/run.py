@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.sustained [--quick] [--rate 1000] [--duration 600]
 [--cases contend-postgresql-async,contend-postgresql-sync,pgqueuer,contend-sqlite-async,contend-etcd-async]
-[--concurrency 8] [--no-hold] [--no-write]``
+[--concurrency 8] [--no-hold | --only-hold] [--no-write]``
 
 Each case runs in a child process of its own (contend in the project's virtualenv, PgQueuer in
 the bench one), once as it is and, where the store has something to hold back (PostgreSQL and
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (c, h)
         for c in args.cases
         for h in (False, True)
-        if not h or (args.hold and CASES[c][0] != "etcd")
+        if (not h and not args.only_hold) or (h and args.hold and CASES[c][0] != "etcd")
     ]
     meta: dict[str, Any] = {
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -150,6 +150,9 @@ def main() -> int:
     parser.add_argument("--cases", default=DEFAULT_CASES, help=f"of {', '.join(CASES)}")
     parser.add_argument("--concurrency", type=int, default=8, help="each contend expert's")
     parser.add_argument("--no-hold", dest="hold", action="store_false", help="no held-back runs")
+    parser.add_argument(
+        "--only-hold", action="store_true", help="only the held-back runs (with --merge)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-sustained.json")
     parser.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--svg", type=Path, default=ROOT / "docs" / "sustained.svg")
