@@ -200,6 +200,7 @@ def summarise(
         out["hold_p99_ms"] = _p([x for s, x in lat if began <= s < ended], 99)
         out["after_hold_p99_ms"] = _p([x for s, x in lat if s >= ended], 99)
         out["recovery_s"] = recovery(lat, began, ended, plan.duration)
+        out["slow_seconds"] = slow_seconds(lat, began, ended, plan.duration)
     return out
 
 
@@ -227,6 +228,32 @@ def recovery(
         else:
             good_from = None
     return float(good_from) if good_from is not None else None
+
+
+def slow_seconds(
+    lat: list[tuple[float, float]], began: float, ended: float, duration: float
+) -> dict[str, list[int]] | None:
+    """How many 1-s buckets before the hold and after it have a p99 over the limit that
+    ``recovery`` uses, of how many: [over, buckets]. One slow second late in the run makes
+    ``recovery`` long; this says whether such seconds are more common after the hold than
+    before it, when nothing was held."""
+    base = [x for s, x in lat if 2.0 <= s < began]
+    if not base:
+        return None
+    limit = max(2 * percentile(base, 99), percentile(base, 99) + 5.0)
+    before: dict[int, list[float]] = {}
+    after: dict[int, list[float]] = {}
+    for s, x in lat:
+        if 2.0 <= s < began:
+            before.setdefault(int(s), []).append(x)
+        elif ended <= s < duration:
+            after.setdefault(int(s - ended), []).append(x)
+
+    def count(buckets: dict[int, list[float]]) -> list[int]:
+        over = sum(1 for xs in buckets.values() if percentile(xs, 99) > limit)
+        return [over, len(buckets)]
+
+    return {"before": count(before), "after": count(after)}
 
 
 def plan_arguments(parser: argparse.ArgumentParser) -> None:

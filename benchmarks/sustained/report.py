@@ -24,7 +24,10 @@ then idle in that transaction, so vacuum can remove no row version that died aft
 SQLite an open read transaction, so no checkpoint can move the WAL past it (etcd has no such
 thing and runs without). *Recovery*: seconds after the holding session ended until the first
 1-s bucket from which on every bucket's p99 is within twice the p99 before the hold (and 5 ms);
-`–` if that did not happen before the run ended. *Store size*: PostgreSQL
+`–` if that did not happen before the run ended. *Slow seconds*: how many 1-s buckets before
+the hold, and after it, have a p99 over that same limit, of how many: one slow second late in
+the run makes *recovery* long, and this says whether such seconds are any more common after
+the hold than before it. *Store size*: PostgreSQL
 `pg_total_relation_size` of every table, SQLite the database and WAL files, etcd its `dbSize`;
 at the start, the largest, and at the end. After the producer stops the run waits up to the
 tail time for the rest to start."""
@@ -44,8 +47,8 @@ def rows(summary: dict[str, Any]) -> list[str]:
     out = [
         "| system | cleanup held back | done / submitted | pickup p50 (ms) | p99 (ms) "
         "| worst 10-s window p99 (ms) | p99 before / while / after held (ms) | recovery (s) "
-        "| store size start → max → end (MiB) | measured |",
-        "|---|---|---:|---:|---:|---:|---|---:|---|---|",
+        "| slow seconds before / after held | store size start → max → end (MiB) | measured |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|---|---|",
     ]
     for r in summary["results"]:
         worst = max((w["p99_ms"] or 0 for w in r["windows"]), default=None)
@@ -56,10 +59,16 @@ def rows(summary: dict[str, Any]) -> list[str]:
             )
         sizes = [s["bytes"] for s in r["sizes"]] or [0]
         rec = r.get("recovery_s")
+        slow = r.get("slow_seconds") if r["hold"] else None
+        slow_cell = (
+            "–"
+            if not slow
+            else " / ".join(f"{o} of {n}" for o, n in (slow["before"], slow["after"]))
+        )
         out.append(
             f"| {r['system']} | {'yes' if r['hold'] else 'no'} | {r['done']:,} / "
             f"{r['submitted']:,} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(worst)} "
-            f"| {phases} | {'–' if rec is None or not r['hold'] else f'{rec:.0f}'} "
+            f"| {phases} | {'–' if rec is None or not r['hold'] else f'{rec:.0f}'} | {slow_cell} "
             f"| {_mib(sizes[0])} → {_mib(max(sizes))} → {_mib(sizes[-1])} "
             f"| {r.get('commit', summary['commit'])}, {r.get('measured_at', summary['measured_at'])} |"
         )

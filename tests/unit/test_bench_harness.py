@@ -83,6 +83,8 @@ def test_sustained_figures_per_window_and_recovery_after_the_hold() -> None:
     assert out["windows"][3]["not_started"] == 1 and out["done"] == 399
     assert out["windows"][0]["p99_ms"] == 1.0 and out["windows"][1]["p50_ms"] == 500.0
     assert out["recovery_s"] == 3.0
+    # 2 s of warm-up, then 8 fast seconds before the hold; after it 3 slow ones (20-23 s) of 20
+    assert out["slow_seconds"] == {"before": [0, 8], "after": [3, 20]}
     lat = [(s, (st - s) * 1000) for s, st in started]
     assert recovery([(s, 500.0 if s >= 10 else ms) for s, ms in lat], 10.0, 20.0, 40.0) is None
 
