@@ -44,11 +44,17 @@ class SlotState(StrEnum):
 
 
 #: The most tasks an expert holds beyond its free slots by default, when its runs are so short
-#: that two claims' time of them is more than that. It was the concurrency (8 by default):
-#: two experts of 8 drained no-op tasks from PostgreSQL at 7,900-9,100/s, and at
-#: 16,900-17,900/s with 64 (same run, alternating). What is held is never more than two
-#: claims' time of work, as ``ahead`` reckons it from the runs' mean duration.
-AHEAD_MOST = 64
+#: that two claims' time of them is more than that. It was the concurrency (8 by default), then
+#: 64: two experts of 8 drained no-op tasks from PostgreSQL at 7,900-9,100/s with 8 and at
+#: 16,900-17,900/s with 64. Against 64 in one run (2 x 8, 10,000 or 20,000 no-op tasks), 256
+#: gave SQLite sync bodies 21,600-22,700/s against 16,900-17,100 (CPU 53-57 us a task against
+#: 70-73), PostgreSQL async bodies 21,000-21,300/s against 13,400-16,000 (87-89 us against
+#: 113-125) and etcd async bodies 6,800-6,900/s against 4,400-4,600 (235-246 us against
+#: 350-361). It binds only on runs under a sixteenth of a claim's round trip at 8 slots; what
+#: is held is never more than two claims' time of work, as ``ahead`` reckons it from the runs'
+#: mean duration, so a task held waits no longer than that for its slot. A crashed expert's
+#: held tasks wait for its lease to lapse, as its running ones do: the cap bounds how many.
+AHEAD_MOST = 256
 
 #: An expert held back by a rate limit looks again at most this often.
 RATE_POLL_MIN = 0.005
