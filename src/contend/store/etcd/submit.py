@@ -111,20 +111,32 @@ class Submitter:
     async def submit(self, specs: Sequence[TaskSpec]) -> list[Submitted]:
         refuse_limits(specs, "etcd", PROMISES)
         landed: set[str] = set()
+        # The first try takes every spec for new without reading: its transaction's compares
+        # (no such task, no such key) check that, and a plain submit costs one round trip
+        # instead of two. A spec sent again or whose key is taken fails them, and the tries
+        # after read and sort the specs out.
+        read = False
         for _ in range(WRITE_RETRIES):
-            out = await self._try(specs, landed)
+            out = await self._try(specs, landed, read)
+            read = True
             if out is not None:
                 if landed:
                     self._touch()
                 return out
         raise StoreError(f"submission kept conflicting; gave up after {WRITE_RETRIES} tries")
 
-    async def _try(self, specs: Sequence[TaskSpec], landed: set[str]) -> list[Submitted] | None:
-        """One try; None when a transaction lost a race (ids written so far are in *landed*)."""
+    async def _try(
+        self, specs: Sequence[TaskSpec], landed: set[str], read: bool
+    ) -> list[Submitted] | None:
+        """One try; None when a transaction lost a race (ids written so far are in *landed*).
+        Without *read*, every spec not in *landed* is taken for new."""
         if not specs:
             return []
         now = self._clock()
-        out, fresh = await self._sort_out(specs, landed)
+        if read:
+            out, fresh = await self._sort_out(specs, landed)
+        else:
+            fresh, out = sort_out(specs, (), {}, landed)
         outside = sorted({d for s in fresh for d in s.depends_on} - {s.id for s in fresh})
         dep_kvs = dict(
             zip(
