@@ -369,3 +369,49 @@ def test_one_unlike_rival_among_many_alike_makes_the_race_matter() -> None:
     assert c.race_matters(0)
     c.update_peers([*twins, peer("zz-gpu", ("gpu",), alive=False)], 0)
     assert not c.race_matters(0)
+
+
+def _queue(task_type: str, n: int) -> list[TaskView]:
+    return [TaskView(f"q{i}", task_type, "default", 0, Requirements(), 0.0) for i in range(n)]
+
+
+def test_a_slow_expert_leaves_a_short_queue_to_a_faster_busy_rival() -> None:
+    # mine 4 s, the rival's 1 s on 4 slots: the first tasks would end sooner there, even
+    # after a wait for a slot; the rest would not, and are this expert's at once
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 4.0)
+    c.update_peers([peer("fast", load=4, metrics={"types": {"t": [5, 0, 1.0]}})], 0)
+    left = c.deferrals(_queue("t", 14), 0)
+    # (n / 4 + 1) x 1 s < 4 s for n up to 11: each waits at most 4 - 1 = 3 s
+    assert left == {f"q{i}": 3.0 for i in range(11)}
+
+
+def test_nothing_is_left_to_rivals_that_are_not_faster_or_cannot_run_it() -> None:
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 4.0)
+    c.update_peers(
+        [
+            peer("alike", metrics={"types": {"t": [5, 0, 3.6]}}),  # not a fifth faster
+            peer("new", metrics={"types": {"t": [2, 0, 0.5]}}),  # too few runs to say
+            peer("nogpu", metrics={"types": {"g": [5, 0, 0.5]}}),
+        ],
+        0,
+    )
+    gpu = Requirements(frozenset({"gpu"}))
+    assert c.deferrals([*_queue("t", 3), TaskView("g1", "g", "default", 0, gpu, 0.0)], 0) == {}
+    assert comp().deferrals(_queue("t", 3), 0) == {}  # no rivals at all
+
+
+def test_without_its_own_runs_an_expert_reckons_its_time_from_fitness() -> None:
+    # a rival 4x as fit that runs the type in 1 s: this expert would take about 4 s
+    @by_shape
+    def speed(expert: ExpertView, task: TaskView) -> float:
+        return 4.0 if expert.name == "fast" else 1.0
+
+    c = comp(fitness=speed_fitness(speed, 4.0))
+    c.update_peers([peer("fast", metrics={"types": {"t": [5, 0, 1.0]}})], 0)
+    left = c.deferrals(_queue("t", 2), 0)
+    assert set(left) == {"q0", "q1"}
+    assert left["q0"] == pytest.approx(3.0)

@@ -116,6 +116,11 @@ class ClaimLoop:
         self._outrun = False
         #: tasks claimed ahead were given back (``holds``): claim no more ahead until a run ends
         self._gave_back = False
+        #: Tasks left to faster rivals (``Competition.deferrals``): when this expert first
+        #: saw each one pending, on its monotonic clock; and when the first of them is its to
+        #: claim (None: none left), which ends an idle wait.
+        self._seen: dict[str, float] = {}
+        self._defer_wake: float | None = None
         self.bidder = Bidder(store, name, config, competition, executor)
         #: The shortest interval of the rate limits of its task types: how soon to look again
         #: when a due task was held back (None: no rate limits, wait for a change).
@@ -500,6 +505,9 @@ class ClaimLoop:
         """Claim for *free* slots and *extra* to hold ready; when the race or an auction
         decides, for the free slots alone."""
         comp = self.competition
+        # only this round's race may leave tasks to rivals: a wake-up for tasks left in an
+        # earlier one that has passed would turn every idle wait into a 1 ms poll
+        self._defer_wake = None
         load = self.executor.load + len(self.ready)
         auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
         # No lane after a short claim: every claimable task was taken then, the low ones with
@@ -540,6 +548,9 @@ class ClaimLoop:
             lane = 0
         bid_on = {v.id for v in lots}
         races = [v for v in views if v.id not in bid_on]
+        # a peek that came back short saw every claimable task: what stands before each
+        # is known, and some may be left to faster rivals
+        races = self._not_left(races, load, shallow=len(views) < depth)
         if not races or free <= 0:
             return claimed
         return claimed + await self._race(session, races, free, load, lane, peek)
@@ -600,6 +611,25 @@ class ClaimLoop:
         self._outrun = len(got) < len(ids) or len(ids) < min(planned, free)
         return got
 
+    def _not_left(self, races: list[TaskView], load: int, shallow: bool) -> list[TaskView]:
+        """*races* but those left to faster rivals for now (``Competition.deferrals``);
+        ``_defer_wake`` says when the first of them is this expert's to claim."""
+        if not shallow:
+            self._seen.clear()
+            return races
+        defer = self.competition.deferrals(races, load)
+        now = self.clock.monotonic()
+        seen, self._seen = self._seen, {}
+        out: list[TaskView] = []
+        for view in races:
+            first = self._seen[view.id] = seen.get(view.id, now)
+            until = first + defer.get(view.id, 0.0)
+            if until <= now:
+                out.append(view)
+            elif self._defer_wake is None or until < self._defer_wake:
+                self._defer_wake = until
+        return out
+
     async def _bid_and_claim(
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0
     ) -> list[Claimed]:
@@ -635,6 +665,9 @@ class ClaimLoop:
                 wait = min(wait, self._rate_poll * (0.5 + self._rand()))
         if self.bidder.wake_at is not None:
             wait = max(0.001, min(wait, self.bidder.wake_at - now))
+        if self._defer_wake is not None:  # a task left to faster rivals becomes this one's
+            wait = max(0.001, min(wait, self._defer_wake - self.clock.monotonic()))
+            self._defer_wake = None  # once: the round after this wait reckons it again
         if wait <= 0:
             return
         # Work only: a task's end wakes nobody unless it frees something (its limit's slot,
