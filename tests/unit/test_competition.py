@@ -16,7 +16,13 @@ from contend.domain.scoring import (
 )
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError
-from contend.runtime.competition import MAX_BEST, Competition, PressurePolicy, TypeTracker
+from contend.runtime.competition import (
+    MAX_BEST,
+    Competition,
+    LeftToRivals,
+    PressurePolicy,
+    TypeTracker,
+)
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord
 
 
@@ -415,3 +421,26 @@ def test_without_its_own_runs_an_expert_reckons_its_time_from_fitness() -> None:
     left = c.deferrals(_queue("t", 2), 0)
     assert set(left) == {"q0", "q1"}
     assert left["q0"] == pytest.approx(3.0)
+
+
+def test_tasks_left_to_rivals_come_back_when_their_time_is_up() -> None:
+    c = comp()
+    for _ in range(5):
+        c.tracker.record("t", True, 4.0)
+    c.update_peers([peer("fast", load=4, metrics={"types": {"t": [5, 0, 1.0]}})], 0)
+    now = [100.0]
+    left = LeftToRivals(c, lambda: now[0])
+    queue = _queue("t", 14)
+    # the first 11 are left for 3 s from when they were first seen; the last 3 are taken
+    assert [v.id for v in left.keep(queue, 0, shallow=True)] == ["q11", "q12", "q13"]
+    assert left.take_wake() == 103.0
+    assert left.take_wake() is None  # once
+    now[0] = 102.0  # seen 2 s ago: their wait is reckoned from then, not from now
+    assert [v.id for v in left.keep(queue[:11], 0, shallow=True)] == []
+    assert left.wake == 103.0
+    now[0] = 103.0
+    assert len(left.keep(queue[:11], 0, shallow=True)) == 11
+    # a deep peek does not show the whole queue: nothing is left, and what was seen is forgotten
+    assert left.keep(queue, 0, shallow=False) == queue
+    now[0] = 104.0
+    assert [v.id for v in left.keep(queue, 0, shallow=True)] == ["q11", "q12", "q13"]

@@ -1,8 +1,9 @@
 """The claim loop: discover claimable work, compete for it, claim it, hand it to the executor.
 
-Per round it starts prefetched tasks when slots are free, or competes (``runtime.competition``
-plans the race: fitness against rivals, race delays) and claims; auctions the task types that
-pay for one; steals from a loaded rival when it got nothing; tops up its prefetch; and otherwise
+Per round it starts prefetched tasks when slots are free (``runtime.prefetch``), or competes
+(``runtime.competition`` plans the race: fitness against rivals, race delays, tasks left to
+faster rivals) and claims; auctions the task types that pay for one (``runtime.bidding``);
+steals from a loaded rival when it got nothing; tops up its prefetch; and otherwise
 waits for the store to change, for a task to fall due or for an auction moment. Every claim of
 a round is made under one session; if that session is lost meanwhile, what the round claimed
 is not started (the store hands it back once its lease lapses, or the next heartbeat releases
@@ -25,11 +26,12 @@ from contend.domain.task import LOW_LANE_SHARE
 from contend.errors import ContendError, LeaseLost
 from contend.runtime.bidding import Bidder, auction_types, below_top
 from contend.runtime.clock import Clock, first_of, give_up, wait_event
-from contend.runtime.competition import Competition
+from contend.runtime.competition import Competition, LeftToRivals
 from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
-from contend.runtime.hooks import Hook, task_fields
+from contend.runtime.hooks import Hook
 from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
+from contend.runtime.prefetch import Prefetch
 from contend.runtime.session import LeaseKeeper, Session
 from contend.runtime.task_type import TaskType
 from contend.store.port import Claimed, Store
@@ -98,13 +100,12 @@ class ClaimLoop:
         self.hooks = hooks
         self.stopping = stopping
         self.state = SlotState.IDLE
-        self.prefetched: deque[Claimed] = deque()
+        self.prefetched = Prefetch(store, name, hooks)
         # Claimed ahead and started in the store, waiting here for a slot: filled only while
         # runs end sooner than a claim takes (see ``ahead``), so a slot that frees is refilled
         # at once instead of after a round trip.
         self.ready: deque[tuple[Claimed, Session]] = deque()
-        self._prefetched_at: dict[str, float] = {}  # task id -> when its claim answered
-        self._ready_at: dict[str, float] = {}  # the same for the tasks held ready
+        self._ready_at: dict[str, float] = {}  # task id -> when its claim answered
         self.claim_seconds: float | None = None  # how long a claim takes, a moving average
         self._wake = asyncio.Event()
         self._lane_credit = 0.0
@@ -116,11 +117,8 @@ class ClaimLoop:
         self._outrun = False
         #: tasks claimed ahead were given back (``holds``): claim no more ahead until a run ends
         self._gave_back = False
-        #: Tasks left to faster rivals (``Competition.deferrals``): when this expert first
-        #: saw each one pending, on its monotonic clock; and when the first of them is its to
-        #: claim (None: none left), which ends an idle wait.
-        self._seen: dict[str, float] = {}
-        self._defer_wake: float | None = None
+        #: Tasks left to faster rivals for now (``Competition.deferrals``).
+        self.left = LeftToRivals(competition, clock.monotonic)
         self.bidder = Bidder(store, name, config, competition, executor)
         #: The shortest interval of the rate limits of its task types: how soon to look again
         #: when a due task was held back (None: no rate limits, wait for a change).
@@ -214,24 +212,6 @@ class ClaimLoop:
             (c, s) for c, s in self.ready if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent
         )
         self._ready_at = {c.id: at[c.id] for c, _ in self.ready if c.id in at}
-
-    # -- prefetched tasks as the other parts see them ---------------------------------------
-    def retain_prefetched(self, held: Mapping[str, int], sent: float) -> None:
-        """Forget prefetched tasks the store no longer gives this expert (stolen), by a
-        renewal sent at *sent* (one claimed after that may not be in its answer yet)."""
-        at = self._prefetched_at
-        kept = [c for c in self.prefetched if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent]
-        if len(kept) != len(self.prefetched):
-            ids = {c.id for c in kept}
-            self.hooks.on_taken_over(self.name, [c.id for c in self.prefetched if c.id not in ids])
-        self.prefetched = deque(kept)
-        self._prefetched_at = {c.id: at[c.id] for c in kept if c.id in at}
-
-    def take_prefetched(self) -> list[Claimed]:
-        out = list(self.prefetched)
-        self.prefetched.clear()
-        self._prefetched_at.clear()
-        return out
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -366,11 +346,18 @@ class ClaimLoop:
         """One round under *session*: what to start now (up to *free*, plus *extra* to hold
         ready); the prefetch topped up."""
         if free > 0 and self.prefetched:
-            claimed = await self._start_prefetched(session, free)
+            claimed = await self.prefetched.start(session, free)
         elif free + extra > 0:
             claimed = await self._compete(session, max(0, free), extra)
             if not claimed and free > 0:
-                claimed = await self._steal(session, free)
+                claimed = await self.prefetched.steal(
+                    session,
+                    self.config,
+                    self.competition,
+                    self.queues,
+                    self.types,
+                    free,
+                )
         else:
             claimed = []
         ahead: list[Claimed] = []
@@ -386,67 +373,8 @@ class ClaimLoop:
                 ahead = await self._claim(session, room, start=False, types=kinds)
         if session.lost.is_set():
             return []  # lost meanwhile: start nothing of it
-        self.prefetched.extend(ahead)
-        now = self.clock.monotonic()
-        for c in ahead:
-            self._prefetched_at[c.id] = now
+        self.prefetched.add(ahead, self.clock.monotonic())
         return claimed
-
-    # -- prefetch and work stealing (seed 003) ---------------------------------------------
-    async def _start_prefetched(self, session: Session, free: int) -> list[Claimed]:
-        batch = [self.prefetched.popleft() for _ in range(min(free, len(self.prefetched)))]
-        for c in batch:
-            self._prefetched_at.pop(c.id, None)
-        items = [(c.id, c.fence) for c in batch]
-        results = await session.call("a start", lambda: self.store.start(self.name, items))
-        started, gone = [], []
-        for c, res in zip(batch, results, strict=True):
-            if res is None:
-                started.append(c)
-            else:
-                gone.append(c.id)
-                log.info(
-                    "expert %s: prefetched task %s (%s) attempt %d fence %d was taken over (%s)",
-                    self.name,
-                    c.id,
-                    c.type,
-                    c.attempt,
-                    c.fence,
-                    res,
-                    extra=task_fields(self.name, c),
-                )
-        if gone:
-            self.hooks.on_taken_over(self.name, gone)
-        return started
-
-    async def _steal(self, session: Session, free: int) -> list[Claimed]:
-        """An idle expert takes unstarted tasks from an expert loaded above the steal ratio."""
-        ratio = self.config.steal_ratio
-        if ratio is None:
-            return []
-        victims = [
-            p
-            for p in self.competition.loaded
-            if p.load / max(1, p.info.capacity) >= ratio
-            and not set(self.queues).isdisjoint(p.info.queues)
-        ]
-        for victim in victims:
-            steal = functools.partial(
-                self.store.steal,
-                self.name,
-                session.id,
-                victim.info.id,
-                self.queues,
-                self.config.capabilities,
-                limit=free,
-                lease_ttl=self.config.lease_ttl,
-                types=self.types,
-            )
-            got = await session.call("a steal", steal)
-            if got:
-                self.hooks.on_stolen(self.name, victim.info.id, got)
-                return got
-        return []
 
     # -- competing -------------------------------------------------------------------------
     async def _claim(
@@ -507,7 +435,7 @@ class ClaimLoop:
         comp = self.competition
         # only this round's race may leave tasks to rivals: a wake-up for tasks left in an
         # earlier one that has passed would turn every idle wait into a 1 ms poll
-        self._defer_wake = None
+        self.left.wake = None
         load = self.executor.load + len(self.ready)
         auctioned = auction_types(self.tasks.values(), comp, self.config.auction_threshold)
         # No lane after a short claim: every claimable task was taken then, the low ones with
@@ -550,7 +478,7 @@ class ClaimLoop:
         races = [v for v in views if v.id not in bid_on]
         # a peek that came back short saw every claimable task: what stands before each
         # is known, and some may be left to faster rivals
-        races = self._not_left(races, load, shallow=len(views) < depth)
+        races = self.left.keep(races, load, shallow=len(views) < depth)
         if not races or free <= 0:
             return claimed
         return claimed + await self._race(session, races, free, load, lane, peek)
@@ -611,25 +539,6 @@ class ClaimLoop:
         self._outrun = len(got) < len(ids) or len(ids) < min(planned, free)
         return got
 
-    def _not_left(self, races: list[TaskView], load: int, shallow: bool) -> list[TaskView]:
-        """*races* but those left to faster rivals for now (``Competition.deferrals``);
-        ``_defer_wake`` says when the first of them is this expert's to claim."""
-        if not shallow:
-            self._seen.clear()
-            return races
-        defer = self.competition.deferrals(races, load)
-        now = self.clock.monotonic()
-        seen, self._seen = self._seen, {}
-        out: list[TaskView] = []
-        for view in races:
-            first = self._seen[view.id] = seen.get(view.id, now)
-            until = first + defer.get(view.id, 0.0)
-            if until <= now:
-                out.append(view)
-            elif self._defer_wake is None or until < self._defer_wake:
-                self._defer_wake = until
-        return out
-
     async def _bid_and_claim(
         self, session: Session, lots: list[TaskView], free: int, lane: int = 0
     ) -> list[Claimed]:
@@ -665,9 +574,9 @@ class ClaimLoop:
                 wait = min(wait, self._rate_poll * (0.5 + self._rand()))
         if self.bidder.wake_at is not None:
             wait = max(0.001, min(wait, self.bidder.wake_at - now))
-        if self._defer_wake is not None:  # a task left to faster rivals becomes this one's
-            wait = max(0.001, min(wait, self._defer_wake - self.clock.monotonic()))
-            self._defer_wake = None  # once: the round after this wait reckons it again
+        left = self.left.take_wake()
+        if left is not None:  # a task left to faster rivals becomes this one's
+            wait = max(0.001, min(wait, left - self.clock.monotonic()))
         if wait <= 0:
             return
         # Work only: a task's end wakes nobody unless it frees something (its limit's slot,

@@ -493,6 +493,44 @@ class Competition:
         }
 
 
+class LeftToRivals:
+    """The tasks one expert leaves to faster rivals for now (``Competition.deferrals``),
+    reckoned from when it first saw each one pending; ``wake`` says when the first of them
+    becomes its own to claim (None: none left), which ends an idle wait once."""
+
+    def __init__(self, competition: Competition, monotonic: Callable[[], float]) -> None:
+        self.competition = competition
+        self.monotonic = monotonic
+        self.wake: float | None = None
+        self._seen: dict[str, float] = {}  # task id -> when first seen pending
+
+    def keep(self, races: list[TaskView], load: int, shallow: bool) -> list[TaskView]:
+        """*races* but those left to rivals; *shallow* says the peek saw every claimable task
+        (it came back short), without which the queue before each task is unknown and none
+        is left."""
+        if not shallow:
+            self._seen.clear()
+            return races
+        defer = self.competition.deferrals(races, load)
+        now = self.monotonic()
+        seen, self._seen = self._seen, {}
+        out: list[TaskView] = []
+        for view in races:
+            first = self._seen[view.id] = seen.get(view.id, now)
+            until = first + defer.get(view.id, 0.0)
+            if until <= now:
+                out.append(view)
+            elif self.wake is None or until < self.wake:
+                self.wake = until
+        return out
+
+    def take_wake(self) -> float | None:
+        """When the first task left becomes this expert's, once: the round after the wait
+        reckons it again."""
+        wake, self.wake = self.wake, None
+        return wake
+
+
 def _claim_seconds(p: ExpertRecord) -> float:
     ms = p.metrics.get("claim_ms")
     return float(ms) / 1000 if isinstance(ms, int | float) and ms > 0 else 0.0

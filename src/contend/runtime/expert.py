@@ -298,7 +298,7 @@ class Expert:
         try:
             await p.claimer.run()
             left = await p.executor.drain(lambda: self.config.grace)
-            unstarted = p.claimer.take_prefetched() + p.claimer.take_ready()
+            unstarted = p.claimer.prefetched.take() + p.claimer.take_ready()
             await self._release([r.claimed for r in left] + unstarted)
         finally:
             await p.committer.close()
@@ -355,7 +355,7 @@ class Expert:
         assert self.parts is not None
         p = self.parts
         p.executor.retain(held, sent)
-        p.claimer.retain_prefetched(held, sent)
+        p.claimer.prefetched.retain(held, sent)
         p.claimer.retain_ready(held, sent)
         known = set(p.executor.runs) | {c.id for c in p.claimer.prefetched}
         known |= {c.id for c, _ in p.claimer.ready}
@@ -373,7 +373,7 @@ class Expert:
         p = self.parts
         running = p.executor.abandon_session(session, "the lease was lost")
         dropped = p.committer.drop(session)
-        p.claimer.take_prefetched()
+        p.claimer.prefetched.take()
         running += len(p.claimer.take_ready())  # claimed ahead under it: never started
         self.hooks.on_lease_lost(self.name, session.reason or "", running, dropped)
 
