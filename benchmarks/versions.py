@@ -11,8 +11,9 @@ A child uses the version's own ``contend bench`` parts (``Bench.latency`` and ``
 with two expert processes), so each version is measured by the code it shipped with.
 
 Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
-expert processes from ``/proc`` while the drain runs, start-up left out) and the idle latency p50/p99;
-then the medians and the ratios new/old. ``--out FILE`` also writes them as JSON.
+expert processes from ``/proc`` while the drain runs, start-up left out), the store server's
+CPU per task over the same span (the PostgreSQL backends of the bench database, or the etcd
+server; none for SQLite) and the idle latency p50/p99; then the medians and the ratios new/old. ``--out FILE`` also writes them as JSON.
 
 The stores: SQLite files in a temporary folder; a fresh PostgreSQL database per measurement
 (``CONTEND_TEST_PG`` or 127.0.0.1:5432); a throwaway etcd 3.5 with a prefix per version.
@@ -31,8 +32,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.peers.common import CpuMeter, pg_backend_pids
+
 ROOT = Path(__file__).resolve().parent.parent
-KEYS = ("drain_per_s", "experts_us", "latency_p50_ms", "latency_p99_ms")
+KEYS = ("drain_per_s", "experts_us", "server_us", "latency_p50_ms", "latency_p99_ms")
+#: The pid of the etcd server a child measures against, set by the parent.
+SERVER_PID_ENV = "CONTEND_VERSIONS_SERVER_PID"
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -57,7 +62,9 @@ async def measure(
     # that import different modules, stays out of it.
     procs: list[Any] = []
     cpu: list[float] = []
+    server: list[float] = []
     start_experts, wait_done = bench.experts, bench.wait_done
+    meter = CpuMeter(lambda: _server_pids(url))
 
     async def experts(*args: Any, **kw: Any) -> Any:
         procs[:] = await start_experts(*args, **kw)
@@ -65,14 +72,17 @@ async def measure(
 
     async def timed_wait(*args: Any, **kw: Any) -> None:
         before = sum(_cpu_seconds(p.pid) for p in procs)
+        meter.start()
         await wait_done(*args, **kw)
         cpu.append(sum(_cpu_seconds(p.pid) for p in procs) - before)
+        server.append(meter.stop())
 
     bench.experts, bench.wait_done = experts, timed_wait  # type: ignore[method-assign]
     await bench.drain(2)
     out: dict[str, Any] = {
         "drain_per_s": bench.results["drain_2p_per_s"],
         "experts_us": cpu[0] * 1e6 / n,
+        "server_us": server[0] * 1e6 / n,
     }
     if latency:
         out["latency_p50_ms"] = bench.results["latency_p50_ms"]
@@ -91,6 +101,16 @@ async def child(
     return await measure(url or None, n, concurrency, latency, body)
 
 
+def _server_pids(url: str | None) -> list[int]:
+    """The store's server processes on this host: the PostgreSQL backends of the bench
+    database (the bench's own count poll among them, alike for both versions), the etcd
+    server; none for SQLite."""
+    if url and url.startswith("postgresql"):
+        return pg_backend_pids(url)
+    pid = os.environ.get(SERVER_PID_ENV)
+    return [int(pid)] if pid and os.path.exists(f"/proc/{pid}") else []
+
+
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rows if key in r]
     return statistics.median(values) if values else None
@@ -98,6 +118,8 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def _line(label: str, r: dict[str, Any]) -> str:
     text = f"{r['drain_per_s']:,.0f} tasks/s, experts {r['experts_us']:.0f} µs/task"
+    if r.get("server_us") is not None:
+        text += f" + server {r['server_us']:.0f}"
     if "latency_p50_ms" in r:
         text += f", idle latency p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms"
     return f"{label}: {text}"
@@ -125,6 +147,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for label, src in (("old", old / "src"), ("new", ROOT / "src")):
                 url = f"{base}/{label}{n_run}?max_txn_ops=1024" if base else ""
                 env = {**os.environ, "PYTHONPATH": str(src)}
+                if server is not None and server.proc is not None:
+                    env[SERVER_PID_ENV] = str(server.proc.pid)
                 cmd = [sys.executable, "-m", "benchmarks.versions", args.rev,
                        "--backend", args.backend, "--tasks", str(args.tasks),
                        "--concurrency", str(args.concurrency), "--body", args.body,
