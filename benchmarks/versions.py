@@ -13,7 +13,8 @@ with two expert processes), so each version is measured by the code it shipped w
 Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
 expert processes from ``/proc`` while the drain runs, start-up left out), the store server's
 CPU per task over the same span (the PostgreSQL backends of the bench database, or the etcd
-server; none for SQLite) and the idle latency p50/p99; then the medians and the ratios new/old. ``--out FILE`` also writes them as JSON.
+server; none for SQLite) and the idle latency p50/p99; then the medians and the ratios
+new/old. ``--out FILE`` also writes them as JSON.
 
 The stores: SQLite files in a temporary folder; a fresh PostgreSQL database per measurement
 (``CONTEND_TEST_PG`` or 127.0.0.1:5432); a throwaway etcd 3.5 with a prefix per version.
