@@ -31,7 +31,7 @@ from contend.runtime.config import ExpertConfig
 from contend.runtime.executor import Executor
 from contend.runtime.hooks import Hook
 from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
-from contend.runtime.prefetch import Prefetch
+from contend.runtime.prefetch import Prefetch, still_held
 from contend.runtime.session import LeaseKeeper, Session
 from contend.runtime.task_type import TaskType
 from contend.store.port import Claimed, Store
@@ -208,9 +208,7 @@ class ClaimLoop:
         """Forget tasks claimed ahead that the store no longer gives this expert, by a renewal
         sent at *sent* (one claimed after that may not be in its answer yet)."""
         at = self._ready_at
-        self.ready = deque(
-            (c, s) for c, s in self.ready if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent
-        )
+        self.ready = deque((c, s) for c, s in self.ready if still_held(c, held, at, sent))
         self._ready_at = {c.id: at[c.id] for c, _ in self.ready if c.id in at}
 
     # -- the loop --------------------------------------------------------------------------

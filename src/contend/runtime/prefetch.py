@@ -23,6 +23,15 @@ from contend.store.port import Claimed, Store
 log = logging.getLogger("contend.expert")
 
 
+def still_held(
+    c: Claimed, held: Mapping[str, int], claimed_at: Mapping[str, float], sent: float
+) -> bool:
+    """Whether a task claimed ahead is still this expert's by a renewal sent at *sent* that
+    answered *held* (ids to fences): it is listed at its fence, or it was claimed after the
+    renewal was sent (*claimed_at*: when each claim answered), so the answer may not list it."""
+    return held.get(c.id) == c.fence or claimed_at.get(c.id, 0) >= sent
+
+
 class Prefetch:
     """The tasks one expert claimed ahead and has not started, oldest first."""
 
@@ -56,7 +65,7 @@ class Prefetch:
         at *sent*: *held* maps the ids it holds to their fences. One claimed after *sent* may
         not be in that answer yet, so it stays."""
         at = self._at
-        kept = [c for c in self._tasks if held.get(c.id) == c.fence or at.get(c.id, 0) >= sent]
+        kept = [c for c in self._tasks if still_held(c, held, at, sent)]
         if len(kept) != len(self._tasks):
             ids = {c.id for c in kept}
             self.hooks.on_taken_over(self.name, [c.id for c in self._tasks if c.id not in ids])
