@@ -81,7 +81,7 @@ async def test_a_version_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
         "SELECT sql FROM sqlite_master WHERE name = 'tasks_claimable'"
     ).fetchone()[0]
     db.close()
-    assert int(version) == SCHEMA_VERSION == 5
+    assert int(version) == SCHEMA_VERSION == 6
     assert lane  # the low lane's index came with version 3
     assert rate == [("k", 0.2)]  # rate limits came with version 4
     assert "central = 0" in claimable  # version 5 left central tasks out of the claim order

@@ -96,7 +96,7 @@ async def test_the_upgrade_marks_the_features_old_tasks_use(
         # as a store of version 11 would be: the table did not exist
         await conn.execute("DROP TABLE contend.features")
         await conn.execute("DELETE FROM contend.contend_schema_version WHERE version >= 12")
-    assert await PostgresStore(pg_url).migrate() == [12, 13, 14]
+    assert await PostgresStore(pg_url).migrate() == [12, 13, 14, 15]
     assert await _features(pg_url) == ["fair", "limits"]
 
 

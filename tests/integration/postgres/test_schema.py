@@ -102,7 +102,7 @@ async def test_an_auction_open_during_the_upgrade_keeps_its_order(
         f"INSERT INTO contend.bids VALUES ('t1', 'a', 0.9, {close - 1}), "
         f"('t1', 'b', 0.5, {close - 1})",
     )
-    assert await PostgresStore(pg_url).migrate() == [7, 8, 9, 10, 11, 12, 13, 14]
+    assert await PostgresStore(pg_url).migrate() == [7, 8, 9, 10, 11, 12, 13, 14, 15]
     clock = FakeClock(close + 0.25)
     store = await make_store(clock=clock)
     b = await store.register_expert(ExpertInfo("b"), 60.0)
@@ -132,7 +132,7 @@ async def test_migration_10_gives_old_tasks_of_a_key_its_new_rate(
         "args, kwargs, max_attempts, run_at, created_at, updated_at, limit_key, limit_max) "
         "VALUES ('old', 't', 'default', 'pending', 0, 0, 9e9, '[]', '{}', 3, 1, 1, 1, 'k', 5)",
     )
-    assert await PostgresStore(pg_url).migrate() == [10, 11, 12, 13, 14]
+    assert await PostgresStore(pg_url).migrate() == [10, 11, 12, 13, 14, 15]
     clock = FakeClock(1000.0)
     store = await make_store(clock=clock)
     # a new task gives key k a rate, which holds back the old task of k too
@@ -179,7 +179,7 @@ async def test_migration_11_leaves_central_tasks_out_of_the_claim_order(
         "VALUES ('plain', 't', 'default', 'pending', 0, 0, 9e9, '[]', '{}', 3, 1, 1, 1, NULL,"
         " NULL), ('fair', 't', 'default', 'pending', 1, 1, 9e9, '[]', '{}', 3, 1, 1, 1, 'k', 'k')",
     )
-    assert await PostgresStore(pg_url).migrate() == [11, 12, 13, 14]
+    assert await PostgresStore(pg_url).migrate() == [11, 12, 13, 14, 15]
     indexes = dict(
         await sql(
             pg_url,
@@ -297,13 +297,13 @@ async def test_migration_13_marks_a_store_with_priority_levels(pg_url: str) -> N
         "args, kwargs, max_attempts, run_at, created_at, updated_at) "
         "VALUES ('low', 't', 'default', 'pending', -5, -5, 9e9, '[]', '{}', 3, 1, 1, 1)",
     )
-    assert await PostgresStore(pg_url).migrate() == [13, 14]
+    assert await PostgresStore(pg_url).migrate() == [13, 14, 15]
     assert await sql(pg_url, "SELECT name FROM contend.features") == [("levels",)]
 
 
 async def test_migration_14_keeps_claims_off_the_other_pending_indexes(pg_url: str) -> None:
     await _at_version(pg_url, 13)
-    assert await PostgresStore(pg_url).migrate() == [14]
+    assert await PostgresStore(pg_url).migrate() == [14, 15]
     defs = dict(
         await sql(
             pg_url,

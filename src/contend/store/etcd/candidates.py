@@ -2,8 +2,9 @@
 
 Ageing is reckoned when claims read, not written: a claim reads the head of each priority
 level of a queue (from its floor) and ranks what it read by effective priority (priority
-plus the age term, domain.aged_priority, from the created_at the index value starts with),
-then due time, then id. Then it takes the low lane's share of the longest waiting below the
+plus the age term, domain.aged_priority, from the due time in the index key), then due time,
+then id. As the age runs from the due time, the head of a level (in due order) is also its
+best aged. Then it takes the low lane's share of the longest waiting below the
 top base priority, the best for the rest and, when rivals have been winning its races, the
 best from a random stripe of equally good tasks."""
 
@@ -43,10 +44,10 @@ Views = dict[str, TaskView | tuple[str, int, bytes]]
 
 def rank_of(rec: Record, now: float) -> Rank:
     """A pending task's place in claim order, smallest first: the highest effective
-    priority (the priority aged since the task was created, in whole steps), then the
+    priority (the priority aged since the task was due, in whole steps), then the
     earliest due time, then the id. candidates() makes the same from index keys."""
-    due = f"{micros(rec.run_at):017d}"
-    return -aged_priority(rec.priority, now - rec.created_at), due, rec.id
+    due = micros(rec.run_at)
+    return -aged_priority(rec.priority, now - due / 1e6), f"{due:017d}", rec.id
 
 
 async def choose(
@@ -269,7 +270,7 @@ class _Search:
         prefix = self.levels.keys.k("q", enc(queue), inv, "")
         priority = PRIORITY_BASE - int(inv[:8])  # a fair key's level: {inv}.{key}
         level = (queue, priority)
-        aged: dict[bytes, int] = {}  # tasks submitted together share their creation time
+        aged: dict[str, int] = {}  # tasks submitted together share their due time
         out = []
         # a fair key's level: its tasks are all of that key, and a claim ranks no more than
         # its limit of them (fair.py), so a short page does
@@ -283,10 +284,9 @@ class _Search:
         for kv in kvs:
             due, tid = kv.key[len(prefix) :].decode().split("/")
             tid = unenc(tid) if "%" in tid else tid
-            created = kv.value[: kv.value.index(b" ")]
-            step = aged.get(created)
+            step = aged.get(due)
             if step is None:
-                step = aged[created] = aged_priority(priority, now - float(created))
+                step = aged[due] = aged_priority(priority, now - int(due) / 1e6)
             out.append((tid, (-step, due, tid), level))  # as rank_of
             if views is not None:
                 views[tid] = (queue, priority, kv.value)

@@ -49,8 +49,7 @@ def entry(base: bytes, kv: Any, queue: str, now: float) -> tuple[Entry, int]:
     inv, due, tid = kv.key[len(base) :].decode().split("/")
     tid = unenc(tid) if "%" in tid else tid
     priority = PRIORITY_BASE - int(inv)
-    created = float(kv.value[: kv.value.index(b" ")])
-    rank = (-aged_priority(priority, now - created), due, tid)
+    rank = (-aged_priority(priority, now - int(due) / 1e6), due, tid)
     return (rank, tid, queue, priority, bytes(kv.value)), int(due)
 
 

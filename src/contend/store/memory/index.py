@@ -80,11 +80,12 @@ class Group:
 class TaskIndex:
     """The pending groups, the held tasks and the ageing schedule of one store."""
 
-    __slots__ = ("_groups", "_promotions", "central", "held")
+    __slots__ = ("_groups", "_promotions", "central", "held", "levels")
 
     def __init__(self) -> None:
         self._groups: dict[str, dict[GroupKey, Group]] = {}  # queue -> (type, reqs) -> pending
         self._promotions: list[tuple[float, str]] = []  # (promote_at, id), a heap for ageing
+        self.levels = False  # a priority other than 0 was submitted: pending tasks age
         #: Ids of claimed or running tasks, in claim order.
         self.held: dict[str, None] = {}
         #: Pending central tasks, per queue: out of the claim order's groups, so that a
@@ -102,7 +103,8 @@ class TaskIndex:
             self._place_central(tid, row)
         elif state == P:
             row.key = (-row.aged, row.run_at, tid)
-            heapq.heappush(self._promotions, (row.promote_at, tid))
+            if self.levels:
+                heapq.heappush(self._promotions, (row.promote_at, tid))
             groups = self._groups.setdefault(row.spec.queue, {})
             gk = group_key(row)
             found = groups.get(gk)
@@ -118,10 +120,22 @@ class TaskIndex:
         pending = self.central.setdefault(row.spec.queue, {})
         if row.state == P:
             pending[tid] = None
-            heapq.heappush(self._promotions, (row.promote_at, tid))
+            if self.levels:
+                heapq.heappush(self._promotions, (row.promote_at, tid))
         else:
             pending.pop(tid, None)
             row.assignee = None  # an assignment is used up by the claim, or by the end
+
+    def use_levels(self, tasks: Mapping[str, Row]) -> None:
+        """A task of a priority other than 0 came: from now on pending tasks age (before, it
+        could not change their order: ``domain.task.ages_by_writing``), those waiting now
+        from their due time at the next :meth:`age`."""
+        if self.levels:
+            return
+        self.levels = True
+        for tid, row in tasks.items():
+            if row.state == P:
+                heapq.heappush(self._promotions, (row.promote_at, tid))
 
     def age(self, now: float, tasks: Mapping[str, Row]) -> None:
         """Ageing: pending tasks whose next step is due gain it (and move in the index)."""
@@ -131,8 +145,8 @@ class TaskIndex:
             row = tasks.get(tid)
             if row is None or row.state != P or row.promote_at != at:
                 continue  # stale entry: the task left pending, or moved already
-            row.aged = aged_priority(row.spec.priority, now - row.created_at)
-            row.promote_at = next_promotion(row.spec.priority, row.aged, row.created_at)
+            row.aged = aged_priority(row.spec.priority, now - row.run_at)
+            row.promote_at = next_promotion(row.spec.priority, row.aged, row.run_at)
             self.place(tid, row)  # re-files it under its new key, queues the next step
 
     def _runnable(

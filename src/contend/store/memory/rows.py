@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from contend.domain import transitions as rules
-from contend.domain.task import JSON, TaskState
+from contend.domain.task import JSON, TaskState, unaged
 from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut
 from contend.store._common import check_retry_delay, check_ttl
@@ -70,7 +70,10 @@ class Rows:
         """Apply a decided outcome (``contend.domain.transitions``) to a task the caller
         checked; owner, fence and lease of a claim are the caller's to set."""
         row.attempts = outcome.attempts.apply(row.attempts)
-        row.run_at = outcome.run_at(row.run_at, now)
+        due = outcome.run_at(row.run_at, now)
+        if due != row.run_at:  # the age restarts from a new due time
+            row.run_at = due
+            row.aged, row.promote_at = unaged(row.spec.priority, due)
         if outcome.error_json is not None:
             row.error = outcome.error_json
         if outcome.result_json is not None:

@@ -22,7 +22,7 @@ from contend.domain.task import (
     TaskEvent,
     TaskSpec,
     TaskState,
-    next_promotion,
+    unaged,
 )
 from contend.domain.transitions import Outcome
 from contend.errors import TaskNotFound
@@ -110,11 +110,12 @@ class MemoryStore(Rows):
             left = birth.waits_on
             row = Row(spec, birth.state, now + spec.delay, now, now, len(left))
             self._limits.note(spec)
-            row.aged = spec.priority
-            row.promote_at = next_promotion(spec.priority, spec.priority, now)
+            row.aged, row.promote_at = unaged(spec.priority, row.run_at)
             row.error = birth.error_json
             if birth.event is not None:
                 row.history.append(TaskEvent(now, birth.event, 0, None, birth.detail))
+            if spec.priority != 0:
+                self._index.use_levels(self._tasks)
             self._tasks[spec.id] = row
             self._set_state(spec.id, row, birth.state)
             for dep in left:

@@ -14,7 +14,7 @@ from enum import Enum
 from operator import attrgetter
 from typing import Any
 
-from contend.domain.task import TaskState
+from contend.domain.task import FIRST_STEP, TaskState
 from contend.domain.transitions import Attempts, Outcome
 from contend.store.postgres.database import ENDED, LOWERED, Database
 
@@ -49,19 +49,34 @@ OUTCOME_FIELDS: dict[str, tuple[str, str]] = {
 
 _GET = attrgetter(*OUTCOME_FIELDS)
 
-# Outcome.run_at, error_json/result_json (set when given), owned (else owner and lease cleared)
+# error_json/result_json (set when given), owned (else owner and lease cleared)
 _SET = (
     "state = {state},"
     " attempts = CASE {attempts} {attempts_cases} END,"
-    " run_at = CASE WHEN {due_in} IS NOT NULL THEN {{now}} + {due_in}"
-    "  WHEN {due_now} THEN greatest(t.run_at, {{now}})"
-    "  WHEN {due_by_now} THEN least(t.run_at, {{now}}) ELSE t.run_at END,"
     " error = coalesce({error}, t.error), result = coalesce({result}, t.result),"
     " owner = CASE WHEN {owned} THEN t.owner END,"
     " lease_deadline = CASE WHEN {owned} THEN t.lease_deadline END,"
     " updated_at = {{now}}"
 )
+# Outcome.run_at; a new due time restarts the task's age from it (domain.task.unaged)
+_DUE = (
+    "CASE WHEN {due_in} IS NOT NULL THEN {{now}} + {due_in}"
+    " WHEN {due_now} THEN greatest(t.run_at, {{now}})"
+    " WHEN {due_by_now} THEN least(t.run_at, {{now}}) ELSE t.run_at END"
+)
+_SET_DUE = (
+    ", run_at = {due}"
+    ", eff_priority = CASE WHEN {due} = t.run_at THEN t.eff_priority ELSE t.priority END"
+    f", promote_at = CASE WHEN {{due}} = t.run_at THEN t.promote_at ELSE {{due}} + {FIRST_STEP!r}"
+    " END"
+)
 _ATTEMPTS_CASES = " ".join(f"WHEN '{a.value}' THEN {sql}" for a, sql in ATTEMPTS_SQL.items())
+
+
+def moves_due(outcome: Outcome) -> bool:
+    """Whether *outcome* may set a new due time (else the statement leaves ``run_at`` and the
+    ageing columns out)."""
+    return outcome.due_in is not None or outcome.due_now or outcome.due_by_now
 
 
 def lowers(outcome: Outcome) -> bool:
@@ -115,6 +130,8 @@ def apply(
             names.append(column)
             refs[column] = f"i.{column}"
     assign = _SET.format(attempts_cases=_ATTEMPTS_CASES, **refs)
+    if any(moves_due(o) for _, _, o in decided):
+        assign += _SET_DUE.format(due=_DUE.format(**refs))
     # a task pending again may stand below a claim's floor (``floors``): say so
     lowered = any(lowers(o) for _, _, o in decided)
     # a task that ended without a limit's slot to give back wakes no idle expert (ENDED);
@@ -155,9 +172,7 @@ def handover(outcome: Outcome) -> tuple[str, str, dict[str, Any]]:
     the owner, the fence + 1 and the lease, as the domain leaves those to the store."""
     if (
         not outcome.owned
-        or outcome.due_in is not None
-        or outcome.due_now
-        or outcome.due_by_now
+        or moves_due(outcome)
         or outcome.error_json is not None
         or outcome.result_json is not None
     ):

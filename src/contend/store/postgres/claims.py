@@ -110,7 +110,8 @@ def _level_below(cond: str) -> str:
 #: task is at one base priority, the low lane has nothing below the top to take, and its skip
 #: scan is left out: behind a transaction that holds vacuum back, each probe of a level
 #: walked the entries of every task claimed since (sustained 1,000 tasks/s fell behind for
-#: good once claims came back full and took a lane slot).
+#: good once claims came back full and took a lane slot). Housekeeping's ageing writes
+#: nothing either (``housekeeping.age``).
 SOME_LEVELS = "EXISTS (SELECT 1 FROM {s}.features WHERE name = 'levels')"
 
 

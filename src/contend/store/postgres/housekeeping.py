@@ -6,6 +6,7 @@ from __future__ import annotations
 from contend.domain import transitions as rules
 from contend.domain.task import aged_priority, next_promotion
 from contend.store.postgres.apply import LOCKED, Decided, apply
+from contend.store.postgres.claims import SOME_LEVELS
 from contend.store.postgres.database import Cursor, Database
 from contend.store.postgres.dependants import settle_dependents
 
@@ -105,12 +106,15 @@ async def end_session(db: Database, expert: str, session: str) -> int:
 
 async def age(db: Database, cur: Cursor) -> None:
     """Ageing: raise the effective priority of pending tasks whose next step is due
-    (computed here with the domain's functions, so every backend rounds alike)."""
+    (computed here with the domain's functions, so every backend rounds alike), from their
+    due time. A store that never had a priority other than 0 (no ``levels`` feature) writes
+    nothing: ageing could not change its order (``domain.task.ages_by_writing``); the check
+    is the statement's one-time filter, so such a store pays no index scan."""
     await cur.execute(
         db.sql(
-            "SELECT {now}, id, priority, created_at FROM {s}.tasks "
-            "WHERE state = 'pending' AND promote_at <= {now} LIMIT 5000 "
-            "FOR UPDATE SKIP LOCKED"
+            "SELECT {now}, id, priority, run_at FROM {s}.tasks "
+            "WHERE state = 'pending' AND promote_at <= {now} "
+            f" AND {SOME_LEVELS} LIMIT 5000 FOR UPDATE SKIP LOCKED"
         ),
         db.params(),
     )
@@ -118,11 +122,11 @@ async def age(db: Database, cur: Cursor) -> None:
     if not due:
         return
     ids, aged, promote = [], [], []
-    for now, tid, priority, created in due:
-        step = aged_priority(priority, now - created)
+    for now, tid, priority, run_at in due:
+        step = aged_priority(priority, now - run_at)
         ids.append(tid)
         aged.append(step)
-        promote.append(next_promotion(priority, step, created))
+        promote.append(next_promotion(priority, step, run_at))
     await cur.execute(
         db.sql(
             "UPDATE {s}.tasks t SET eff_priority = u.aged, promote_at = u.promote "

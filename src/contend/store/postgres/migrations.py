@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contend.domain.task import FIRST_STEP
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -302,6 +304,17 @@ MIGRATIONS: tuple[Migration, ...] = (
                     f"ALTER INDEX {{s}}.{name}_14 RENAME TO {name}",
                 )
             ),
+        ),
+    ),
+    Migration(
+        15,
+        "ageing from the due time: pending tasks start unaged from it",
+        (
+            # domain.task.AGEING: a task's age is reckoned from run_at, not created_at; the
+            # next sweep catches each pending task up from it, and a store without 'levels'
+            # (no priority other than 0) writes no ageing at all
+            "UPDATE {s}.tasks SET eff_priority = priority,"
+            f" promote_at = run_at + {FIRST_STEP!r} WHERE state = 'pending'",
         ),
     ),
 )

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import psycopg.errors
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskSpec, TaskState, next_promotion
+from contend.domain.task import FIRST_STEP, TaskSpec, TaskState
 from contend.errors import StoreError
 from contend.store._common import check_batch_dependencies, refuse_limits, sort_out
 from contend.store.port import Promises, Submitted
@@ -205,7 +205,7 @@ def _rows(
             "max_attempts": spec.max_attempts,
             "delay": spec.delay,
             "deps_left": len(left),
-            "promote_in": next_promotion(spec.priority, spec.priority, 0.0),  # after creation
+            "promote_in": spec.delay + FIRST_STEP,  # after creation: unaged from its due time
             "central": spec.central,
         }
         optional = {

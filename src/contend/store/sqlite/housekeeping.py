@@ -77,21 +77,24 @@ async def end_session(db: Database, expert: str, session: str) -> int:
 
 
 async def _age(db: Database) -> None:
-    """Ageing: raise the effective priority of pending tasks whose next step is due."""
+    """Ageing: raise the effective priority of pending tasks whose next step is due, reckoned
+    from their due time; nothing to write before a task of a priority other than 0 was ever
+    submitted (``domain.task.ages_by_writing``: the ``levels`` key of ``contend_meta``)."""
     now = db.clock()
     due = await db.retry(
         lambda: db.conn.execute(
-            "SELECT id, priority, created_at FROM tasks "
-            "WHERE state = 'pending' AND promote_at <= ? LIMIT 5000",
+            "SELECT id, priority, run_at FROM tasks "
+            "WHERE state = 'pending' AND promote_at <= ? "
+            "AND EXISTS (SELECT 1 FROM contend_meta WHERE key = 'levels') LIMIT 5000",
             (now,),
         ).fetchall()
     )
     if not due:
         return
     updates = []
-    for tid, priority, created in due:
-        aged = aged_priority(priority, now - created)
-        updates.append((aged, next_promotion(priority, aged, created), tid))
+    for tid, priority, run_at in due:
+        aged = aged_priority(priority, now - run_at)
+        updates.append((aged, next_promotion(priority, aged, run_at), tid))
 
     def run(conn: sqlite3.Connection) -> None:
         conn.executemany(

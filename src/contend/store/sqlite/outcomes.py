@@ -13,7 +13,7 @@ import sqlite3
 from functools import lru_cache
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskState, if_failed_of
+from contend.domain.task import FIRST_STEP, TaskState, if_failed_of
 from contend.domain.transitions import Attempts, Event, Outcome
 from contend.store.sqlite.rows import EventRow, insert_events
 
@@ -60,8 +60,9 @@ def _write(
         if new_attempts != attempts:
             params.append(new_attempts)
             shape |= _ATTEMPTS
-        if new_run_at != run_at:
+        if new_run_at != run_at:  # a new due time: the age restarts from it
             params.append(new_run_at)
+            params.append(new_run_at + FIRST_STEP)
             shape |= _RUN_AT
         if error is not None:
             params.append(error)
@@ -92,7 +93,7 @@ def _update_sql(shape: int) -> str:
     if shape & _ATTEMPTS:
         sets.append("attempts = ?")
     if shape & _RUN_AT:
-        sets.append("run_at = ?")
+        sets.append("run_at = ?, eff_priority = priority, promote_at = ?")  # domain.task.unaged
     if shape & _ERROR:
         sets.append("error = ?")
     if shape & _RESULT:

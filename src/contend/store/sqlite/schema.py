@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 
+from contend.domain.task import FIRST_STEP
 from contend.errors import SchemaError
 from contend.store.sqlite.connection import is_busy, not_yet
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 APPLICATION_ID = 0x636E7464  # "cntd", stamped in the file header
 
 SCHEMA = """
@@ -157,6 +158,15 @@ UPGRADES: dict[int, tuple[str, ...]] = {
         "(queue, assignee, eff_priority DESC, run_at, id) WHERE state = 'pending' AND central = 1",
         "CREATE TABLE IF NOT EXISTS leaders (name TEXT PRIMARY KEY, holder TEXT, session TEXT, "
         "term INTEGER NOT NULL, deadline REAL NOT NULL) WITHOUT ROWID",
+    ),
+    # ageing from the due time rather than the creation (domain.task.AGEING): pending tasks
+    # start unaged from it, and the next sweep catches them up; the sweep writes only once a
+    # task of a priority other than 0 was submitted (the 'levels' key)
+    6: (
+        f"UPDATE tasks SET eff_priority = priority, promote_at = run_at + {FIRST_STEP!r} "
+        "WHERE state = 'pending'",
+        "INSERT OR IGNORE INTO contend_meta SELECT 'levels', '1' "
+        "WHERE EXISTS (SELECT 1 FROM tasks WHERE priority <> 0)",
     ),
 }
 

@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from contend.domain import transitions as rules
-from contend.domain.task import TaskSpec, TaskState, next_promotion
+from contend.domain.task import TaskSpec, TaskState, unaged
 from contend.errors import StoreError
 from contend.store._common import check_batch_dependencies, sort_out
 from contend.store.port import Submitted
@@ -97,8 +97,7 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
                 json.dumps(list(spec.depends_on)) if spec.depends_on else None,
                 len(birth.waits_on),
                 birth.error_json,
-                spec.priority,
-                next_promotion(spec.priority, spec.priority, now),
+                *unaged(spec.priority, now + spec.delay),
                 spec.trace,
                 spec.limit_key,
                 spec.concurrency_limit,
@@ -118,6 +117,8 @@ def _insert(conn: sqlite3.Connection, now: float, fresh: list[TaskSpec]) -> None
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         rows,
     )
+    if any(s.priority != 0 for s in fresh):  # ageing is written from now on (housekeeping)
+        conn.execute("INSERT OR IGNORE INTO contend_meta VALUES ('levels', '1')")
     rates = {s.limit_key: s.rate_limit for s in fresh if s.rate_limit and s.limit_key}
     if rates:
         # a key's rate is the one its latest submission declared; its state (tat) stays

@@ -301,15 +301,21 @@ async def test_the_low_lane_skips_what_the_expert_cannot_run(harness: Harness) -
     assert sorted(c.priority for c in got) == [0, 100, 100]
 
 
+async def _wait(h: Harness, seconds: float) -> None:
+    """Let *seconds* pass in steps no expert's session outlives."""
+    step = min(h.ttl / 2, 5.0)
+    waited = 0.0
+    while waited < seconds:
+        await h.advance(step)
+        waited += step
+
+
 async def test_waiting_tasks_gain_priority_as_they_age(harness: Harness) -> None:
     h = harness
     (old,) = await h.store.submit([spec("t", priority=0)])
-    # after e^3 - 1 ≈ 19.1 s a priority-0 task has aged to 3: above a fresh priority 2
-    step = min(h.ttl / 2, 5.0)
-    waited = 0.0
-    while waited < 20.0:
-        await h.advance(step)
-        waited += step
+    # after e^3 - 1 ≈ 19.1 s a priority-0 task has aged to 3: above a fresh priority 2 (the
+    # first priority other than 0 in the store: the ageing it had skipped catches up)
+    await _wait(h, 20.0)
     (fresh,) = await h.store.submit([spec("t", priority=2)])
     await h.store.expire()  # housekeeping applies the ageing
     e = await join(h, "e")
@@ -317,3 +323,33 @@ async def test_waiting_tasks_gain_priority_as_they_age(harness: Harness) -> None
     assert first.id == old.id
     (second,) = await e.claim(1)
     assert second.id == fresh.id
+
+
+async def test_a_delayed_task_ages_from_its_due_time_not_its_creation(harness: Harness) -> None:
+    h = harness
+    # due in 30 s, then one of the same priority due in 0 s, submitted 25 s later: at 60 s
+    # the first has waited 30 s (aged + 3), the second 35 s (+ 3), so the earlier due goes
+    # first. Reckoned from creation, the delayed task (60 s: + 4) jumped ahead of it.
+    (delayed,) = await h.store.submit([spec("t", priority=1, delay=30.0)])
+    await _wait(h, 25.0)
+    (plain,) = await h.store.submit([spec("t", priority=1)])
+    await _wait(h, 35.0)
+    await h.store.expire()
+    e = await join(h, "e")
+    assert [(await e.claim_one()).id for _ in range(2)] == [plain.id, delayed.id]
+
+
+async def test_a_retried_task_ages_again_from_its_new_due_time(harness: Harness) -> None:
+    h = harness
+    (old,) = await h.store.submit([spec("t", priority=1)])
+    await _wait(h, 20.0)  # aged to 1 + 3
+    await h.store.expire()
+    e = await join(h, "e")
+    (c,) = await e.claim(1)
+    assert c.id == old.id
+    (fresh,) = await h.store.submit([spec("t", priority=3)])
+    assert await e.write("fail", old.id, c.fence, retry_delay=0.0) is None
+    await h.advance(0.5)
+    await h.store.expire()
+    # due again from now, the retried task starts again at its base priority, below 3
+    assert [(await e.claim_one()).id for _ in range(2)] == [fresh.id, old.id]

@@ -40,7 +40,9 @@ from contend.domain.task import (
     TaskSpec,
     TaskState,
     aged_priority,
+    ages_by_writing,
     next_promotion,
+    unaged,
 )
 from contend.errors import ExpertConflict, FencedOut, InvalidTransition, LeaseLost
 from contend.store.port import ExpertInfo, Heartbeat
@@ -89,8 +91,13 @@ class ModelTask:
     promote_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.aged = self.priority
-        self.promote_at = next_promotion(self.priority, self.priority, self.created)
+        self.aged, self.promote_at = unaged(self.priority, self.run_at)
+
+    def due(self, at: float) -> None:
+        """A new due time: the task's age restarts from it (if it changed)."""
+        if at != self.run_at:
+            self.run_at = at
+            self.aged, self.promote_at = unaged(self.priority, at)
 
 
 @dataclass
@@ -129,6 +136,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.tokens: list[Token] = []
         self.fences_seen: dict[str, int] = {}
         self.counter = 0
+        self.levels = False  # a task of a priority other than 0 was submitted: ageing writes
         self.touched: set[str] = (
             set()
         )  # tasks a step changed (or tried to): their history is checked
@@ -153,7 +161,7 @@ class StoreMachine(RuleBasedStateMachine):
         if self.ages_when_read:  # the store reckons the age when it reads, no expire() needed
             return sorted(
                 ready,
-                key=lambda t: (-aged_priority(t.priority, self.now - t.created), t.run_at, t.id),
+                key=lambda t: (-aged_priority(t.priority, self.now - t.run_at), t.run_at, t.id),
             )
         return sorted(ready, key=lambda t: (-t.aged, t.run_at, t.id))
 
@@ -175,7 +183,8 @@ class StoreMachine(RuleBasedStateMachine):
                 if done.state == OK or choice == "run":
                     t.deps_open.discard(done.id)
                     if not t.deps_open:
-                        t.state, t.run_at = P, max(t.run_at, self.now)
+                        t.state = P
+                        t.due(max(t.run_at, self.now))
                 else:
                     t.state, t.deps_open = (CANCELLED if choice == "cancel" else DEAD), set()
                     todo.append(t.id)
@@ -237,6 +246,7 @@ class StoreMachine(RuleBasedStateMachine):
             ]
             waits = {d for d in deps if not self.tasks[d].state.terminal}
             t = ModelTask(specs[-1].id, priority, max_attempts, self.now + delay, created=self.now)
+            self.levels = self.levels or priority != 0
             t.if_failed = edges
             if bad:
                 t.state = CANCELLED if edges[bad[0]] == "cancel" else DEAD
@@ -364,10 +374,12 @@ class StoreMachine(RuleBasedStateMachine):
         ]
         assert moved == len(lapsed)
         self.lapse(lapsed)
+        if not ages_by_writing(self.levels):
+            return  # every task has priority 0: ageing could not change their order
         for t in self.tasks.values():  # then ageing, on every task pending at that moment
             if t.state == P and t.promote_at <= self.now:
-                t.aged = aged_priority(t.priority, self.now - t.created)
-                t.promote_at = next_promotion(t.priority, t.aged, t.created)
+                t.aged = aged_priority(t.priority, self.now - t.run_at)
+                t.promote_at = next_promotion(t.priority, t.aged, t.run_at)
 
     def lapse(self, tasks: list[ModelTask]) -> None:
         """The expiry rule on the model's tasks."""
@@ -456,7 +468,8 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             t.owner, t.lease = None, None
             if retry_delay is not None:
-                t.state, t.run_at = P, self.now + retry_delay
+                t.state = P
+                t.due(self.now + retry_delay)
             else:
                 t.state = final_state
                 self.settle(t.id)
@@ -483,7 +496,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.touched.add(t.id)
         if t.state in (FAILED, DEAD, CANCELLED):
             assert self.run(self.s.retry(t.id)).state == P
-            t.state, t.attempts, t.run_at, t.deps_open = P, 0, self.now, set()
+            t.state, t.attempts, t.deps_open = P, 0, set()
+            t.due(self.now)
         else:
             before = self.task_json(t.id)
             with pytest.raises(InvalidTransition):
