@@ -103,8 +103,10 @@ def compare(cases: Sequence[Case], seeds: Sequence[int]) -> list[dict[str, Any]]
                 )
         rows = {s: _summary(rs) for s, rs in runs.items()}
         fifo, greedy = rows["fifo"]["makespan"], rows["greedy"]["makespan"]
+        fifo_mean = rows["fifo"]["mean_completion"]
         for row in rows.values():
             row["vs_fifo"] = 1 - row["makespan"] / fifo
+            row["mean_vs_fifo"] = 1 - row["mean_completion"] / fifo_mean if fifo_mean else 0.0
             row["vs_greedy"] = row["makespan"] / greedy - 1
         per_seed = [
             1 - r.makespan / f.makespan for r, f in zip(runs["race"], runs["fifo"], strict=True)
@@ -240,7 +242,9 @@ def targets(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "race_success": rows["race"]["success"],
                 "race_success_85pct": rows["race"]["success"] >= SUCCESS,
                 "race_vs_fifo": rows["race"]["vs_fifo"],
-                "race_30pct_better_than_fifo": rows["race"]["vs_fifo"] >= 0.30,
+                # the issue's measure: mean completion time (makespan's gain is shown beside)
+                "race_mean_vs_fifo": rows["race"]["mean_vs_fifo"],
+                "race_30pct_better_than_fifo": rows["race"]["mean_vs_fifo"] >= 0.30,
                 "race_vs_greedy": rows["race"]["vs_greedy"],
                 "race_within_10pct_of_greedy": rows["race"]["vs_greedy"] <= 0.10,
                 "lost_with_jitter": rows["race"]["lost_races"],
@@ -449,8 +453,9 @@ def markdown(report: dict[str, Any]) -> str:
         "it gets.\n"
     )
     add(
-        "| scenario | race success ≥ 85 % | race ≥ 30 % better than fifo | race within 10 % "
-        "of greedy | jitter lowers lost races |"
+        "| scenario | race success ≥ 85 % | race ≥ 30 % better than fifo in mean completion "
+        "(makespan gain beside) | race within 10 % of greedy in makespan | "
+        "jitter lowers lost races |"
     )
     add("|---|---|---|---|---|")
     for t in report["targets"]:
@@ -462,7 +467,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
         add(
             f"| {t['scenario']} | {_yes(t['race_success_85pct'])} ({t['race_success']:.1%}) | "
-            f"{_yes(t['race_30pct_better_than_fifo'])} ({t['race_vs_fifo']:.1%}) | "
+            f"{_yes(t['race_30pct_better_than_fifo'])} ({t['race_mean_vs_fifo']:.1%}; "
+            f"makespan {t['race_vs_fifo']:.1%}) | "
             f"{_yes(t['race_within_10pct_of_greedy'])} ({t['race_vs_greedy']:+.1%}) | {jitter} |"
         )
     add("")
@@ -625,6 +631,7 @@ def discussion(report: dict[str, Any]) -> str:
     """The prose: numbers come from *report*; the reasons were checked against the runs."""
     ts = report["targets"]
     gains = [t["race_vs_fifo"] for t in ts]
+    means = [t["race_mean_vs_fifo"] for t in ts]
     gaps = [t["race_vs_greedy"] for t in ts]
     missed = [t for t in ts if not t["race_30pct_better_than_fifo"]] + [
         t for t in ts if not t["race_within_10pct_of_greedy"]
@@ -638,8 +645,9 @@ def discussion(report: dict[str, Any]) -> str:
     out.append(
         f"**Competition places work better than a queue.** Across the {len(ts)} scenarios the race's "
         f"makespan is {_pct(min(gains))}–{_pct(max(gains))} shorter than fifo's and "
-        f"{_pct(min(gaps))}–{_pct(max(gaps))} longer than the all-knowing greedy planner's; "
-        f"{verdict}. With 10 experts a batch's "
+        f"{_pct(min(gaps))}–{_pct(max(gaps))} longer than the all-knowing greedy planner's, "
+        f"and its mean completion time {_pct(min(means))}–{_pct(max(means))} shorter than "
+        f"fifo's (the measure the target names); {verdict}. With 10 experts a batch's "
         "makespan is decided by its last few long tasks, and the per-seed gains above show how "
         "much that moves from seed to seed. Mean completion time tells the same story with less "
         "noise. "
@@ -849,7 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in report["targets"]:
         _say(
             f"  {t['scenario']}: success {t['race_success']:.1%}; "
-            f"race vs fifo {t['race_vs_fifo']:.1%} "
+            f"race vs fifo {t['race_mean_vs_fifo']:.1%} in mean completion, "
+            f"{t['race_vs_fifo']:.1%} in makespan "
             f"({_yes(t['race_30pct_better_than_fifo'])}), vs greedy {t['race_vs_greedy']:+.1%} "
             f"({_yes(t['race_within_10pct_of_greedy'])}), lost races {t['lost_with_jitter']:,.0f} "
             f"with jitter vs {t['lost_without_jitter']} without"

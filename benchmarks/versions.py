@@ -13,8 +13,9 @@ with two expert processes), so each version is measured by the code it shipped w
 Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
 expert processes from ``/proc`` while the drain runs, start-up left out), the store server's
 CPU per task over the same span (the PostgreSQL backends of the bench database, or the etcd
-server; none for SQLite) and the idle latency p50/p99; then the medians and the ratios
-new/old. ``--out FILE`` also writes them as JSON.
+server; none for SQLite) and the idle latency p50/p99; then the medians, the ratios of the
+medians new/old, and the median of the ratios within each pair (the two versions take turns
+going first). ``--out FILE`` also writes them as JSON.
 
 The stores: SQLite files in a temporary folder; a fresh PostgreSQL database per measurement
 (``CONTEND_TEST_PG`` or 127.0.0.1:5432); a throwaway etcd 3.5 with a prefix per version.
@@ -145,7 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     try:
         for n_run in range(args.runs):
-            for label, src in (("old", old / "src"), ("new", ROOT / "src")):
+            pair = [("old", old / "src"), ("new", ROOT / "src")]
+            # each goes first in every other pair: the second of a pair meets the first's
+            # after-effects (PostgreSQL's checkpoint and autovacuum of the run before)
+            for label, src in pair if n_run % 2 == 0 else pair[::-1]:
                 url = f"{base}/{label}{n_run}?max_txn_ops=1024" if base else ""
                 env = {**os.environ, "PYTHONPATH": str(src)}
                 if server is not None and server.proc is not None:
@@ -178,13 +182,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         k: (med["new"][k] / med["old"][k]) if med["old"][k] and med["new"][k] else None
         for k in KEYS
     }
+    # the ratio within each pair, whose two runs met about the same machine: steadier than the
+    # ratio of medians when the machine's speed drifts over the run
+    pairs = {
+        k: [
+            n[k] / o[k]
+            for o, n in zip(results["old"], results["new"], strict=True)
+            if o.get(k) and n.get(k)
+        ]
+        for k in KEYS
+    }
+    paired = {k: statistics.median(v) if v else None for k, v in pairs.items()}
     summary = {"rev": args.rev, "backend": args.backend, "tasks": args.tasks, "runs": results}
-    summary |= {"median": med, "ratio_new_over_old": ratio}
+    summary |= {"median": med, "ratio_new_over_old": ratio, "median_pair_ratio": paired}
     print(f"median old: {_line(args.rev, {k: v for k, v in med['old'].items() if v is not None})}")
     print(
         f"median new: {_line('this checkout', {k: v for k, v in med['new'].items() if v is not None})}"
     )
     print("ratios new/old: " + ", ".join(f"{k} x{v:.2f}" for k, v in ratio.items() if v))
+    print(
+        "pair ratios new/old (median; each pair): "
+        + ", ".join(
+            f"{k} x{paired[k]:.2f} ({' '.join(f'{r:.2f}' for r in pairs[k])})"
+            for k in KEYS
+            if paired[k]
+        )
+    )
     return summary
 
 
