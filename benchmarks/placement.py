@@ -57,6 +57,8 @@ MEDIUM_QUICK = ("fifo", "race", "race-nojitter", "greedy")
 LARGE_QUICK_STRATEGIES = ("fifo", "race", "greedy")
 #: The success rate the issue asks for: claims won / claim attempts.
 SUCCESS = 0.85
+#: Seeds of the 10-expert scenarios in a quick run (they cost little).
+SMALL_SEEDS = (1, 2, 3, 4, 5)
 #: Tasks of the 1,000-expert scenarios in a quick run.
 LARGE_QUICK = 2_000
 
@@ -797,8 +799,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     if args.quick:
         cases = [
-            Case("small", 10, 500),
-            Case("small-stream", 10, 500, "stream"),
+            # ten experts' makespan turns on a few long tasks: one seed is mostly noise
+            Case("small", 10, 500, seeds=SMALL_SEEDS),
+            Case("small-stream", 10, 500, "stream", seeds=SMALL_SEEDS),
             Case("batch", 100, 2_000, strategies=MEDIUM_QUICK),
             Case("stream", 100, 2_000, "stream", strategies=MEDIUM_QUICK),
             Case("large", 1_000, LARGE_QUICK, strategies=LARGE_QUICK_STRATEGIES),

@@ -18,6 +18,8 @@ from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError
 from contend.runtime.competition import (
     MAX_BEST,
+    PEEK_MAX,
+    PEEK_MIN,
     Competition,
     LeftToRivals,
     PressurePolicy,
@@ -144,6 +146,22 @@ def test_window_grows_with_cluster_load() -> None:
     c.update_peers([peer("busy", load=4)], 4)
     assert c.cluster_load == 1.0
     assert abs(c.window - 0.1 * (1 + 1 / 0.8)) < 1e-9
+
+
+def test_a_race_peeks_as_deep_as_its_rivals_have_free_slots() -> None:
+    c = comp()
+    assert c.peek_depth(1) == PEEK_MIN  # alone: 3 a slot, at least the minimum
+    assert c.peek_depth(8) == 24
+    # 30 rivals of 4 slots, 10 of them busy: 80 free slots would chase the same head
+    rivals = [peer(f"r{n}", load=4 if n < 10 else 0) for n in range(30)]
+    c.update_peers(rivals, 0)
+    assert c.peek_depth(1) == 80
+    # neither a gone rival nor one on other queues counts, and the depth is bounded
+    elsewhere = ExpertRecord(ExpertInfo("x", Capabilities(), ("other",), 4), "s", True, 0, 0, 0, 0)
+    c.update_peers([*rivals, peer("gone", alive=False), elsewhere], 0)
+    assert c.peek_depth(1) == 80
+    c.update_peers([peer(f"r{n}") for n in range(1_000)], 0)
+    assert c.peek_depth(1) == PEEK_MAX
 
 
 def test_an_inactive_emergency_expert_is_no_rival() -> None:

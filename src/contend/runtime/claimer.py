@@ -453,7 +453,7 @@ class ClaimLoop:
             if given:
                 return given
         # look deep enough that equally fit experts do not all reach for the same few tasks
-        depth = max(16, free * 3)
+        depth = comp.peek_depth(free)
         peek = functools.partial(
             self.store.peek,
             self.queues,

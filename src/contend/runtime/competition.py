@@ -43,6 +43,15 @@ MAX_BEST = 4096
 #: ...and when each rival's score is kept (rivals' round trips known), at most this many
 #: scores in all.
 MAX_SCORES = 262_144
+#: A race's peek looks at least this deep, and 3 candidates per free slot.
+PEEK_MIN = 16
+#: ...and as deep as its rivals have free slots, up to this many: rivals that all peek the
+#: same few tasks at the head of a backlog take it a few at a time, round after round, while
+#: the tasks behind it wait (at 1,000 experts and 2,000 tasks a batch's last task started
+#: 0.25 s in: makespan 13 % over the greedy planner's; 2 % at depth 512, and no better
+#: at 2,000 for twice the CPU). A peek of a short backlog returns what there is, whatever
+#: the depth, so a deep peek costs only where there is a backlog to see.
+PEEK_MAX = 512
 
 
 class TypeTracker:
@@ -170,6 +179,7 @@ class Competition:
         #: steal from. An idle expert looks at every change of the store; these are few.
         self.loaded: list[ExpertRecord] = []
         self._rivals: list[ExpertView] = []
+        self._rivals_free = 0  # the rivals' free slots, as of their last heartbeats
         #: Whether a rival differs from this expert in capabilities, tier or specialties:
         #: then a race always matters (see race_matters).
         self._unlike = False
@@ -204,6 +214,12 @@ class Competition:
             history=self.tracker.snapshot(),
             typical_seconds=self.typical,
         )
+
+    def peek_depth(self, free: int) -> int:
+        """How many candidates a race peeks with *free* slots: 3 per slot, at least
+        PEEK_MIN, and as many as its rivals had free slots at their last heartbeats (at
+        most PEEK_MAX), so that rivals do not all reach for the same few tasks."""
+        return max(PEEK_MIN, 3 * free, min(PEEK_MAX, self._rivals_free))
 
     def rivals(self) -> list[ExpertView]:
         """The live rivals on a shared queue, as of the last :meth:`update_peers` (do not
@@ -244,6 +260,7 @@ class Competition:
         self.typical = typical
         # read at every claim round: built once here
         self._rivals = self._views_of_rivals(live, histories)
+        self._rivals_free = sum(max(0, r.capacity - r.load) for r in self._rivals)
         self._published = None if mine is None else expert_view(mine, typical)
         self._unlike = any(not self._alike(r) for r in self._rivals)
         self._rtt = {p.info.id: rtt for p in live if (rtt := _claim_seconds(p)) > 0}
