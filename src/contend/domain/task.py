@@ -299,7 +299,10 @@ def effective_priority(priority: int, age_seconds: float, ageing: float = 1.0) -
 #: the task has waited while it could have run. So a delayed or retried task does not jump
 #: ahead of tasks of its priority that were due before it, and within one priority level
 #: ageing never changes the claim order (eff_priority DESC, run_at, id). A store whose tasks
-#: all have priority 0 may therefore skip the ageing writes (:func:`ages_by_writing`).
+#: all have priority 0 may therefore skip the ageing writes: a store that keeps effective
+#: priorities in its rows writes none until a task of a priority other than 0 was ever
+#: submitted to it (they cost about a fifth of a 100,000-task drain on PostgreSQL), and its
+#: first sweep after that catches every waiting task up from its due time.
 AGEING = 1.0
 
 
@@ -323,15 +326,6 @@ def unaged(priority: int, due_at: float) -> tuple[int, float]:
     waited yet: what a store writes whenever it sets a task's due time (submit, retry, a
     dependency's release), so that the age restarts from the new due time."""
     return priority, due_at + FIRST_STEP
-
-
-def ages_by_writing(levels: bool) -> bool:
-    """Whether a store that keeps effective priorities in its rows must write their ageing:
-    only once a task of a priority other than 0 was ever submitted to it (*levels*). Before
-    that, every task's priority is 0, and ageing from the due time cannot reorder them; its
-    writes would only cost (about a fifth of a 100,000-task drain on PostgreSQL). The first
-    sweep after a priority appears catches every waiting task up from its due time."""
-    return levels
 
 
 #: Share of claims that go to the tasks that have waited longest among those below the top

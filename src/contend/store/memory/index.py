@@ -128,7 +128,7 @@ class TaskIndex:
 
     def use_levels(self, tasks: Mapping[str, Row]) -> None:
         """A task of a priority other than 0 came: from now on pending tasks age (before, it
-        could not change their order: ``domain.task.ages_by_writing``), those waiting now
+        could not change their order: ``domain.task.AGEING``), those waiting now
         from their due time at the next :meth:`age`."""
         if self.levels:
             return

@@ -108,7 +108,7 @@ async def age(db: Database, cur: Cursor) -> None:
     """Ageing: raise the effective priority of pending tasks whose next step is due
     (computed here with the domain's functions, so every backend rounds alike), from their
     due time. A store that never had a priority other than 0 (no ``levels`` feature) writes
-    nothing: ageing could not change its order (``domain.task.ages_by_writing``); the check
+    nothing: ageing could not change its order (``domain.task.AGEING``); the check
     is the statement's one-time filter, so such a store pays no index scan."""
     await cur.execute(
         db.sql(

@@ -79,7 +79,7 @@ async def end_session(db: Database, expert: str, session: str) -> int:
 async def _age(db: Database) -> None:
     """Ageing: raise the effective priority of pending tasks whose next step is due, reckoned
     from their due time; nothing to write before a task of a priority other than 0 was ever
-    submitted (``domain.task.ages_by_writing``: the ``levels`` key of ``contend_meta``)."""
+    submitted (``domain.task.AGEING``: the ``levels`` key of ``contend_meta``)."""
     now = db.clock()
     due = await db.retry(
         lambda: db.conn.execute(

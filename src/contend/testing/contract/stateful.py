@@ -40,7 +40,6 @@ from contend.domain.task import (
     TaskSpec,
     TaskState,
     aged_priority,
-    ages_by_writing,
     next_promotion,
     unaged,
 )
@@ -374,7 +373,7 @@ class StoreMachine(RuleBasedStateMachine):
         ]
         assert moved == len(lapsed)
         self.lapse(lapsed)
-        if not ages_by_writing(self.levels):
+        if not self.levels:
             return  # every task has priority 0: ageing could not change their order
         for t in self.tasks.values():  # then ageing, on every task pending at that moment
             if t.state == P and t.promote_at <= self.now:
