@@ -42,10 +42,10 @@ the bench database (contend's figure includes the bench's own poll, 4 light quer
 a peer's leaves its 5 ms poll out), the Redis server, the etcd server; PostgreSQL's own
 background processes (WAL writer, checkpointer, autovacuum) are not counted. CPU time is
 steadier than wall time on this shared 2-core machine. *Idle latency*: one task at a time after
-a random 0-10 ms gap, from just before the submit call to the task's first line (contend: the
-store's creation time to the time the task returns; peers: the time before the call to a UDP
-datagram the task sends when it starts), after 20 warm-up tasks; *submit call*: how long that
-one call took."""
+a random 0-10 ms gap, from just before the submit call to the task's first line, which sends
+its start time over UDP (every system alike: the submitting process only submits, and waits on
+no notification of the store), after 20 warm-up tasks; *submit call*: how long that one call
+took."""
 
 
 def _f(v: Any, digits: int = 0) -> str:

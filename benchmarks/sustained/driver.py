@@ -11,7 +11,7 @@ psycopg only, so it runs in either virtualenv.
   (1,000/s: about 10 a call); each task carries its submit time.
 * **Pickup latency**: from that submit time to the task's first line, which sends it back over
   UDP. Figures per 10 s window by submit time: submitted, started, p50, p99 (the tasks of a
-  window that never started count in ``not_started``).
+  window that never started count in ``not_started``); and p50, p99 per second.
 * **Hold**: from ``hold_from`` to ``hold_to`` (fractions of the run), on PostgreSQL a separate
   connection runs ``BEGIN; SELECT txid_current();`` and stays idle in that transaction, so
   vacuum can remove no row deleted or updated after it began; on SQLite a connection holds a
@@ -181,6 +181,10 @@ def summarise(
         for w, ms in enumerate(by_window)
     ]  # fmt: skip
     everything = [x for _, x in lat]
+    by_second: list[list[float]] = [[] for _ in range(int(plan.duration))]
+    for sub, ms in lat:
+        if int(sub) < len(by_second):
+            by_second[int(sub)].append(ms)
     out: dict[str, Any] = {
         "system": name,
         "rate": plan.rate,
@@ -191,6 +195,8 @@ def summarise(
         "p50_ms": _p(everything, 50),
         "p99_ms": _p(everything, 99),
         "windows": windows,
+        # [p50, p99] of each second, by submit time: where a window's tail comes from
+        "seconds": [[_p(ms, 50), _p(ms, 99)] for ms in by_second],
         "sizes": sizes,
         **marks,
     }

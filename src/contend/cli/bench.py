@@ -50,6 +50,57 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+class _Stamps(asyncio.DatagramProtocol):
+    """Receives the latency probe's ``key time`` datagrams (``bench_tasks.stamp``) on a port
+    of this host."""
+
+    #: seconds a probe task may take to start before the bench gives up
+    WITHIN = 30.0
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._got: dict[int, float] = {}
+        self._arrived = asyncio.Event()
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def __aenter__(self) -> _Stamps:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(
+            lambda: self, local_addr=("127.0.0.1", 0)
+        )
+        self.port = self._transport.get_extra_info("sockname")[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        key, _, when = data.decode().partition(" ")
+        self._got[int(key)] = float(when)
+        self._arrived.set()
+
+    async def wait(self, key: int, procs: list[asyncio.subprocess.Process]) -> float:
+        """When task *key* started; an error if it did not within WITHIN seconds or an expert
+        exited meanwhile."""
+        deadline = time.monotonic() + self.WITHIN
+        while key not in self._got:
+            dead = [p.returncode for p in procs if p.returncode is not None]
+            if dead:
+                raise RuntimeError(f"a bench expert exited with {dead[0]} (see its output above)")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"the latency probe's task {key} did not start in {self.WITHIN:g}s"
+                )
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(left, 1.0))
+            except TimeoutError:
+                pass
+        return self._got.pop(key)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -198,6 +249,9 @@ class Bench:
         )
 
     async def latency(self, processes: int = 1, concurrency: int = 8) -> None:
+        """One stamp task at a time on idle experts: from just before the submit call to the
+        task's first line, which the task sends over UDP (as the peers' tasks do, so that this
+        process waits on no notification of the store and only submits, as a producer does)."""
         url, store = await self.fresh()
         procs = await self.experts(url, processes, concurrency=concurrency)
         samples: list[float] = []
@@ -206,20 +260,18 @@ class Bench:
             await self.wait_live(store, processes, procs)
             count = 100 if self.args.quick else 300
             warm_up = 20  # the first tasks open connections and warm caches: not counted
-            for n in range(warm_up + count):
-                # a random gap so the submit lands anywhere in the expert's wait cycle
-                await asyncio.sleep(random.uniform(0.0, 0.01))
-                began = time.perf_counter()
-                (sub,) = await store.submit([bt.app.build_spec(self.stamp)])
-                call = time.perf_counter() - began
-                while True:
-                    task = await store.get(sub.id)
-                    if task.state == TaskState.SUCCEEDED:
-                        break
-                    await store.wait_for_change(0.05)
-                if n >= warm_up:
-                    samples.append((float(task.result) - task.created_at) * 1000)
-                    calls.append(call * 1000)
+            async with _Stamps() as stamps:
+                for n in range(warm_up + count):
+                    # a random gap so the submit lands anywhere in the expert's wait cycle
+                    await asyncio.sleep(random.uniform(0.0, 0.01))
+                    sent = time.time()
+                    began = time.perf_counter()
+                    await store.submit([bt.app.build_spec(self.stamp, [n, stamps.port])])
+                    call = time.perf_counter() - began
+                    started = await stamps.wait(n, procs)
+                    if n >= warm_up:
+                        samples.append((started - sent) * 1000)
+                        calls.append(call * 1000)
         finally:
             await self.stop(procs)
             await store.close()

@@ -31,6 +31,17 @@ async def backend_pids(url: str, application: str) -> list[int]:
         return [r[0] for r in await cur.fetchall()]
 
 
+async def last_statements(url: str, application: str) -> list[str]:
+    """What each backend of *application* ran last (pg_stat_activity.query)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            (application,),
+        )
+        return [r[0] for r in await cur.fetchall()]
+
+
 async def terminate(url: str, pids: list[int]) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         for pid in pids:
@@ -49,8 +60,27 @@ async def woken_by_submit(watcher: PostgresStore, writer: PostgresStore, within:
 
 async def test_notifications_wake_a_waiting_expert(make_store: StoreFactory) -> None:
     watcher, writer = await make_store(), await make_store()
-    assert watcher.listening
     assert await woken_by_submit(watcher, writer, within=5) < 5
+    assert watcher.listening
+
+
+async def test_a_store_that_only_submits_hears_no_notifications(
+    make_store: StoreFactory, pg_url: str
+) -> None:
+    """A producer never waits: its listen connection stays quiet until a wait, so that it
+    spends nothing on the notifications of its own submissions."""
+    writer = await make_store(pg_url + "?application_name=writer")
+    await writer.submit([TaskSpec.build("t") for _ in range(3)])
+    assert not writer.listening
+    # connected (a bad address fails the open), but it never ran LISTEN
+    assert await last_statements(pg_url, "writer-listen") == [""]
+    # its first wait listens, and returns at once: what was written before went unheard
+    began = time.monotonic()
+    await writer.wait_for_change(60)
+    assert time.monotonic() - began < 5
+    assert writer.listening
+    (statement,) = await last_statements(pg_url, "writer-listen")
+    assert statement.startswith("LISTEN")
 
 
 async def test_a_killed_listener_reconnects_and_wakeups_continue(
@@ -58,8 +88,8 @@ async def test_a_killed_listener_reconnects_and_wakeups_continue(
 ) -> None:
     watcher = await make_store(pg_url + "?application_name=watcher", poll_interval=0.1)
     writer = await make_store()
-    (old_pid,) = await backend_pids(pg_url, "watcher-listen")
     await woken_by_submit(watcher, writer, within=5)
+    (old_pid,) = await backend_pids(pg_url, "watcher-listen")
 
     await terminate(pg_url, [old_pid])
     # Whether it has already reconnected or is polling meanwhile, a change is noticed.
@@ -104,6 +134,8 @@ async def test_server_outage_is_bounded_then_recovers(
         store = await make_store(url, retry_deadline=1.5, poll_interval=0.05)
         writer = await make_store()
         (sub,) = await store.submit([TaskSpec.build("t")])
+        await store.wait_for_change(0)  # it listens, as an expert does
+        assert store.listening
 
         await proxy.cut()  # as if PostgreSQL stopped
         began = time.monotonic()

@@ -159,7 +159,9 @@ class PostgresStore:
 
     @property
     def listening(self) -> bool:
-        """True while the LISTEN connection is up (wake-ups are pushed, not polled)."""
+        """True while the LISTEN connection is up and listening (wake-ups are pushed, not
+        polled): from the first wait for a change on, so that a process that only submits
+        receives no notifications."""
         return self._wakeups.listening
 
     async def wait_for_change(self, timeout: float) -> None:

@@ -1,10 +1,16 @@
 """Wake-ups: writes that make work claimable ``NOTIFY`` the schema's channel; one dedicated
 connection ``LISTEN``s to it. If that connection drops it reconnects with back-off, and
-meanwhile :meth:`Wakeups.wait_for_change` returns after a short poll interval."""
+meanwhile :meth:`Wakeups.wait_for_change` returns after a short poll interval.
+
+The connection is opened with the store (a bad address fails the open) but listens only from
+the first wait: a process that only submits, such as a web application, never waits, and
+would otherwise receive a notification for every task it submits (a sixth of the client's
+CPU per one-task submit, spent while the submit's own answer is on its way)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 
@@ -32,6 +38,8 @@ class Wakeups:
         self._listening = False
         self._closing = False
         self._listener_conn: AsyncConnection[TupleRow] | None = None
+        #: opened by start(), not yet listening: the first wait makes it listen
+        self._unused_conn: AsyncConnection[TupleRow] | None = None
         self._changed = asyncio.Event()
         self._version = 0
         self._seen = 0
@@ -56,14 +64,17 @@ class Wakeups:
     def opening(self) -> None:
         self._closing = False
 
-    async def _listen_connect(self) -> AsyncConnection[TupleRow]:
+    async def _connect(self) -> AsyncConnection[TupleRow]:
         dsn = self._listen_url or self._db.dsn
         if self._listen_url:
             dsn, _ = parse_postgres_url(self._listen_url)
         kwargs = self._db.connect_kwargs(dsn)
         name = psycopg.conninfo.conninfo_to_dict(dsn).get("application_name") or "contend"
         kwargs["application_name"] = f"{name}-listen"
-        conn = await AsyncConnection.connect(dsn, **kwargs)
+        return await AsyncConnection.connect(dsn, **kwargs)
+
+    async def _listen_connect(self) -> AsyncConnection[TupleRow]:
+        conn = await self._connect()
         try:
             await conn.execute(f'LISTEN "{self._db.channel}"')
         except BaseException:
@@ -72,19 +83,40 @@ class Wakeups:
         return conn
 
     async def start(self) -> None:
+        """Open the listen connection; it listens from the first wait (:meth:`_listen`)."""
         try:
-            conn = await asyncio.wait_for(self._listen_connect(), self._db.retry_deadline)
+            conn = await asyncio.wait_for(self._connect(), self._db.retry_deadline)
         except (psycopg.Error, TimeoutError) as exc:
             raise StoreError(
                 f"cannot LISTEN on PostgreSQL at {safe(self._listen_url or self._db.dsn)}: "
                 f"{exc}; add ?listen=off to the store URL to poll instead"
             ) from exc
-        self._listener_conn = conn
-        self._listening = True
-        self._db.floors_heard = True
+        self._unused_conn = conn
+
+    async def _listen(self) -> None:
+        """Listen on the connection start() opened, and count a change: what was written
+        before went unheard (the waiter reads the store again, then waits)."""
+        conn, self._unused_conn = self._unused_conn, None
+        if conn is None:
+            return
+        try:
+            await conn.execute(f'LISTEN "{self._db.channel}"')
+        except psycopg.Error as exc:  # the loop connects again, polling meanwhile
+            log.warning("LISTEN failed (%s); polling until it works", exc)
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            listening = None
+        else:
+            if self._closing:  # closed meanwhile
+                await conn.close()
+                return
+            self._listener_conn = listening = conn
+            self._listening = True
+            self._db.floors_heard = True
         self._listener = asyncio.get_running_loop().create_task(
-            self._listen_loop(conn), name=f"contend-listen-{self._db.schema}"
+            self._listen_loop(listening), name=f"contend-listen-{self._db.schema}"
         )
+        self._touch()
 
     async def stop(self) -> None:
         self._closing = True
@@ -92,9 +124,10 @@ class Wakeups:
             self._listener.cancel()
             await asyncio.wait([self._listener], timeout=self._db.retry_deadline)
             self._listener = None
-        if self._listener_conn is not None:
-            await self._listener_conn.close()
-            self._listener_conn = None
+        for conn in (self._listener_conn, self._unused_conn):
+            if conn is not None:
+                await conn.close()
+        self._listener_conn = self._unused_conn = None
         self._listening = False
         self._db.floors_heard = False
         self._db.floors_lowered()  # a notice may have been missed
@@ -151,12 +184,16 @@ class Wakeups:
     async def wait_for_change(self, timeout: float) -> None:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the
         LISTEN connection is down (or disabled), after at most the poll interval."""
+        if self._unused_conn is not None:
+            await self._listen()
         if self._version == self._seen:
             await self._wait(self._changed, timeout)
         self._seen = self._version
 
     async def wait_for_work(self, timeout: float) -> None:
         """As :meth:`wait_for_change`, but not woken by tasks that ended and freed nothing."""
+        if self._unused_conn is not None:
+            await self._listen()
         if self._work_version == self._work_seen:
             await self._wait(self._work_changed, timeout)
         self._work_seen = self._work_version
