@@ -91,7 +91,7 @@ class OwnerWrites:
         clock: Callable[[], float],
         owned: Owned,
         dependants: Dependants,
-        touch: Callable[[], None],
+        touch: Callable[[bool], None],
     ) -> None:
         self._etcd = etcd
         self._keys = keys
@@ -160,6 +160,7 @@ class OwnerWrites:
         task left its owner."""
         keys = self._keys
         ended: set[str] = set()  # tasks that ended with waiters to tell
+        limited: set[str] = set()  # tasks that held a limit key's slot
 
         def apply(n: int) -> Apply:
             outcome = outcomes[n]
@@ -168,6 +169,8 @@ class OwnerWrites:
                 ended.discard(rec.id)  # a write retried after a race decides again
                 if rec.has_waiters and outcome.ends:
                     ended.add(rec.id)
+                if rec.limit_key is not None:
+                    limited.add(rec.id)
                 out = apply_outcome(keys, rec, outcome, now)
                 out.append(put(keys.task(rec.id), rec.dumps()))
                 return out
@@ -177,8 +180,11 @@ class OwnerWrites:
         out = await self._write_many(expert, items, states, apply)
         landed = [n for n, res in enumerate(out) if res is None]
         await self._dependants.settle_many([items[n][0] for n in landed if items[n][0] in ended])
-        if any(not outcomes[n].owned for n in landed):
-            self._touch()  # wakes result() waiters of this process; experts watch q/ only
+        left = [n for n in landed if not outcomes[n].owned]
+        if left:
+            # wakes result() waiters of this process; this process's idle experts only when
+            # a limit key's slot came free (what it makes pending again, the watch on q/ tells)
+            self._touch(any(items[n][0] in limited for n in left))
         return out
 
     # -- how they are written ----------------------------------------------------------------

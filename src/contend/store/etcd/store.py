@@ -113,8 +113,8 @@ class EtcdStore:
         self.purge_all = manage.purge_all  # benchmarks and tests: an empty store
         self.compact_history = manage.compact_history
         self.prune = Retention(etcd, keys).prune  # retention.py
-        self.wait_for_change = self._changes.wait  # watch.py
-        self.wait_for_work = self._changes.wait  # the same: new pending keys, our own writes
+        self.wait_for_change = self._changes.wait_for_change  # watch.py
+        self.wait_for_work = self._changes.wait_for_work
         self.begin = Transactions(etcd, keys, clock, owned, dependants, touch).begin
 
     # -- connection --------------------------------------------------------------------------
