@@ -1251,3 +1251,28 @@ async def test_an_own_plain_end_wakes_change_waiters_but_not_idle_experts(
     assert work >= 1.0  # not woken: it waited its whole timeout
     change, work = await wakes_on_end(limited.id)
     assert change < 1.0 and work < 1.0
+
+
+async def test_a_named_claim_reads_each_record_once(
+    store: EtcdStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim of named tasks (a race's) reads their records to choose among them, and its
+    transaction compares the revisions of that read: no second read of the same records."""
+    specs = [spec(), spec()]
+    await store.submit(specs)
+    session = await store.register_expert(ExpertInfo("e"), 60)
+    etcd = store._etcd
+    read: list[bytes] = []
+    real = etcd.read_many
+
+    async def counting(keys: Sequence[bytes]) -> list[Any]:
+        read.extend(keys)
+        return await real(keys)
+
+    monkeypatch.setattr(etcd, "read_many", counting)
+    got = await store.claim(
+        "e", session, Q, ANY, limit=2, lease_ttl=60, task_ids=[s.id for s in specs]
+    )
+    assert {c.id for c in got} == {s.id for s in specs}
+    records = [k for k in read if k.startswith(store._keys.k("t", ""))]
+    assert sorted(records) == sorted(store._keys.task(s.id) for s in specs)

@@ -97,6 +97,7 @@ class ClaimRun:
         "claims",
         "counts",
         "keyed",
+        "known",
         "limit_retries",
         "lost",
         "now",
@@ -121,6 +122,7 @@ class ClaimRun:
         reads: dict[str, LevelRead],
         keyed: dict[str, str] | None = None,
         refill: Refill | None = None,
+        known: dict[str, Any] | None = None,
     ) -> None:
         self.claims = claims
         self.claimant = claimant
@@ -142,6 +144,11 @@ class ClaimRun:
         self.keyed = keyed or {}  # candidate id -> its limit key, from the index
         self.blocked: set[str] = set()  # limit keys found with no room left in this claim
         self.refill = refill  # the candidates without the blocked keys' tasks (once)
+        # task id -> its record's KeyValue, read by the caller a moment ago (a named claim
+        # reads the records it was named to choose among): the first round's tries of them
+        # read nothing more, a round trip less; the Txn's compare of each record's revision
+        # refuses one that moved since
+        self.known = known or {}
 
     async def run(self, cands: list[str], limit: int) -> list[Claimed]:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
@@ -181,13 +188,16 @@ class ClaimRun:
         now = self.now
         etcd, keys = self.claims.etcd, self.claims.keys
         early = list(dict.fromkeys(self.keyed[t] for t in batch if t in self.keyed))
-        records, counted = await asyncio.gather(
-            etcd.read_many([keys.task(tid) for tid in batch] + [keys.rate(k) for k in early]),
+        known = {tid: self.known.pop(tid) for tid in batch if tid in self.known}
+        unread = [tid for tid in batch if tid not in known]
+        read, counted = await asyncio.gather(
+            etcd.read_many([keys.task(tid) for tid in unread] + [keys.rate(k) for k in early]),
             etcd.counts([keys.holders(k) for k in early]),
         )
         self.counts.update(zip(early, counted, strict=True))
-        self._rates_read(early, records[len(batch) :])
-        records = records[: len(batch)]
+        self._rates_read(early, read[len(unread) :])
+        known.update(zip(unread, read, strict=False))
+        records = [known[tid] for tid in batch]
         ready: list[tuple[str, Any, Record]] = []
         for tid, t in zip(batch, records, strict=True):
             if t is None:

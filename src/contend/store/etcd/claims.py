@@ -110,6 +110,7 @@ class Claims:
         reads: dict[str, LevelRead] = {}  # task id -> the read of its level
         keyed: dict[str, str] = {}  # task id -> its limit key, as the index holds it
         refill: Refill | None = None
+        known: dict[str, Any] = {}  # task id -> its record as _named read it
         # The session check and the first read overlap: one round trip less per claim.
         if task_ids is None:
             spread = time.monotonic() < self.contended_until
@@ -151,11 +152,13 @@ class Claims:
         else:
             (lease, session_value), cands = await asyncio.gather(
                 self._sessions.check(expert, session),
-                self._named(expert, task_ids, queues, capabilities, now, types, limit, low_lane),
+                self._named(
+                    expert, task_ids, queues, capabilities, now, types, limit, low_lane, known
+                ),
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
-        run = ClaimRun(self, claimant, now, start, reads, keyed, refill)
+        run = ClaimRun(self, claimant, now, start, reads, keyed, refill, known)
         return await run.run(cands, limit)
 
     async def _named(
@@ -168,10 +171,12 @@ class Claims:
         types: Collection[str] | None,
         limit: int,
         low_lane: int,
+        known: dict[str, Any],
     ) -> list[str]:
         """The named tasks that may be claimed now, in the order to try them (as
         :func:`~contend.store.etcd.candidates.pick` tells, the low lane's among them): the
-        central tasks given to *expert* first (and no other central task)."""
+        central tasks given to *expert* first (and no other central task). *known* receives
+        the record of each, as read."""
         ids = list(dict.fromkeys(task_ids))
         qs = set(queues)
         kinds = None if types is None else set(types)
@@ -183,6 +188,7 @@ class Claims:
             if kv is None:
                 continue
             rec = Record.loads(kv.value)
+            known[tid] = kv
             if (
                 rec.state == TaskState.PENDING
                 and rec.indexed
