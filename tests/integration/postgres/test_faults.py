@@ -83,6 +83,15 @@ async def test_a_store_that_only_submits_hears_no_notifications(
     assert statement.startswith("LISTEN")
 
 
+async def test_a_store_listens_once_it_serves_an_expert(make_store: StoreFactory) -> None:
+    """An expert's claims use what notifications say (a task given back below a claim's
+    floor) before its first wait: registering an expert makes the store listen."""
+    store = await make_store()
+    assert not store.listening
+    await store.register_expert(ExpertInfo("e1"), 60)
+    assert store.listening and store._db.floors_heard
+
+
 async def test_a_killed_listener_reconnects_and_wakeups_continue(
     make_store: StoreFactory, pg_url: str
 ) -> None:

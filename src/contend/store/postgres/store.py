@@ -9,6 +9,7 @@ from contend.domain.task import Task
 from contend.store._common import bind
 from contend.store.port import (
     CentralDispatch,
+    ExpertInfo,
     Store,
 )
 from contend.store.postgres import (
@@ -92,7 +93,7 @@ class PostgresStore:
         self.complete = bind(owner_writes.complete, db)
         self.fail = bind(owner_writes.fail, db)
         self.release = bind(owner_writes.release, db)
-        self.register_expert = bind(sessions.register_expert, db)  # sessions.py
+        self._register_expert = bind(sessions.register_expert, db)  # sessions.py
         self.renew = bind(sessions.renew, db)
         self.deregister_expert = bind(sessions.deregister_expert, db)
         self.expire = bind(housekeeping.expire, db)  # housekeeping.py
@@ -160,9 +161,16 @@ class PostgresStore:
     @property
     def listening(self) -> bool:
         """True while the LISTEN connection is up and listening (wake-ups are pushed, not
-        polled): from the first wait for a change on, so that a process that only submits
-        receives no notifications."""
+        polled): from the first wait or expert registration on, so that a process that only
+        submits receives no notifications."""
         return self._wakeups.listening
+
+    async def register_expert(self, info: ExpertInfo, lease_ttl: float) -> str:
+        """Start a session (sessions.py); the store listens from now on, as it does from its
+        first wait: an expert's claims use what the notifications say (a task given back
+        below a claim's floor), whether or not it has waited yet."""
+        await self._wakeups.listen()
+        return await self._register_expert(info, lease_ttl)
 
     async def wait_for_change(self, timeout: float) -> None:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the

@@ -3,7 +3,7 @@ connection ``LISTEN``s to it. If that connection drops it reconnects with back-o
 meanwhile :meth:`Wakeups.wait_for_change` returns after a short poll interval.
 
 The connection is opened with the store (a bad address fails the open) but listens only from
-the first wait: a process that only submits, such as a web application, never waits, and
+the first wait or the first expert's registration: a process that only submits, such as a web application, never waits, and
 would otherwise receive a notification for every task it submits (a sixth of the client's
 CPU per one-task submit, spent while the submit's own answer is on its way)."""
 
@@ -92,6 +92,11 @@ class Wakeups:
                 f"{exc}; add ?listen=off to the store URL to poll instead"
             ) from exc
         self._unused_conn = conn
+
+    async def listen(self) -> None:
+        """Listen from now on (at once if listening already, or disabled)."""
+        if self._unused_conn is not None:
+            await self._listen()
 
     async def _listen(self) -> None:
         """Listen on the connection start() opened, and count a change: what was written
@@ -184,16 +189,14 @@ class Wakeups:
     async def wait_for_change(self, timeout: float) -> None:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the
         LISTEN connection is down (or disabled), after at most the poll interval."""
-        if self._unused_conn is not None:
-            await self._listen()
+        await self.listen()
         if self._version == self._seen:
             await self._wait(self._changed, timeout)
         self._seen = self._version
 
     async def wait_for_work(self, timeout: float) -> None:
         """As :meth:`wait_for_change`, but not woken by tasks that ended and freed nothing."""
-        if self._unused_conn is not None:
-            await self._listen()
+        await self.listen()
         if self._work_version == self._work_seen:
             await self._wait(self._work_changed, timeout)
         self._work_seen = self._work_version
