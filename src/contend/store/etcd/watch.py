@@ -1,7 +1,8 @@
 """Wake-ups: a watch on the pending index (``q/``, new keys only), one on the central index
 (``z/``: a central task submitted, for its queue's leader, or given, for its assignee) and
-this instance's own writes wake wait_for_change() (and wait_for_work() when they may make work claimable). The watch starts from just after the last revision this
-client saw and resumes where it stopped when the stream breaks."""
+this instance's own writes wake wait_for_change() (and wait_for_work() when they may make
+work claimable). The watch starts from just after the last revision this client saw and
+resumes where it stopped when the stream breaks."""
 
 from __future__ import annotations
 
