@@ -21,25 +21,23 @@ from .conftest import StoreFactory
 from .helpers import Proxy, eventually
 
 
-async def backend_pids(url: str, application: str) -> list[int]:
+async def backends(url: str, application: str) -> list[tuple[int, str]]:
+    """(pid, the statement it ran last) of each backend of *application* in this database."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database() "
             "AND application_name = %s AND pid <> pg_backend_pid()",
             (application,),
         )
-        return [r[0] for r in await cur.fetchall()]
+        return [(r[0], r[1]) for r in await cur.fetchall()]
+
+
+async def backend_pids(url: str, application: str) -> list[int]:
+    return [pid for pid, _ in await backends(url, application)]
 
 
 async def last_statements(url: str, application: str) -> list[str]:
-    """What each backend of *application* ran last (pg_stat_activity.query)."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
-            "AND application_name = %s",
-            (application,),
-        )
-        return [r[0] for r in await cur.fetchall()]
+    return [query for _, query in await backends(url, application)]
 
 
 async def terminate(url: str, pids: list[int]) -> None:
