@@ -3,9 +3,9 @@ connection ``LISTEN``s to it. If that connection drops it reconnects with back-o
 meanwhile :meth:`Wakeups.wait_for_change` returns after a short poll interval.
 
 The connection is opened with the store (a bad address fails the open) but listens only from
-the first wait or the first expert's registration: a process that only submits, such as a web application, never waits, and
-would otherwise receive a notification for every task it submits (a sixth of the client's
-CPU per one-task submit, spent while the submit's own answer is on its way)."""
+the first wait or expert registration: a process that only submits, such as a web
+application, would otherwise receive a notification for every task it submits (a sixth of
+the client's CPU per one-task submit, spent while the submit's own answer is on its way)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Wakeups:
         self._listening = False
         self._closing = False
         self._listener_conn: AsyncConnection[TupleRow] | None = None
-        #: opened by start(), not yet listening: the first wait makes it listen
+        #: opened by start(), not yet listening: the first wait or registration makes it listen
         self._unused_conn: AsyncConnection[TupleRow] | None = None
         self._changed = asyncio.Event()
         self._version = 0
@@ -83,7 +83,7 @@ class Wakeups:
         return conn
 
     async def start(self) -> None:
-        """Open the listen connection; it listens from the first wait (:meth:`_listen`)."""
+        """Open the listen connection; it listens from the first :meth:`listen`."""
         try:
             conn = await asyncio.wait_for(self._connect(), self._db.retry_deadline)
         except (psycopg.Error, TimeoutError) as exc:
@@ -94,13 +94,9 @@ class Wakeups:
         self._unused_conn = conn
 
     async def listen(self) -> None:
-        """Listen from now on (at once if listening already, or disabled)."""
-        if self._unused_conn is not None:
-            await self._listen()
-
-    async def _listen(self) -> None:
-        """Listen on the connection start() opened, and count a change: what was written
-        before went unheard (the waiter reads the store again, then waits)."""
+        """Listen from now on on the connection start() opened, and count a change: what was
+        written before went unheard (a waiter reads the store again, then waits). Nothing to
+        do when listening already, or when LISTEN is off."""
         conn, self._unused_conn = self._unused_conn, None
         if conn is None:
             return
