@@ -112,6 +112,9 @@ class ClaimLoop:
         #: the last claim of whatever is best came back short: the queues held no more than
         #: it asked for, so a low lane in the next one would reserve nothing for anybody
         self._short = False
+        #: a claim of this round of whatever is best came back short: it took every task
+        #: there was, so the next one comes with a change, which the idle wait hears
+        self._drained = False
         #: the last race's claim came back without some of the tasks it named (a rival was
         #: quicker): the loop looks again at once instead of waiting for a change
         self._outrun = False
@@ -248,6 +251,11 @@ class ClaimLoop:
                 continue
             if claimed:
                 await self._take(session, claimed)
+                if self._drained and not self._outrun and not self.ready:
+                    # It took all there was. Another claim now would come back empty (on
+                    # etcd at 100 tasks/s, 3 claims in 2 did); the idle wait returns at once
+                    # for a change made meanwhile, this claim's time included.
+                    await self._idle_round(session)
             elif self._outrun:  # a rival took what it named: more may be pending, look again
                 self._outrun = False
             elif free <= 0:  # full, prefetch topped up: wait for a slot
@@ -343,6 +351,7 @@ class ClaimLoop:
     async def _round(self, session: Session, free: int, room: int, extra: int) -> list[Claimed]:
         """One round under *session*: what to start now (up to *free*, plus *extra* to hold
         ready); the prefetch topped up."""
+        self._drained = False
         if free > 0 and self.prefetched:
             claimed = await self.prefetched.start(session, free)
         elif free + extra > 0:
@@ -412,6 +421,7 @@ class ClaimLoop:
         self.claim_seconds = took if last is None else last + 0.2 * (took - last)
         if task_ids is None and queues is None:
             self._short = len(got) < limit
+            self._drained = self._drained or self._short
         # every id named counts: one not won is a lost race
         attempted = len(got) if task_ids is None else len(task_ids)
         if attempted:
