@@ -174,7 +174,7 @@ async def test_a_claim_that_took_every_task_is_not_followed_by_an_empty_one(
 ) -> None:
     """A claim of whatever is best that came back short took all there was: the expert waits
     for a change instead of claiming again at once for nothing (on etcd at 100 tasks/s, three
-    claims in two had come back empty)."""
+    claims in four had come back empty)."""
     app = App("memory://")
 
     @app.task
