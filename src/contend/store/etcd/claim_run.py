@@ -5,7 +5,6 @@ auctions' order and their limits, and commit the claim Txns (see claims.py for t
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -22,7 +21,7 @@ from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import remember_owned
 from contend.store.etcd.payloads import Args, read_payloads
 from contend.store.etcd.rates import RateState, rate_state, rooms_of, spend_ops
-from contend.store.etcd.record import Record
+from contend.store.etcd.record import KV, Record
 from contend.store.etcd.txn import Op, get, mod_is, put, value_is, written_before
 from contend.store.port import Claimed
 
@@ -51,7 +50,7 @@ class Claimant(NamedTuple):
 
     expert: str
     session: str
-    lease: int  # the session's etcd lease: claim keys are put on it
+    lease: int  # the session's etcd lease, which its session key is on
     value: bytes  # the session key's value (l/{expert}), compared by every claim
     ttl: float  # the lease's TTL, for the deadlines reported
 
@@ -92,7 +91,6 @@ class ClaimRun:
 
     __slots__ = (
         "blocked",
-        "claim_head",
         "claimant",
         "claims",
         "counts",
@@ -130,8 +128,6 @@ class ClaimRun:
         self.outcome: Outcome = rules.claimed(claimant.expert, start=start)
         self.reads = reads  # task id -> the read of its level
         self.session_key = claims.keys.k("l", enc(claimant.expert))
-        # the c/ value, left open for the fence
-        self.claim_head = json.dumps({"expert": claimant.expert, "session": claimant.session})[:-1]
         self.won: list[tuple[Rank, Claimed]] = []
         self.lost = False  # the session was found ended
         self.orders: dict[str, Rank] = {}  # task id -> its claim order
@@ -320,13 +316,11 @@ class ClaimRun:
         rec.fence += 1
         rec.lease_deadline = now + who.ttl
         ops = apply_outcome(keys, rec, self.outcome, now)  # out of the priority index
-        claim = f'{self.claim_head},"fence":{rec.fence}}}'
         return (
-            # pending as read (so no claim key either), with its auction as read
+            # pending as read, with its auction as read
             [mod_is(t.key, t.mod_revision), *(turn.compares if turn is not None else ())],
             [
                 put(t.key, rec.dumps()),
-                put(keys.claim(tid), claim, who.lease),
                 put(keys.held(who.expert, tid), f"{rec.fence} {who.session}"),
                 *ops,
             ],
@@ -335,8 +329,10 @@ class ClaimRun:
 
     def _finish(self, tid: str, a: Any, c: Any, rec: Record, ops: list[Op], rev: int) -> None:
         """Record a claim that landed at revision *rev* (0: unknown, a lost reply)."""
+        self.claims.claimed.add(self.claimant.session, [tid])
         if rev:
-            remember_owned(self.claims.owned, tid, ops[0], ops[1], rev, rec)
+            session = KV(self.session_key, self.claimant.value, 0)
+            remember_owned(self.claims.owned, tid, ops[0], session, rev, rec)
         self.won.append((self.orders[tid], claimed(rec, a, c, self.now + self.claimant.ttl)))
 
     def _session_lost(self, resp: Any) -> bool:
@@ -383,8 +379,8 @@ class ClaimRun:
         self._finish(tid, a, c, rec, ops, rev)
 
     async def _group(self, group: list[Try]) -> None:
-        """Claim a group of tasks in one transaction: every task's revision and absent
-        claim key, and the live session, are compared at once. When any task moved
+        """Claim a group of tasks in one transaction: every task's revision and the live
+        session are compared at once. When any task moved
         meanwhile (a rival claimed it), one read tells which: the tasks still as read are
         tried again together, the others are left to the rival."""
         levels = self.claims.levels
@@ -429,16 +425,11 @@ class ClaimRun:
             group = still
 
     async def _still_as_read(self, group: list[Try]) -> list[Try]:
-        """The tasks of *group* that did not move since they were read, with no claim key
-        (one read: a lost race is rare once claims spread out)."""
-        keys = self.claims.keys
-        now_kvs = await self.claims.etcd.read_many(
-            [k for tid, t, _, _ in group for k in (t.key, keys.claim(tid))]
-        )
+        """The tasks of *group* that did not move since they were read (one read: a lost
+        race is rare once claims spread out)."""
+        now_kvs = await self.claims.etcd.read_many([t.key for _, t, _, _ in group])
         return [
             g
-            for n, g in enumerate(group)
-            if now_kvs[2 * n] is not None
-            and now_kvs[2 * n].mod_revision == g[1].mod_revision
-            and now_kvs[2 * n + 1] is None
+            for kv, g in zip(now_kvs, group, strict=True)
+            if kv is not None and kv.mod_revision == g[1].mod_revision
         ]

@@ -1,11 +1,11 @@
 """Claims and steals: the atomic step that makes an expert's session the owner of tasks.
 
 A claim compares, for each task, the task key's ``mod_revision`` with the one read (the task
-was pending then, and a pending task has no ``c/{task}``: every end of an ownership deletes
-it in the same transaction, or it vanished with its lease), and that the expert's session
-key still holds its session; then for each task it puts the task record (fence + 1,
-attempts + 1), puts ``c/{task}`` on the session's lease and ``a/{expert}/{task}``, deletes
-the index key, and raises the floors of the levels it took from. The tasks of one claim
+was pending then), and that the expert's session key still holds its session; then for each
+task it puts the task record (fence + 1, attempts + 1, the owner and session) and the
+ownership key ``a/{expert}/{task}``, deletes the index key, and raises the floors of the
+levels it took from. Nothing is put on the session's lease but its session key: the owner's
+writes compare that key, so the claim lapses with the session. The tasks of one claim
 share a Txn (as many as ``max_txn_ops`` allows); when a rival took some of them, one read
 tells which, and the others are claimed together in the next Txn. A steal is a fenced
 transfer of another expert's claimed, unstarted task, one Txn per task.
@@ -82,6 +82,7 @@ class Claims:
         self.keys = keys
         self._clock = clock
         self._sessions = sessions
+        self.claimed = sessions.claimed  # what renew() reads back
         self.levels = levels
         self.owned = owned
         self.contended_until = 0.0
@@ -158,6 +159,8 @@ class Claims:
             )
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         claimant = Claimant(expert, session, lease, session_value, ttl)
+        if cands:
+            await self._sessions.mark_foreign(expert, session, session_value)
         run = ClaimRun(self, claimant, now, start, reads, keyed, refill, known)
         return await run.run(cands, limit)
 
@@ -236,13 +239,15 @@ class Claims:
         ttl = json.loads(session_value).get("ttl", lease_ttl)
         loot = await self._loot(victim, queues, capabilities, types)
         claimant = Claimant(thief, session, lease, session_value, ttl)
+        if loot:
+            await self._sessions.mark_foreign(thief, session, session_value)
         now = self._clock()
-        got = await asyncio.gather(
-            *(self._take(claimant, victim, t, c, now) for t, c in loot[:limit])
-        )
+        got = await asyncio.gather(*(self._take(claimant, victim, t, now) for t in loot[:limit]))
         if any(lost for _, lost in got):
             raise self.lost_session(claimant)
-        return [c for c, _ in got if c is not None]
+        taken = [c for c, _ in got if c is not None]
+        self.claimed.add(session, [c.id for c in taken])
+        return taken
 
     async def _loot(
         self,
@@ -250,42 +255,45 @@ class Claims:
         queues: Sequence[str],
         capabilities: Capabilities,
         types: Collection[str] | None,
-    ) -> list[tuple[Any, Any]]:
-        """(task, claim) KeyValues of the victim's claimed, unstarted tasks of these queues
-        (and *types*) that *capabilities* can run, the best first: from the claim keys on its
-        lease."""
+    ) -> list[Any]:
+        """Task KeyValues of the victim's claimed, unstarted tasks of these queues (and
+        *types*) that *capabilities* can run, the best first: from its live session's
+        ownership keys (a/{victim}/; a read that walks the ones deleted since the last
+        compaction: steals are rare, at the end of a burst)."""
         kinds = None if types is None else set(types)
         keys = self.keys
         live = (await self.etcd.read_many([keys.k("l", enc(victim))]))[0]
         if live is None:
             return []
-        cbase = keys.k("c", "")
+        session = json.loads(live.value)["session"]
+        abase = keys.k("a", enc(victim), "")
         held = [
-            unenc(k[len(cbase) :].decode())
-            for k in await self._sessions.lease_claims(int(json.loads(live.value)["lease"]))
+            unenc(kv.key[len(abase) :].decode())
+            for kv in await self.etcd.scan(abase)
+            if kv.value.decode().partition(" ")[2] == session
         ]
-        reads = await self.etcd.read_many([k for t in held for k in (keys.task(t), keys.claim(t))])
+        reads = await self.etcd.read_many([keys.task(t) for t in held])
         qs = set(queues)
-        loot: list[tuple[tuple[int, float, str], Any, Any]] = []
-        for n, tid in enumerate(held):
-            t, c = reads[2 * n : 2 * n + 2]
-            if t is None or c is None:
+        loot: list[tuple[tuple[int, float, str], Any]] = []
+        for t in reads:
+            if t is None:
                 continue
             rec = Record.loads(t.value)
             if (
-                rec.owner == victim
+                rec.session == session
+                and rec.owner == victim
                 and rec.state == TaskState.CLAIMED
                 and not rec.central  # a leader gave it to the victim: never stolen
                 and rec.queue in qs
                 and (kinds is None or rec.type in kinds)
                 and capabilities.satisfies(Requirements.from_json(rec.req))
             ):
-                loot.append(((-rec.priority, rec.run_at, tid), t, c))
+                loot.append(((-rec.priority, rec.run_at, rec.id), t))
         loot.sort(key=lambda item: item[0])
-        return [(t, c) for _, t, c in loot]
+        return [t for _, t in loot]
 
     async def _take(
-        self, thief: Claimant, victim: str, t: Any, c: Any, now: float
+        self, thief: Claimant, victim: str, t: Any, now: float
     ) -> tuple[Claimed | None, bool]:
         """Move one task from *victim* to *thief*, started; (what was claimed or None, whether
         the thief's session was found ended)."""
@@ -296,17 +304,11 @@ class Claims:
         rec.fence += 1
         rec.lease_deadline = now + thief.ttl
         moves = apply_outcome(keys, rec, rules.stolen(thief.expert, victim), now)
-        claim = json.dumps({"expert": thief.expert, "session": thief.session, "fence": rec.fence})
         session_key = keys.k("l", enc(thief.expert))
         resp = await self.etcd.commit(
-            [
-                mod_is(t.key, t.mod_revision),
-                mod_is(c.key, c.mod_revision),
-                value_is(session_key, thief.value),
-            ],
+            [mod_is(t.key, t.mod_revision), value_is(session_key, thief.value)],
             [
                 put(t.key, rec.dumps()),
-                put(c.key, claim, thief.lease),
                 delete(keys.held(victim, tid)),
                 put(keys.held(thief.expert, tid), f"{rec.fence} {thief.session}"),
                 *moves,

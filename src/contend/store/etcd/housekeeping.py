@@ -115,7 +115,7 @@ class Housekeeping:
         settled meaning that its a/ key is gone. A task that died with waiters joins
         *ended*."""
         etcd, keys = self._etcd, self._keys
-        tkey, ckey = keys.task(tid), keys.claim(tid)
+        tkey = keys.task(tid)
         t = (await etcd.read_many([tkey]))[0]
         if t is None:
             await etcd.txn([], [delete(akey)])
@@ -127,12 +127,13 @@ class Housekeeping:
         now = self._clock()
         prev = rec.owner
         outcome = rules.expired(prev, rec.attempts, rec.max_attempts, session_ended=session_ended)
-        # The outcome ends the ownership (the claim key went with the lease, and the owner's
-        # a/ key); the a/ key found goes too when it is another one.
+        # The outcome ends the ownership (the owner's a/ key); the a/ key found goes too when
+        # it is another one. The session has ended for good (a new one has another id), so
+        # the task as read is all there is to compare.
         ops = [] if prev is not None and keys.held(prev, tid) == akey else [delete(akey)]
         ops += apply_outcome(keys, rec, outcome, now)
         ops.append(put(tkey, rec.dumps()))
-        resp = await etcd.txn([mod_is(tkey, t.mod_revision), absent(ckey)], ops)
+        resp = await etcd.txn([mod_is(tkey, t.mod_revision)], ops)
         if resp.succeeded and outcome.ends and rec.has_waiters:
             ended.append(tid)
         return bool(resp.succeeded), bool(resp.succeeded)

@@ -59,10 +59,6 @@ class Keys:
         """``d/{task}/{what}``: a payload too big for the record (args, result, checkpoint)."""
         return self.k("d", enc(tid), what)
 
-    def claim(self, tid: str) -> bytes:
-        """``c/{task}``: the claim, on the owner's lease."""
-        return self.k("c", enc(tid))
-
     def held(self, expert: str, tid: str) -> bytes:
         """``a/{expert}/{task}``: the ownership key, without a lease."""
         return self.k("a", enc(expert), enc(tid))

@@ -23,7 +23,7 @@ KEEP = Attempts.KEEP
 def unown(keys: Keys, rec: Record, expert: str) -> list[Op]:
     """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
     rec.owner, rec.session, rec.lease_deadline = None, None, None
-    return [delete(keys.claim(rec.id)), delete(keys.held(expert, rec.id))]
+    return [delete(keys.held(expert, rec.id))]
 
 
 def ended_marker(keys: Keys, rec: Record) -> list[Op]:

@@ -1,9 +1,10 @@
 """Owner writes: start, checkpoint, complete, fail and release, each fenced.
 
-Every owner write reads the task and its claim, asks ``contend.domain.transitions`` whether
-the writer holds the task (``refusal``: fence, owner, state, and the claim key, which lives on
-the owner's session lease) and what the write leads to, and commits the outcome with a Txn
-comparing both ``mod_revision`` values. The writes of one batch share a Txn (as many as
+Every owner write reads the task and its owner's session key ``l/{expert}`` (on the
+session's lease), asks ``contend.domain.transitions`` whether the writer holds the task
+(``refusal``: fence, owner, state, and whether the session the record names is still live) and
+what the write leads to, and commits the outcome with a Txn comparing the task's
+``mod_revision`` and the session key's value. The writes of one batch share a Txn (as many as
 ``max_txn_ops`` allows) and fall back to one Txn per task when any of them moved. After this
 instance's own claim, what the claim wrote stands in for the read."""
 
@@ -20,11 +21,12 @@ from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut, StoreError
 from contend.store._common import check_retry_delay
 from contend.store.etcd.dependants import Dependants
-from contend.store.etcd.keys import Keys
+from contend.store.etcd.keys import Keys, enc
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.record import KV, Record
 from contend.store.etcd.rpc import Etcd
-from contend.store.etcd.txn import WRITE_RETRIES, Op, mod_is, put
+from contend.store.etcd.sessions import Claimed
+from contend.store.etcd.txn import WRITE_RETRIES, Op, mod_is, put, value_is
 from contend.store.port import Completion, Failure
 
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
@@ -32,21 +34,18 @@ OWNED_CACHE = 16_384
 
 #: What a write does to a record that passed the checks, at a time: its operations.
 Apply = Callable[[Record, float], list[Any]]
-#: task id -> (task, claim) keys and the record, as this instance's claim wrote them.
+#: task id -> the task key and the owner's session key (l/), and the record, as this
+#: instance's claim wrote and compared them.
 Owned = dict[str, tuple[KV, KV, Record]]
 States = frozenset[TaskState]
 
 
 def remember_owned(
-    owned: Owned, tid: str, task_put: Op, claim_put: Op, rev: int, rec: Record
+    owned: Owned, tid: str, task_put: Op, session: KV, rev: int, rec: Record
 ) -> None:
-    """Keep the task and claim keys as a claim of this instance put them at *rev*, and
-    the record it wrote (not to be changed after)."""
-    owned[tid] = (
-        KV(task_put[1], task_put[2], rev),
-        KV(claim_put[1], claim_put[2], rev),
-        rec,
-    )
+    """Keep the task key as a claim of this instance put it at *rev*, the session key as
+    it compared it, and the record it wrote (not to be changed after)."""
+    owned[tid] = (KV(task_put[1], task_put[2], rev), session, rec)
     while len(owned) > OWNED_CACHE:  # tasks lost to expiry are never written again
         del owned[next(iter(owned))]
 
@@ -61,21 +60,27 @@ def refusal(
     now: float,
 ) -> FencedOut | None:
     """The domain's refusal of *expert*'s write to *rec* at *fence* (None: no such task), or
-    None. *claimed*: the task's claim key exists and holds *fence*. The claim key lives on the
-    owner's session lease: while it exists the lease is live (its deadline is etcd's to keep),
-    and once it vanished the lease lapsed."""
+    None. *claimed*: the session the record names is live (its l/ key, on the session's
+    lease, names it): while it is, the lease is live (its deadline is etcd's to keep), and
+    once it vanished the lease lapsed."""
     holding = None
     if rec is not None:
         holding = Holding(rec.fence, rec.owner, rec.state, now if claimed else None)
     return rules.refusal(task_id, fence, expert, holding, now, expert_live=True, states=states)
 
 
+def session_key(keys: Keys, expert: str) -> bytes:
+    """``l/{expert}``: the expert's live session, on its lease."""
+    return keys.k("l", enc(expert))
+
+
 def check_owner(
-    expert: str, task_id: str, fence: int, states: States, t: Any, c: Any, now: float
+    expert: str, task_id: str, fence: int, states: States, t: Any, s: Any, now: float
 ) -> Record | FencedOut:
-    """The task record when *expert* may write it at *fence*, else why not."""
+    """The task record when *expert* may write it at *fence*, else why not; *s* is the
+    expert's session key as read (None: no live session)."""
     rec = None if t is None else Record.loads(t.value)
-    claimed = c is not None and json.loads(c.value)["fence"] == fence
+    claimed = s is not None and rec is not None and json.loads(s.value)["session"] == rec.session
     refused = refusal(expert, task_id, fence, states, rec, claimed, now)
     if refused is not None:
         return refused
@@ -90,6 +95,7 @@ class OwnerWrites:
         keys: Keys,
         clock: Callable[[], float],
         owned: Owned,
+        claimed: Claimed,
         dependants: Dependants,
         touch: Callable[[bool], None],
     ) -> None:
@@ -97,6 +103,7 @@ class OwnerWrites:
         self._keys = keys
         self._clock = clock
         self._owned = owned
+        self._claimed = claimed
         self._dependants = dependants
         self._touch = touch
 
@@ -179,6 +186,9 @@ class OwnerWrites:
 
         out = await self._write_many(expert, items, states, apply)
         landed = [n for n, res in enumerate(out) if res is None]
+        for n in landed:
+            if not outcomes[n].owned:
+                self._claimed.forget(items[n][0])
         await self._dependants.settle_many([items[n][0] for n in landed if items[n][0] in ended])
         left = [n for n in landed if not outcomes[n].owned]
         if left:
@@ -197,15 +207,15 @@ class OwnerWrites:
         apply: Apply,
         first: tuple[Any, Any] | None = None,
     ) -> FencedOut | None:
-        """Check owner, fence, state and live claim, then commit *apply*'s operations in one
-        Txn that compares the task and claim revisions read; re-read when either moved.
-        *first* is the (task, claim) pair already read for the first try, if any."""
-        tkey, ckey = self._keys.task(task_id), self._keys.claim(task_id)
+        """Check owner, fence, state and live session, then commit *apply*'s operations in
+        one Txn that compares the task's revision and the session key as read; re-read when
+        either moved. *first* is the (task, session) pair already read for the first try."""
+        tkey, skey = self._keys.task(task_id), session_key(self._keys, expert)
         for _ in range(WRITE_RETRIES):
             if first is not None:
                 (t, c), first = first, None
             else:
-                t, c = await self._etcd.read_many([tkey, ckey])
+                t, c = await self._etcd.read_many([tkey, skey])
             now = self._clock()
             checked = check_owner(expert, task_id, fence, states, t, c, now)
             if isinstance(checked, FencedOut):
@@ -213,7 +223,7 @@ class OwnerWrites:
             rec = checked
             ops = apply(rec, now)
             resp = await self._etcd.commit(
-                [mod_is(tkey, t.mod_revision), mod_is(ckey, c.mod_revision)], ops
+                [mod_is(tkey, t.mod_revision), value_is(skey, c.value)], ops
             )
             if resp is None or resp.succeeded:
                 return None
@@ -228,7 +238,7 @@ class OwnerWrites:
     ) -> list[FencedOut | None]:
         """Owner writes of a batch: one read for all, then the writes that pass the checks
         grouped into as few transactions as etcd's operation limit allows (each compares
-        every task's and claim's revision), committed concurrently. When a group's
+        every task's revision and the session key), committed concurrently. When a group's
         transaction fails because one of its tasks moved, each of its tasks is written on
         its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
         known, checks = await self._read_owned(expert, items, states)
@@ -253,27 +263,28 @@ class OwnerWrites:
     async def _read_owned(
         self, expert: str, items: Sequence[tuple[str, int]], states: States
     ) -> tuple[list[tuple[Any, Any]], dict[int, Record]]:
-        """The (task, claim) pair of each item, and the records already checked (by their
-        place in *items*). What this instance's own claim wrote stands in for a read: the
-        transaction compares both revisions, so a task that changed since makes it fail and
-        be re-read."""
+        """The (task, session key) pair of each item, and the records already checked (by
+        their place in *items*). What this instance's own claim wrote stands in for a read:
+        the transaction compares both, so a task that changed since makes it fail and be
+        re-read."""
         known: list[tuple[Any, Any] | None] = []
         checks: dict[int, Record] = {}
         now = self._clock()
         for n, (tid, fence) in enumerate(items):
             mine = self._owned.pop(tid, None)
             if mine is not None and refusal(expert, tid, fence, states, mine[2], True, now) is None:
-                known.append((mine[0], mine[1]))  # the claim key holds the same fence
+                known.append((mine[0], mine[1]))
                 checks[n] = mine[2]
             else:
                 known.append(None)  # decide refusals on what etcd holds now
         unknown = [n for n, k in enumerate(known) if k is None]
         keys = self._keys
-        reads = await self._etcd.read_many(
-            [k for n in unknown for k in (keys.task(items[n][0]), keys.claim(items[n][0]))]
-        )
-        for i, n in enumerate(unknown):
-            known[n] = (reads[2 * i], reads[2 * i + 1])
+        if unknown:
+            reads = await self._etcd.read_many(
+                [*(keys.task(items[n][0]) for n in unknown), session_key(keys, expert)]
+            )
+            for i, n in enumerate(unknown):
+                known[n] = (reads[i], reads[-1])
         return [k or (None, None) for k in known], checks
 
     def _group(
@@ -291,6 +302,7 @@ class OwnerWrites:
         groups: list[list[tuple[int, list[Any], list[Any]]]] = [[]]
         n_cmp = n_ops = 0
         in_group: set[str] = set()
+        compared: set[bytes] = set()  # the session key, compared once a group
         max_ops = self._etcd.max_ops
         now = self._clock()
         for n, (tid, fence) in enumerate(items):
@@ -301,14 +313,18 @@ class OwnerWrites:
                 continue
             assert t is not None and c is not None  # the checks passed
             ops = apply(n)(checked, now)
-            cmp = [mod_is(t.key, t.mod_revision), mod_is(c.key, c.mod_revision)]
+            cmp = [mod_is(t.key, t.mod_revision)]
             # A key may appear once per transaction: a repeated task starts a new group.
             if groups[-1] and (
-                tid in in_group or n_cmp + len(cmp) > max_ops or n_ops + len(ops) > max_ops
+                tid in in_group or n_cmp + 2 > max_ops or n_ops + len(ops) > max_ops
             ):
                 groups.append([])
                 n_cmp = n_ops = 0
                 in_group = set()
+                compared = set()
+            if c.key not in compared:
+                compared.add(c.key)
+                cmp.append(value_is(c.key, c.value))
             groups[-1].append((n, cmp, ops))
             in_group.add(tid)
             n_cmp += len(cmp)

@@ -10,7 +10,7 @@ at a random creation time between the head's end and *before*, so that a backlog
 unfinished tasks at the head cannot keep every later pass from the finished tasks behind it.
 
 A task goes with every key it owns: its record, ``d/{task}/`` (payloads, checkpoint), its
-``k/`` key when that still names it, ``c/``, ``a/``, ``q/`` (none once finished, deleted all
+``k/`` key when that still names it, ``a/``, ``q/`` (none once finished, deleted all
 the same), its auction (``u/``, ``b/``), its edges as a waiter (``w/{dependency}/{task}``) and
 as a dependency (``w/{task}/``). A task with an ``s/`` marker (its waiters not yet told) or
 with an edge of a waiting waiter stays; one that has told its waiters (settle() deletes the
@@ -193,7 +193,6 @@ class Retention:
         ops = [
             delete(tkey),
             delete(keys.k("d", enc(tid), ""), prefix=True),
-            delete(keys.claim(tid)),
             delete(keys.auction(tid)),
             delete(keys.bids(tid), prefix=True),
         ]

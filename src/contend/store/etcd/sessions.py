@@ -5,7 +5,15 @@ Keys: ``e/{expert}`` the expert's record (info, session, counters; it outlives t
 ``l/{expert}`` the live session on the expert's lease, ``x/{expert}/{session}`` a marker of a
 session that may hold claims (expire() deletes it once the session ended and its tasks are
 returned). The store never keeps a lease alive on its own: the expert's heartbeat is the
-liveness signal, so a stalled expert loses its lease."""
+liveness signal, so a stalled expert loses its lease.
+
+The ``l/`` key is the only key on a lease: an owner write compares it, so a task's claim
+lapses with its owner's session, with no key of its own on the lease (schema 4 had a claim
+key ``c/{task}`` there; attaching and detaching it cost etcd a third of its CPU per task).
+What a session holds, renew() reads from the records of the tasks this instance claimed for
+it (``Claimed``). A claim through another instance than the one that registered the session
+(two store objects in one test; never an expert) first marks the session's x/ key
+``foreign``, and renew() of such a session reads its a/ keys instead."""
 
 from __future__ import annotations
 
@@ -18,12 +26,17 @@ from typing import Any
 
 from aetcd import rpc
 
+from contend.domain.task import OWNED_STATES
 from contend.errors import LeaseLost, SchemaError, StoreError
 from contend.store._common import check_ttl, live_elsewhere, session_not_live
 from contend.store.etcd.keys import Keys, enc, unenc
+from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import Op, absent, get, put, value_is
 from contend.store.port import ExpertInfo, ExpertRecord, Heartbeat
+
+#: The x/ marker of a session some other instance than its own claimed for.
+FOREIGN = b"foreign"
 
 #: How many sessions' lease ids and records one store instance keeps cached.
 SESSION_CACHE = 256
@@ -35,6 +48,44 @@ def session_deadline(record: dict[str, Any]) -> float:
     deadline = float(record["heartbeat_at"] + record["ttl"])
     ended_at = record.get("ended_at")
     return deadline if ended_at is None else min(deadline, float(ended_at))
+
+
+class Claimed:
+    """The tasks each session registered by this instance claimed (or stole) through it and
+    has not ended through it: what renew() reads to say what the session holds. A task
+    moved by someone else (stolen, cancelled, expired) leaves at the next renew()."""
+
+    def __init__(self) -> None:
+        self._session_of: dict[str, str] = {}
+        self._tasks: dict[str, dict[str, None]] = {}
+
+    def opened(self, session: str) -> None:
+        self._tasks.setdefault(session, {})
+
+    def add(self, session: str, tids: Sequence[str]) -> None:
+        tasks = self._tasks.get(session)
+        if tasks is None:
+            return  # a session of another instance: renew() there scans its a/ keys
+        for tid in tids:
+            old = self._session_of.get(tid)
+            if old is not None and old != session:
+                self._tasks.get(old, {}).pop(tid, None)
+            self._session_of[tid] = session
+            tasks[tid] = None
+
+    def forget(self, tid: str) -> None:
+        session = self._session_of.pop(tid, None)
+        if session is not None:
+            self._tasks.get(session, {}).pop(tid, None)
+
+    def of(self, session: str) -> list[str] | None:
+        """The tasks *session* may hold, or None for a session not registered here."""
+        tasks = self._tasks.get(session)
+        return None if tasks is None else list(tasks)
+
+    def drop(self, session: str) -> None:
+        for tid in self._tasks.pop(session, {}):
+            self._session_of.pop(tid, None)
 
 
 class Sessions:
@@ -49,6 +100,8 @@ class Sessions:
         self.cache: dict[str, tuple[int, bytes]] = {}  # session -> (lease id, l/ value)
         self.keepalives: dict[int, KeepAlive] = {}
         self.records: dict[str, dict[str, Any]] = {}  # session -> its expert record, as put
+        self.claimed = Claimed()
+        self._marked: set[str] = set()  # sessions of other instances marked foreign
 
     async def check(self, expert: str, session: str) -> tuple[int, bytes]:
         """(lease id, session key value) of a live session; raises LeaseLost."""
@@ -87,6 +140,8 @@ class Sessions:
         """Forget a session and close its keep-alive stream."""
         self.cache.pop(session, None)
         self.records.pop(session, None)
+        self.claimed.drop(session)
+        self._marked.discard(session)
         ka = self.keepalives.pop(lease, None)
         if ka is not None:
             ka.close()
@@ -153,6 +208,7 @@ class Sessions:
             raise live_elsewhere(info.id, other.host, other.pid)
         self.remember(session, lease, lvalue)
         self.records[session] = record
+        self.claimed.opened(session)
         return session
 
     async def renew(
@@ -186,29 +242,54 @@ class Sessions:
             tasks_done=beat.tasks_done,
             metrics=dict(beat.metrics),
         )
-        resp = await self._etcd.txn([value_is(lkey, session_value)], [put(ekey, json.dumps(d))])
+        resp = await self._etcd.txn(
+            [value_is(lkey, session_value)],
+            [put(ekey, json.dumps(d)), get(k("x", enc(expert), session))],
+        )
         if not resp.succeeded:
             self.drop(session, lease)
             raise session_not_live(expert, session)
         self.records[session] = d
-        cbase = k("c", "")
-        claims = await self._etcd.read_many(await self.lease_claims(lease))
-        held: dict[str, int] = {}
-        for kv in claims:
-            if kv is not None:
-                held[unenc(kv.key[len(cbase) :].decode())] = json.loads(kv.value)["fence"]
-        return held
+        marker = resp.responses[1].response_range.kvs
+        return await self.held(expert, session, bool(marker) and marker[0].value == FOREIGN)
 
-    async def lease_claims(self, lease: int) -> list[bytes]:
-        """The claim keys (c/) on *lease*, as etcd lists them: what its session holds, read
-        without walking the claim keys deleted since the last compaction."""
-        etcd = self._etcd
-        lookup = rpc.LeaseTimeToLiveRequest(ID=lease, keys=True)
-        attached = await etcd.call(
-            "a lease lookup", lambda: etcd.lease.LeaseTimeToLive(lookup, timeout=etcd.timeout)
+    async def mark_foreign(self, expert: str, session: str, value: bytes) -> None:
+        """Before this instance claims for a session another one registered: mark it, so that
+        renew() there reads every claim of the session, not only its own."""
+        if self.claimed.of(session) is not None or session in self._marked:
+            return
+        k = self._keys.k
+        await self._etcd.txn(
+            [value_is(k("l", enc(expert)), value)], [put(k("x", enc(expert), session), FOREIGN)]
         )
-        cbase = self._keys.k("c", "")
-        return [k for k in attached.keys if k.startswith(cbase)]
+        self._marked.add(session)
+
+    async def held(self, expert: str, session: str, foreign: bool = False) -> dict[str, int]:
+        """{task: fence} of what *session* holds: the records of the tasks this instance
+        claimed for it, or (a session registered elsewhere, or *foreign*: claimed for by
+        another instance too) of those its a/ keys name."""
+        tids = self.claimed.of(session)
+        if tids is None or foreign:
+            abase = self._keys.k("a", enc(expert), "")
+            tids = [
+                unenc(kv.key[len(abase) :].decode())
+                for kv in await self._etcd.scan(abase)
+                if kv.value.decode().partition(" ")[2] == session
+            ]
+        kvs = await self._etcd.read_many([self._keys.task(t) for t in tids])
+        held: dict[str, int] = {}
+        for tid, kv in zip(tids, kvs, strict=True):
+            rec = None if kv is None else Record.loads(kv.value)
+            if (
+                rec is not None
+                and rec.session == session
+                and rec.owner == expert
+                and rec.state in OWNED_STATES
+            ):
+                held[tid] = rec.fence
+            else:
+                self.claimed.forget(tid)
+        return held
 
     async def revoke(self, lease: int) -> None:
         etcd = self._etcd
@@ -232,7 +313,7 @@ class Sessions:
 
     async def _end(self, expert: str, lkv: Any) -> None:
         """End the live session whose ``l/`` key is *lkv*: its record says when, and its
-        lease is revoked (its claim keys go with it)."""
+        lease is revoked (its session key goes with it, which fences its claims out)."""
         k = self._keys.k
         lkey, ekey = k("l", enc(expert)), k("e", enc(expert))
         ekv = (await self._etcd.read_many([ekey]))[0]

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from contend.errors import SchemaError, StoreError
 from contend.store.etcd.auctions import Auctions
@@ -15,7 +16,7 @@ from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.dispatch import Dispatch
 from contend.store.etcd.housekeeping import Housekeeping
 from contend.store.etcd.inspection import Inspection
-from contend.store.etcd.keys import Keys
+from contend.store.etcd.keys import Keys, unenc
 from contend.store.etcd.levels import Levels
 from contend.store.etcd.manage import Management
 from contend.store.etcd.owner import Owned, OwnerWrites
@@ -24,12 +25,15 @@ from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
 from contend.store.etcd.submit import PROMISES, Submitter
 from contend.store.etcd.transactions import Transactions
-from contend.store.etcd.txn import absent, get, put
+from contend.store.etcd.txn import absent, get, mod_is, put, written_before
 from contend.store.etcd.watch import Changes
 from contend.store.port import CentralDispatch, Store
 
-#: 4: v/ holds floors, no o/ index; 3: records are arrays, q/ by priority (docs/etcd.md).
-SCHEMA_VERSION = 4
+#: 5: no claim keys (c/) on the leases; 4: v/ holds floors, no o/ index; 3: records are
+#: arrays, q/ by priority (docs/etcd.md).
+SCHEMA_VERSION = 5
+#: A store of this version becomes SCHEMA_VERSION when opened with no expert live.
+UPGRADES_FROM = 4
 
 
 class EtcdStore:
@@ -68,7 +72,9 @@ class EtcdStore:
         self._levels = levels = Levels(etcd, keys)
         dependants = Dependants(etcd, keys, clock)
         owned: Owned = {}  # what this instance's claims wrote, for the owner writes after them
-        self._owner = owner = OwnerWrites(etcd, keys, clock, owned, dependants, touch)
+        self._owner = owner = OwnerWrites(
+            etcd, keys, clock, owned, sessions.claimed, dependants, touch
+        )
         self._claims = claims = Claims(etcd, keys, clock, sessions, levels, owned)
         inspection = Inspection(etcd, keys, clock, levels, sessions)
         auctions = Auctions(etcd, keys, clock, sessions)
@@ -141,7 +147,9 @@ class EtcdStore:
             )
             found, some = (r.kvs for r in reads)
             if found:
-                self._check_meta(found[0].value)
+                if self._check_meta(found[0].value) == UPGRADES_FROM:
+                    await self._upgrade(found[0])
+                    continue  # and read the meta key as it is now
                 self._etcd.guard = found[0].value
                 return
             if some:
@@ -162,7 +170,7 @@ class EtcdStore:
                 return
         raise StoreError(f"could not set up the contend store at {self._etcd.where()}")
 
-    def _check_meta(self, value: bytes) -> None:
+    def _check_meta(self, value: bytes) -> int:
         p = self._keys.p
         try:
             version = json.loads(value)["schema"]
@@ -170,11 +178,38 @@ class EtcdStore:
             raise SchemaError(
                 f"etcd prefix {p.decode()!r} is not a contend store (bad meta key)"
             ) from exc
-        if version != SCHEMA_VERSION:
+        if version not in (SCHEMA_VERSION, UPGRADES_FROM):
             raise SchemaError(
                 f"etcd prefix {p.decode()!r} has contend schema version {version}; "
                 f"this contend understands version {SCHEMA_VERSION}"
             )
+        return int(version)
+
+    async def _upgrade(self, meta: Any) -> None:
+        """Make a schema-4 store schema 5 in place, when no expert holds a session in it.
+        Version 5 only stops writing claim keys (c/): a claim's lapse is its session's, so
+        an older expert still running would not see this version's claims. With none live,
+        the claim keys went with their leases, and the new meta key (same store id) fails
+        every later write of an older process, which then stops (SchemaError)."""
+        etcd, k = self._etcd, self._keys.k
+        lives = await etcd.reads([get(k("l", ""), prefix=True, keys_only=True)])
+        live = [unenc(kv.key[len(k("l", "")) :].decode()) for kv in lives[0].kvs]
+        if live:
+            raise SchemaError(
+                f"etcd prefix {self._keys.p.decode()!r} has contend schema version "
+                f"{UPGRADES_FROM}, and {len(live)} expert(s) of an older contend still hold "
+                f"sessions in it ({', '.join(sorted(live)[:5])}): stop them, then start this "
+                f"version, which upgrades the store to version {SCHEMA_VERSION} in place"
+            )
+        old = json.loads(meta.value)
+        new = json.dumps({**old, "schema": SCHEMA_VERSION}).encode()
+        rev = int(lives[0].header.revision)
+        await etcd.txn(
+            [mod_is(meta.key, meta.mod_revision), written_before(k("l", ""), rev + 1)],
+            [put(meta.key, new)],
+        )
+        # whether it landed or not (a rival upgraded it, or an expert started meanwhile),
+        # the caller reads the meta key again
 
     async def close(self) -> None:
         await self._changes.close()

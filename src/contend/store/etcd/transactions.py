@@ -5,10 +5,10 @@ the completion of the task and the compares that fence it, so that both land or 
 It works as etcd's software transactional memory does: ``get`` reads a key at once and makes
 the commit depend on it (a compare on the ``mod_revision`` it saw, 0 for a key that was absent);
 ``put`` and ``delete`` wait in the transaction; ``compare_value`` and ``compare_revision`` add
-compares of the task's own choosing. At ``commit`` the store reads the task and its claim (the
-claim key lives on the owner's session lease), checks fence, owner and state as every owner
-write does, and sends one Txn comparing the task's and the claim's revisions and the task's own
-compares. When it fails, the Txn's failure branch says why: the task or the claim moved (the
+compares of the task's own choosing. At ``commit`` the store reads the task and its owner's
+session key (on the session's lease), checks fence, owner, state and session as every owner
+write does, and sends one Txn comparing the task's revision, the session key and the task's own
+compares. When it fails, the Txn's failure branch says why: the task or the session moved (the
 writer is fenced out: :class:`~contend.errors.FencedOut`, or the check is made again on what
 moved), or else a compare of the task's own failed: :class:`~contend.errors.TransactionConflict`,
 nothing was written, run the block again (``ctx.transact()`` does).
@@ -32,7 +32,7 @@ from contend.errors import ConfigError, FencedOut, StoreError, TaskError, Transa
 from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys
 from contend.store.etcd.outcomes import apply_outcome
-from contend.store.etcd.owner import Owned, check_owner
+from contend.store.etcd.owner import Owned, check_owner, session_key
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import PUT, WRITE_RETRIES, Op, delete, get, mod_is, put, value_is
 from contend.store.port import Completion
@@ -61,10 +61,12 @@ class Transactions:
         """Check the claim now, so that a stale owner does not start its writes."""
         mine = self._owned.pop(task_id, None)  # what this instance's claim wrote stands in
         if mine is not None:
-            pair: tuple[Any, Any] = (mine[0], mine[1])  # the commit compares its revisions
+            pair: tuple[Any, Any] = (mine[0], mine[1])  # the commit compares them
         else:
-            t, c = await self.etcd.read_many([self.keys.task(task_id), self.keys.claim(task_id)])
-            pair = (t, c)
+            t, s = await self.etcd.read_many(
+                [self.keys.task(task_id), session_key(self.keys, expert)]
+            )
+            pair = (t, s)
         checked = check_owner(
             expert, task_id, fence, rules.WRITE_STATES, pair[0], pair[1], self.clock()
         )
@@ -143,10 +145,10 @@ class EtcdTransaction:
         part = self._take()
         keys, etcd = part.keys, part.etcd
         tid, fence = completion.task_id, completion.fence
-        tkey, ckey = keys.task(tid), keys.claim(tid)
+        tkey, skey = keys.task(tid), session_key(keys, self.expert)
         pair, self._first = self._first, None
         for _ in range(WRITE_RETRIES):
-            t, c = pair if pair is not None else await etcd.read_many([tkey, ckey])
+            t, c = pair if pair is not None else await etcd.read_many([tkey, skey])
             now = part.clock()
             checked = check_owner(self.expert, tid, fence, rules.WRITE_STATES, t, c, now)
             if isinstance(checked, FencedOut):
@@ -156,25 +158,25 @@ class EtcdTransaction:
             ops = apply_outcome(keys, rec, outcome, now)
             ops.append(put(tkey, rec.dumps()))
             success = [*ops, *self._writes.values()]
-            compare = [mod_is(tkey, t.mod_revision), mod_is(ckey, c.mod_revision), *self._compares]
+            compare = [mod_is(tkey, t.mod_revision), value_is(skey, c.value), *self._compares]
             if max(len(success), len(compare)) > etcd.max_ops:
                 raise TaskError(
                     f"task {tid}: its transaction needs {len(success)} operations and "
                     f"{len(compare)} compares; etcd takes at most {etcd.max_ops} of each "
                     "(--max-txn-ops; the completion uses a few)"
                 )
-            resp = await etcd.commit(compare, success, [get(tkey), get(ckey)])
+            resp = await etcd.commit(compare, success, [get(tkey), get(skey)])
             if resp is None or resp.succeeded:
                 break
             t2, c2 = (
                 r.response_range.kvs[0] if r.response_range.kvs else None for r in resp.responses
             )
-            if _same(t, t2) and _same(c, c2):
+            if _same(t, t2) and c2 is not None and c2.value == c.value:
                 raise TransactionConflict(
                     f"task {tid}: a compare of its transaction failed (a key it read or "
                     "compared changed); nothing was written: run the transaction again"
                 )
-            pair = (t2, c2)  # the task or its claim moved: check again on what etcd holds
+            pair = (t2, c2)  # the task or the session moved: check again on what etcd holds
         else:
             raise StoreError(f"task {tid} kept changing; gave up after {WRITE_RETRIES} tries")
         if rec.has_waiters:
