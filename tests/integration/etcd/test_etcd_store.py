@@ -1344,3 +1344,30 @@ async def test_a_schema_4_store_with_live_experts_is_left_alone(store_url: str) 
         assert meta == four  # nothing was changed
     finally:
         await old.close()
+
+
+async def test_a_claim_reads_no_index_key_of_a_task_not_yet_due(store: EtcdStore) -> None:
+    """Within a priority level the index keys run in due order, so a claim reads only up to
+    the present: a backlog of tasks due later (retries backing off, tasks for tomorrow) at
+    the head of a level cost a claim nothing. Before, each claim walked all of them, a page
+    at a time (every idle expert's claim read 20,000 keys before a drain's tasks fell due)."""
+    await store.submit([spec(delay=3600) for _ in range(2_000)])
+    now_task = spec()
+    await store.submit([now_task])
+    s = await store.register_expert(ExpertInfo("e"), 30)
+    read: list[int] = []
+    real_range = store._etcd.range
+
+    async def range_(key: bytes, end: bytes | None = None, **kw: Any) -> Any:
+        resp = await real_range(key, end, **kw)
+        if key.startswith(store._keys.k("q", "")):
+            read.append(len(resp.kvs))
+        return resp
+
+    store._etcd.range = range_  # type: ignore[method-assign]
+    (c,) = await store.claim("e", s, Q, ANY, limit=8, lease_ttl=30)
+    assert c.id == now_task.id
+    assert sum(read) <= 1, read
+    read.clear()
+    assert await store.claim("e", s, Q, ANY, limit=8, lease_ttl=30) == []
+    assert sum(read) == 0, read

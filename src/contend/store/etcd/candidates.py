@@ -208,7 +208,18 @@ def runnable_now(
 class _Search:
     """One candidates() read: the levels of each queue, read with the same bounds."""
 
-    __slots__ = ("fairs", "keep", "levels", "limits", "now", "page", "reads", "views", "want")
+    __slots__ = (
+        "due_by",
+        "fairs",
+        "keep",
+        "levels",
+        "limits",
+        "now",
+        "page",
+        "reads",
+        "views",
+        "want",
+    )
 
     def __init__(
         self,
@@ -223,6 +234,7 @@ class _Search:
         fairs: dict[str, str] | None = None,
     ) -> None:
         self.levels, self.keep, self.now = levels, keep, now
+        self.due_by = micros(now)  # a level's keys run in due order: read none due later
         self.page, self.want, self.views, self.reads = page, want, views, reads
         self.limits, self.fairs = limits, fairs
 
@@ -279,7 +291,9 @@ class _Search:
         if fair_key is not None:
             page = max(8, min(page, 2 * self.want))
             want = min(want, page)
-        kvs, read = await self.levels.read(prefix, prefix + floor, page, want, self.keep)
+        kvs, read = await self.levels.read(
+            prefix, prefix + floor, page, want, self.keep, due_by=self.due_by
+        )
         now, views, limits, fairs = self.now, self.views, self.limits, self.fairs
         for kv in kvs:
             due, tid = kv.key[len(prefix) :].decode().split("/")

@@ -168,6 +168,7 @@ class Levels:
         want: int,
         keep: Callable[[Any], bool],
         window_of: bytes = b"",
+        due_by: int | None = None,
     ) -> tuple[list[Any], LevelRead]:
         """The KeyValues of a priority level's tasks (keys under *prefix*, from *start*) that
         *keep* accepts, in key order: at least *want* where there are that many, from at least
@@ -178,11 +179,21 @@ class Levels:
         level's read therefore stops at a bound a little past the further of *start* and
         where the last read ended (its ``Window``); only when fewer keys lie before the bound
         does it read on to the end.
-        *window_of* keeps the windows of reads of different sizes apart."""
+        *window_of* keeps the windows of reads of different sizes apart. *due_by* (µs): read
+        no key of a task due later; a level's keys run in due order, so those are its tail
+        (tasks due later at the head of a level would otherwise be read, a page at a time,
+        by every claim)."""
         end = prefix_end(prefix)
+        if due_by is not None:
+            end = min(end, prefix + b"%017d" % (due_by + 1))
         wkey = prefix + window_of
         window = self.windows.get(wkey)
-        segments = [(start, end)] if window is None else window.segments(prefix, start, end)
+        if start >= end:
+            segments = []  # nothing due from the floor on
+        elif window is None:
+            segments = [(start, end)]
+        else:
+            segments = window.segments(prefix, start, end)
         out: list[Any] = []
         keys: list[bytes] = []
         revision = 0
