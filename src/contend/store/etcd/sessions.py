@@ -78,6 +78,10 @@ class Claimed:
         if session is not None:
             self._tasks.get(session, {}).pop(tid, None)
 
+    def knows(self, session: str) -> bool:
+        """Whether *session* was registered here."""
+        return session in self._tasks
+
     def of(self, session: str) -> list[str] | None:
         """The tasks *session* may hold, or None for a session not registered here."""
         tasks = self._tasks.get(session)
@@ -256,7 +260,7 @@ class Sessions:
     async def mark_foreign(self, expert: str, session: str, value: bytes) -> None:
         """Before this instance claims for a session another one registered: mark it, so that
         renew() there reads every claim of the session, not only its own."""
-        if self.claimed.of(session) is not None or session in self._marked:
+        if self.claimed.knows(session) or session in self._marked:
             return
         k = self._keys.k
         await self._etcd.txn(
