@@ -100,7 +100,7 @@ class Auctions:
                 ops.append(put(tkey, rec.dumps()))
             cmp = [
                 mod_is(tkey, t[0].mod_revision),
-                value_is(keys.k("l", enc(expert)), session_value),
+                value_is(keys.session(expert), session_value),
                 mod_is(ukey, u[0].mod_revision) if u else absent(ukey),
             ]
             if (await self._etcd.txn(cmp, ops)).succeeded:

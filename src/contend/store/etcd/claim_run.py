@@ -15,7 +15,6 @@ from contend.domain.task import TaskState, load_trace
 from contend.domain.transitions import Outcome
 from contend.store.etcd.auctions import Turn, turns
 from contend.store.etcd.candidates import Rank, rank_of
-from contend.store.etcd.keys import enc
 from contend.store.etcd.levels import RISE_OPS, LevelRead
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import remember_owned
@@ -127,7 +126,7 @@ class ClaimRun:
         self.now = now
         self.outcome: Outcome = rules.claimed(claimant.expert, start=start)
         self.reads = reads  # task id -> the read of its level
-        self.session_key = claims.keys.k("l", enc(claimant.expert))
+        self.session_key = claims.keys.session(claimant.expert)
         self.won: list[tuple[Rank, Claimed]] = []
         self.lost = False  # the session was found ended
         self.orders: dict[str, Rank] = {}  # task id -> its claim order

@@ -262,7 +262,7 @@ class Claims:
         compaction: steals are rare, at the end of a burst)."""
         kinds = None if types is None else set(types)
         keys = self.keys
-        live = (await self.etcd.read_many([keys.k("l", enc(victim))]))[0]
+        live = (await self.etcd.read_many([keys.session(victim)]))[0]
         if live is None:
             return []
         session = json.loads(live.value)["session"]
@@ -304,7 +304,7 @@ class Claims:
         rec.fence += 1
         rec.lease_deadline = now + thief.ttl
         moves = apply_outcome(keys, rec, rules.stolen(thief.expert, victim), now)
-        session_key = keys.k("l", enc(thief.expert))
+        session_key = keys.session(thief.expert)
         resp = await self.etcd.commit(
             [mod_is(t.key, t.mod_revision), value_is(session_key, thief.value)],
             [

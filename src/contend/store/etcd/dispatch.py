@@ -114,9 +114,6 @@ class Dispatch:
         self._clock = clock
         self._touch = touch
 
-    def _session_key(self, expert: str) -> bytes:
-        return self._keys.k("l", enc(expert))
-
     async def _holder(self, current: rules.Leadership | None, known: Mapping[str, Any]) -> Any:
         """The holder's session key (``l/{holder}``) if it names the holder's session now,
         else None: the holder's session is not live."""
@@ -125,14 +122,14 @@ class Dispatch:
         if current.holder in known:
             kv = known[current.holder]
         else:
-            kv = (await self._etcd.read_many([self._session_key(current.holder)]))[0]
+            kv = (await self._etcd.read_many([self._keys.session(current.holder)]))[0]
         if kv is None or json.loads(kv.value)["session"] != current.session:
             return None
         return kv
 
     async def lead(self, expert: str, session: str, name: str, ttl: float) -> int | None:
         ttl = check_ttl(ttl)
-        lkey, own = self._keys.leadership(name), self._session_key(expert)
+        lkey, own = self._keys.leadership(name), self._keys.session(expert)
         for _ in range(WRITE_RETRIES):
             mine, lkv = await self._etcd.read_many([own, lkey])
             if mine is None or json.loads(mine.value)["session"] != session:
@@ -209,7 +206,7 @@ class Dispatch:
             and rec.state == TaskState.PENDING
         }
         olds = sorted({r.assignee for _, r in recs.values() if r.assignee is not None})
-        lives = await etcd.read_many([self._session_key(a) for a in olds])
+        lives = await etcd.read_many([self._keys.session(a) for a in olds])
         gone = {a for a, kv in zip(olds, lives, strict=True) if kv is None}
         detail = rules.assigned_detail(expert, term)
         tries = []
@@ -219,7 +216,7 @@ class Dispatch:
                 continue  # still its live assignee's
             cmp = [mod_is(kv.key, kv.mod_revision)]
             if old is not None:
-                cmp.append(absent(self._session_key(old)))  # and it is not back meanwhile
+                cmp.append(absent(self._keys.session(old)))  # and it is not back meanwhile
             ops = [delete(keys.central(rec))]
             rec.assignee = plan[tid]
             rec.event(now, rules.ASSIGNED, rec.assignee, detail)

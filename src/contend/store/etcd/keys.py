@@ -59,6 +59,11 @@ class Keys:
         """``d/{task}/{what}``: a payload too big for the record (args, result, checkpoint)."""
         return self.k("d", enc(tid), what)
 
+    def session(self, expert: str) -> bytes:
+        """``l/{expert}``: the expert's live session, on its lease; the only key on a lease,
+        which every owner write compares."""
+        return self.k("l", enc(expert))
+
     def held(self, expert: str, tid: str) -> bytes:
         """``a/{expert}/{task}``: the ownership key, without a lease."""
         return self.k("a", enc(expert), enc(tid))

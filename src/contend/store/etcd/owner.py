@@ -21,7 +21,7 @@ from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut, StoreError
 from contend.store._common import check_retry_delay
 from contend.store.etcd.dependants import Dependants
-from contend.store.etcd.keys import Keys, enc
+from contend.store.etcd.keys import Keys
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.record import KV, Record
 from contend.store.etcd.rpc import Etcd
@@ -67,11 +67,6 @@ def refusal(
     if rec is not None:
         holding = Holding(rec.fence, rec.owner, rec.state, now if claimed else None)
     return rules.refusal(task_id, fence, expert, holding, now, expert_live=True, states=states)
-
-
-def session_key(keys: Keys, expert: str) -> bytes:
-    """``l/{expert}``: the expert's live session, on its lease."""
-    return keys.k("l", enc(expert))
 
 
 def check_owner(
@@ -210,7 +205,7 @@ class OwnerWrites:
         """Check owner, fence, state and live session, then commit *apply*'s operations in
         one Txn that compares the task's revision and the session key as read; re-read when
         either moved. *first* is the (task, session) pair already read for the first try."""
-        tkey, skey = self._keys.task(task_id), session_key(self._keys, expert)
+        tkey, skey = self._keys.task(task_id), self._keys.session(expert)
         for _ in range(WRITE_RETRIES):
             if first is not None:
                 (t, c), first = first, None
@@ -281,7 +276,7 @@ class OwnerWrites:
         keys = self._keys
         if unknown:
             reads = await self._etcd.read_many(
-                [*(keys.task(items[n][0]) for n in unknown), session_key(keys, expert)]
+                [*(keys.task(items[n][0]) for n in unknown), keys.session(expert)]
             )
             for i, n in enumerate(unknown):
                 known[n] = (reads[i], reads[-1])

@@ -118,7 +118,7 @@ class Sessions:
         """:meth:`check`, and the RangeResponses of *reads* (GET operations): one read-only
         Txn where the server's are safe (``Etcd.read_txns``), else the reads at once beside
         the session's, so that they never cost a round trip of their own."""
-        own = get(self._keys.k("l", enc(expert)))
+        own = get(self._keys.session(expert))
         etcd = self._etcd
         if etcd.read_txns or not reads:
             got = await etcd.reads([own, *reads])
@@ -169,7 +169,7 @@ class Sessions:
         session = uuid.uuid4().hex
         now = self._clock()
         k = self._keys.k
-        lkey, ekey = k("l", enc(info.id)), k("e", enc(info.id))
+        lkey, ekey = self._keys.session(info.id), k("e", enc(info.id))
         lvalue = json.dumps({"session": session, "lease": lease, "ttl": granted}).encode()
         old = (await etcd.read_many([ekey]))[0]
         ended: dict[str, float] = {}
@@ -230,7 +230,7 @@ class Sessions:
             raise LeaseLost(f"expert {expert}: the etcd lease of session {session} expired")
         now = self._clock()
         k = self._keys.k
-        ekey, lkey = k("e", enc(expert)), k("l", enc(expert))
+        ekey, lkey = k("e", enc(expert)), self._keys.session(expert)
         d = self.records.get(session)
         if d is None:
             e = (await self._etcd.read_many([ekey]))[0]
@@ -264,7 +264,8 @@ class Sessions:
             return
         k = self._keys.k
         await self._etcd.txn(
-            [value_is(k("l", enc(expert)), value)], [put(k("x", enc(expert), session), FOREIGN)]
+            [value_is(self._keys.session(expert), value)],
+            [put(k("x", enc(expert), session), FOREIGN)],
         )
         self._marked.add(session)
 
@@ -309,8 +310,7 @@ class Sessions:
                 raise
 
     async def deregister(self, expert: str, session: str) -> None:
-        k = self._keys.k
-        lkv = (await self._etcd.read_many([k("l", enc(expert))]))[0]
+        lkv = (await self._etcd.read_many([self._keys.session(expert)]))[0]
         if lkv is None or json.loads(lkv.value)["session"] != session:
             return
         await self._end(expert, lkv)
@@ -319,7 +319,7 @@ class Sessions:
         """End the live session whose ``l/`` key is *lkv*: its record says when, and its
         lease is revoked (its session key goes with it, which fences its claims out)."""
         k = self._keys.k
-        lkey, ekey = k("l", enc(expert)), k("e", enc(expert))
+        lkey, ekey = self._keys.session(expert), k("e", enc(expert))
         ekv = (await self._etcd.read_many([ekey]))[0]
         if ekv is not None:
             d = json.loads(ekv.value)
@@ -333,7 +333,7 @@ class Sessions:
         """End *session* if it is *expert*'s current one (its record names it), live or
         lapsed; whether it was. The caller returns its claims."""
         k = self._keys.k
-        lkv, ekv = await self._etcd.read_many([k("l", enc(expert)), k("e", enc(expert))])
+        lkv, ekv = await self._etcd.read_many([self._keys.session(expert), k("e", enc(expert))])
         if ekv is None or json.loads(ekv.value)["session"] != session:
             return False
         if lkv is not None and json.loads(lkv.value)["session"] == session:
@@ -343,7 +343,7 @@ class Sessions:
     async def revoke_lease(self, expert: str) -> bool:
         """Fault injection: revoke the etcd lease of *expert*'s live session, as if it had run
         out (nothing else is written); False when it had none."""
-        kv = (await self._etcd.read_many([self._keys.k("l", enc(expert))]))[0]
+        kv = (await self._etcd.read_many([self._keys.session(expert)]))[0]
         if kv is None:
             return False
         await self.revoke(int(json.loads(kv.value)["lease"]))

@@ -32,7 +32,7 @@ from contend.errors import ConfigError, FencedOut, StoreError, TaskError, Transa
 from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys
 from contend.store.etcd.outcomes import apply_outcome
-from contend.store.etcd.owner import Owned, check_owner, session_key
+from contend.store.etcd.owner import Owned, check_owner
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import PUT, WRITE_RETRIES, Op, delete, get, mod_is, put, value_is
 from contend.store.port import Completion
@@ -63,9 +63,7 @@ class Transactions:
         if mine is not None:
             pair: tuple[Any, Any] = (mine[0], mine[1])  # the commit compares them
         else:
-            t, s = await self.etcd.read_many(
-                [self.keys.task(task_id), session_key(self.keys, expert)]
-            )
+            t, s = await self.etcd.read_many([self.keys.task(task_id), self.keys.session(expert)])
             pair = (t, s)
         checked = check_owner(
             expert, task_id, fence, rules.WRITE_STATES, pair[0], pair[1], self.clock()
@@ -145,7 +143,7 @@ class EtcdTransaction:
         part = self._take()
         keys, etcd = part.keys, part.etcd
         tid, fence = completion.task_id, completion.fence
-        tkey, skey = keys.task(tid), session_key(keys, self.expert)
+        tkey, skey = keys.task(tid), keys.session(self.expert)
         pair, self._first = self._first, None
         for _ in range(WRITE_RETRIES):
             t, c = pair if pair is not None else await etcd.read_many([tkey, skey])
