@@ -7,13 +7,15 @@ checks REV out into a temporary worktree and measures it and this checkout in tu
 each, alternating, so that both meet the same moods of a machine whose speed swings two- to
 threefold within an hour. Each measurement is one child process whose ``PYTHONPATH`` is that
 version's ``src/``; the expert processes it starts inherit it, so they run that version too.
-A child uses the version's own ``contend bench`` parts (``Bench.latency`` and ``Bench.drain``
-with two expert processes), so each version is measured by the code it shipped with.
+A child drains with the version's own ``contend bench`` part (``Bench.drain`` with two expert
+processes), so each version is measured by the code it shipped with; the latency probe is the
+one thing both share, since the versions' own probes started their clocks at different moments.
 
 Per run it prints the drain rate, the experts' CPU per drained task (user + system of the
 expert processes from ``/proc`` while the drain runs, start-up left out), the store server's
 CPU per task over the same span (the PostgreSQL backends of the bench database, or the etcd
-server; none for SQLite) and the idle latency p50/p99; then the medians, the ratios of the
+server; none for SQLite) and the idle latency p50/p99 (submit call to the task's first line, by
+one probe for both versions: ``benchmarks/versions_probe.py``); then the medians, the ratios of the
 medians new/old, and the median of the ratios within each pair (the two versions take turns
 going first). ``--out FILE`` also writes them as JSON.
 
@@ -58,7 +60,11 @@ async def measure(
         argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url, body=body)
     )
     if latency:
-        await bench.latency()
+        # one probe for both versions (benchmarks/versions_probe.py): each version's own
+        # Bench.latency timed from a different moment
+        from benchmarks import versions_probe
+
+        p50, p99 = await versions_probe.latency(bench)
     # The experts' CPU from the moment the tasks fall due to the last one done (Bench.drain
     # calls wait_done then), read from /proc: their start-up, which differs between versions
     # that import different modules, stays out of it.
@@ -87,8 +93,8 @@ async def measure(
         "server_us": server[0] * 1e6 / n,
     }
     if latency:
-        out["latency_p50_ms"] = bench.results["latency_p50_ms"]
-        out["latency_p99_ms"] = bench.results["latency_p99_ms"]
+        out["latency_p50_ms"] = round(p50, 2)
+        out["latency_p99_ms"] = round(p99, 2)
     return out
 
 
