@@ -479,15 +479,15 @@ async def test_a_plain_tasks_end_does_not_wake_the_idle_experts(store: PostgresS
     session = await expert(store)
     got = {c.id: c for c in await store.claim("e1", session, Q, NO_CAPS, limit=10, lease_ttl=10)}
     assert set(got) == {plain.id, limited.id}
-    wakeups = store._wakeups
+    changes = store._wakeups._changes
     await store.wait_for_change(0)
     await store.wait_for_work(0)
-    work_before = wakeups._work_version
+    work_before = changes.work_version
     change = asyncio.create_task(store.wait_for_change(30))
     work = asyncio.create_task(store.wait_for_work(30))
     await asyncio.sleep(0)
     await store.complete("e1", [Completion(plain.id, got[plain.id].fence, "null")])
     await asyncio.wait_for(change, 10)  # the "end" notice is in
-    assert not work.done() and wakeups._work_version == work_before
+    assert not work.done() and changes.work_version == work_before
     await store.complete("e1", [Completion(limited.id, got[limited.id].fence, "null")])
     await asyncio.wait_for(work, 10)  # its limit's slot is free

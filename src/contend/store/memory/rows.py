@@ -5,7 +5,6 @@ dependants settled, and the owner's fenced writes (a task's own transaction amon
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Sequence
 
@@ -13,6 +12,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import JSON, TaskState, unaged
 from contend.domain.transitions import Holding, Outcome
 from contend.errors import FencedOut
+from contend.store._changes import Changes
 from contend.store._common import check_retry_delay, check_ttl
 from contend.store.memory.index import TaskIndex
 from contend.store.memory.records import Row, record_event
@@ -33,26 +33,14 @@ class Rows:
         self._dependents: dict[str, set[str]] = {}
         self._sessions = Sessions()
         self._index = TaskIndex()
-        self._changed = asyncio.Event()
-        self._version = 0
-        #: what wait_for_work watches: changes that may have made a task claimable
-        self._work_changed = asyncio.Event()
-        self._work_version = 0
+        #: what the waits watch; work: changes that may have made a task claimable
+        self._changes = Changes()
+        self._touch = self._changes.touch
         #: set by _apply when an outcome may have made a task claimable
         self._freed = False
         self._done_times: list[tuple[float, str]] = []  # (when, queue) of each success
         self._values: dict[str, tuple[str, int]] = {}  # key -> (JSON text, version)
         self._value_version = 0
-
-    def _touch(self, work: bool = True) -> None:
-        """Wake the waiters for a change; those for work too when *work*."""
-        self._version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-        if work:
-            self._work_version += 1
-            self._work_changed.set()
-            self._work_changed = asyncio.Event()
 
     def _take_freed(self) -> bool:
         """Whether an outcome applied since the last call may have made a task claimable."""

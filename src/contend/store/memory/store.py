@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import islice
@@ -83,8 +81,6 @@ class MemoryStore(Rows):
         super().__init__(clock)
         self.url = url
         self._leaders = Leaders(self._tasks, self._index, self._sessions)
-        self._seen = 0
-        self._work_seen = 0
         self._bids: dict[str, dict[str, tuple[float, float]]] = {}  # task -> expert -> (score, at)
         self._limits = Limits(self._tasks)
         self._auctions: dict[str, tuple[float, float]] = {}  # task -> (closes_at, grace)
@@ -468,24 +464,13 @@ class MemoryStore(Rows):
     async def wait_for_change(self, timeout: float) -> None:
         """Return after the next change of the store, or after *timeout* seconds (``math.inf``:
         no timeout, and no timer)."""
-        if self._version == self._seen:
-            await _wait(self._changed, timeout)
-        self._seen = self._version
+        await self._changes.wait(timeout)
 
     async def wait_for_work(self, timeout: float) -> None:
         """Return after the next change that may have made a task claimable, or after
         *timeout* seconds (``math.inf``: none): not after a plain task's end, a progress
         report or a prune, which change nothing an idle expert could claim."""
-        if self._work_version == self._work_seen:
-            await _wait(self._work_changed, timeout)
-        self._work_seen = self._work_version
-
-
-async def _wait(changed: asyncio.Event, timeout: float) -> None:
-    try:
-        await asyncio.wait_for(changed.wait(), None if timeout == math.inf else timeout)
-    except TimeoutError:
-        pass
+        await self._changes.wait(timeout, work=True)
 
 
 def _dispatches(store: MemoryStore) -> CentralDispatch:

@@ -11,9 +11,10 @@ from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
+from contend.store._sql import task_filter, task_from_row
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
 from contend.store.postgres.database import Cursor, Database, one
-from contend.store.postgres.rows import NOT_CLAIMED, TASK_COLUMNS, row_to_task
+from contend.store.postgres.rows import NOT_CLAIMED, TASK_COLUMNS
 
 
 async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
@@ -34,7 +35,7 @@ async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
                 (task_id,),
             )
             events = tuple(TaskEvent(*e) for e in await cur.fetchall())
-        return row_to_task(row, events)
+        return task_from_row(row, events)
 
     return await db.run(run, tx=history)
 
@@ -49,23 +50,13 @@ async def list_tasks(
     limit: int = 100,
 ) -> list[Task]:
     check_limit(limit)
-    where, params = [], []
-    if state is not None:
-        where.append("state = %s")
-        params.append(str(TaskState(state)))
-    if queue is not None:
-        where.append("queue = %s")
-        params.append(queue)
-    if type is not None:
-        where.append("type = %s")
-        params.append(type)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    clause, params = task_filter(state, queue, type, "%s")
     order = "id DESC" if newest else "id"
     sql = db.sql(f"SELECT {TASK_COLUMNS} FROM {{s}}.tasks {clause} ORDER BY {order} LIMIT %s")
 
     async def run(cur: Cursor) -> list[Task]:
         await cur.execute(sql, (*params, limit))
-        return [row_to_task(r) for r in await cur.fetchall()]
+        return [task_from_row(r) for r in await cur.fetchall()]
 
     return await db.run(run, tx=False)
 
@@ -79,7 +70,7 @@ async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Ta
 
     async def run(cur: Cursor) -> list[Task]:
         await cur.execute(sql, (task_id, limit))
-        return [row_to_task(r) for r in await cur.fetchall()]
+        return [task_from_row(r) for r in await cur.fetchall()]
 
     return await db.run(run, tx=False)
 

@@ -9,14 +9,10 @@ from typing import Any
 
 from contend.domain.payload import decode_args, decode_kwargs
 from contend.domain.task import (
-    JSON,
     Capabilities,
-    Requirements,
-    Task,
-    TaskEvent,
-    TaskState,
     load_trace,
 )
+from contend.store._sql import load
 from contend.store.port import Claimed
 
 TASK_COLUMNS = (
@@ -68,40 +64,6 @@ def caps(capabilities: Capabilities) -> dict[str, str]:
     return params
 
 
-def row_to_task(r: Sequence[Any], history: tuple[TaskEvent, ...] = ()) -> Task:
-    return Task(
-        id=r[0],
-        type=r[1],
-        queue=r[2],
-        state=TaskState(r[3]),
-        priority=r[4],
-        args=decode_args(r[5]),
-        kwargs=decode_kwargs(r[6]),
-        key=r[7],
-        requirements=Requirements.from_json(r[8]),
-        attempts=r[9],
-        max_attempts=r[10],
-        fence=r[11],
-        owner=r[12],
-        lease_deadline=r[13],
-        run_at=r[14],
-        created_at=r[15],
-        updated_at=r[16],
-        timeout=r[17],
-        result=load(r[18]),
-        error=load(r[19]),
-        checkpoint=load(r[20]),
-        depends_on=tuple(r[21] or ()),
-        history=history,
-        progress=load(r[22]),
-        trace=load_trace(r[23]),
-        if_failed=tuple(r[24] or ()),
-        limit_key=r[25],
-        concurrency_limit=r[26],
-        fair=bool(r[27]),
-    )
-
-
 def claimed(r: Sequence[Any]) -> Claimed:
     return Claimed(
         id=r[0],
@@ -118,7 +80,3 @@ def claimed(r: Sequence[Any]) -> Claimed:
         priority=r[11],
         trace=load_trace(r[14]),
     )
-
-
-def load(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)

@@ -21,6 +21,7 @@ from psycopg.rows import TupleRow
 
 from contend.errors import StoreError
 from contend.store._cancel import cancels, check_wanted
+from contend.store._changes import Changes
 from contend.store.postgres.database import ENDED, LOWERED, Database
 from contend.store.postgres.url import parse_postgres_url, safe
 
@@ -40,26 +41,13 @@ class Wakeups:
         self._listener_conn: AsyncConnection[TupleRow] | None = None
         #: opened by start(), not yet listening: the first wait or registration makes it listen
         self._unused_conn: AsyncConnection[TupleRow] | None = None
-        self._changed = asyncio.Event()
-        self._version = 0
-        self._seen = 0
-        #: what wait_for_work watches: notices of work (all but ENDED)
-        self._work_changed = asyncio.Event()
-        self._work_version = 0
-        self._work_seen = 0
+        #: wait_for_work watches its notices of work: all but ENDED
+        self._changes = Changes()
+        self._touch = self._changes.touch
 
     @property
     def listening(self) -> bool:
         return self._listening
-
-    def _touch(self, work: bool = True) -> None:
-        self._version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-        if work:
-            self._work_version += 1
-            self._work_changed.set()
-            self._work_changed = asyncio.Event()
 
     def opening(self) -> None:
         self._closing = False
@@ -186,21 +174,13 @@ class Wakeups:
         """Return on a notification (or a missed one), else after *timeout* seconds; while the
         LISTEN connection is down (or disabled), after at most the poll interval."""
         await self.listen()
-        if self._version == self._seen:
-            await self._wait(self._changed, timeout)
-        self._seen = self._version
+        await self._changes.wait(self._bound(timeout))
 
     async def wait_for_work(self, timeout: float) -> None:
         """As :meth:`wait_for_change`, but not woken by tasks that ended and freed nothing."""
         await self.listen()
-        if self._work_version == self._work_seen:
-            await self._wait(self._work_changed, timeout)
-        self._work_seen = self._work_version
+        await self._changes.wait(self._bound(timeout), work=True)
 
-    async def _wait(self, changed: asyncio.Event, timeout: float) -> None:
-        wait = timeout if self._listening else min(timeout, self._poll_interval)
-        if wait > 0:
-            try:
-                await asyncio.wait_for(changed.wait(), wait)
-            except TimeoutError:
-                pass
+    def _bound(self, timeout: float) -> float:
+        """While not listening, a waiter polls: it returns after the poll interval at most."""
+        return timeout if self._listening else min(timeout, self._poll_interval)

@@ -12,6 +12,7 @@ from contend.domain.limits import FairCandidate, admit, fair_order, rooms
 from contend.domain.scoring import TaskView
 from contend.domain.task import LANE_LEVELS, MAX_PRIORITY, Capabilities, Requirements
 from contend.store._common import check_limit, check_ttl
+from contend.store._sql import load
 from contend.store.port import Claimed
 from contend.store.sqlite.auctions import held_back
 from contend.store.sqlite.connection import Database
@@ -23,7 +24,7 @@ from contend.store.sqlite.limits import (
     throttled,
 )
 from contend.store.sqlite.outcomes import attempts_sql
-from contend.store.sqlite.rows import claimed_from_row, insert_events, load
+from contend.store.sqlite.rows import claimed_from_row, insert_events
 from contend.store.sqlite.sessions import check_session
 
 

@@ -14,9 +14,10 @@ from contend.domain import dispatch as rules
 from contend.domain.scoring import TaskView
 from contend.domain.task import Requirements
 from contend.store._common import check_limit, check_ttl
+from contend.store._sql import load
 from contend.store.port import CentralBacklog
 from contend.store.sqlite.connection import Database
-from contend.store.sqlite.rows import insert_events, load
+from contend.store.sqlite.rows import insert_events
 from contend.store.sqlite.sessions import check_session
 
 

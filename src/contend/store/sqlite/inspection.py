@@ -10,9 +10,9 @@ from contend.domain.limits import KeyState, Rate
 from contend.domain.task import Task, TaskEvent, TaskState
 from contend.errors import TaskNotFound
 from contend.store._common import check_limit
+from contend.store._sql import task_filter, task_from_row
 from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
 from contend.store.sqlite.connection import Database
-from contend.store.sqlite.rows import row_to_task
 from contend.store.sqlite.schema import TASK_COLUMNS
 
 
@@ -32,7 +32,7 @@ async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
                     (task_id,),
                 )
             )
-        return row_to_task(row, events)
+        return task_from_row(row, events, text_json=True)
 
     return await db.retry(run)
 
@@ -47,21 +47,11 @@ async def list_tasks(
     limit: int = 100,
 ) -> list[Task]:
     check_limit(limit)
-    where, params = [], []
-    if state is not None:
-        where.append("state = ?")
-        params.append(str(TaskState(state)))
-    if queue is not None:
-        where.append("queue = ?")
-        params.append(queue)
-    if type is not None:
-        where.append("type = ?")
-        params.append(type)
-    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    clause, params = task_filter(state, queue, type, "?")
     order = "id DESC" if newest else "id"
     sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY {order} LIMIT ?"
     rows = await db.retry(lambda: db.conn.execute(sql, (*params, limit)).fetchall())
-    return [row_to_task(r) for r in rows]
+    return [task_from_row(r, text_json=True) for r in rows]
 
 
 async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Task]:
@@ -76,7 +66,7 @@ async def dependants(db: Database, task_id: str, *, limit: int = 100) -> list[Ta
     )
     needle = json.dumps(task_id)[1:-1]
     rows = await db.retry(lambda: db.conn.execute(sql, (needle, task_id, limit)).fetchall())
-    return [row_to_task(r) for r in rows]
+    return [task_from_row(r, text_json=True) for r in rows]
 
 
 async def ids_with_prefix(db: Database, prefix: str, *, limit: int = 10) -> list[str]:

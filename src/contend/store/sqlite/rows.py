@@ -9,47 +9,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from contend.domain.payload import decode_args, decode_kwargs
-from contend.domain.task import JSON, Requirements, Task, TaskEvent, TaskState, load_trace
+from contend.domain.task import Requirements, TaskState, load_trace
+from contend.store._sql import load
 from contend.store.port import Claimed
 
 #: A row of ``task_events``: task id, at, event, fence, expert, detail ("" for none: see
 #: :func:`insert_events`).
 EventRow = tuple[str, float, str, int, str | None, str]
-
-
-def row_to_task(r: sqlite3.Row | tuple[Any, ...], history: tuple[TaskEvent, ...] = ()) -> Task:
-    """A task from a row of ``TASK_COLUMNS``."""
-    return Task(
-        id=r[0],
-        type=r[1],
-        queue=r[2],
-        state=TaskState(r[3]),
-        priority=r[4],
-        args=decode_args(r[5]),
-        kwargs=decode_kwargs(r[6]),
-        key=r[7],
-        requirements=Requirements.from_json(load(r[8])),
-        attempts=r[9],
-        max_attempts=r[10],
-        fence=r[11],
-        owner=r[12],
-        lease_deadline=r[13],
-        run_at=r[14],
-        created_at=r[15],
-        updated_at=r[16],
-        timeout=r[17],
-        result=load(r[18]),
-        error=load(r[19]),
-        checkpoint=load(r[20]),
-        depends_on=tuple(load(r[21]) or ()),
-        history=history,
-        progress=load(r[22]),
-        trace=load_trace(r[23]),
-        if_failed=tuple(load(r[24]) or ()),
-        limit_key=r[25],
-        concurrency_limit=r[26],
-        fair=bool(r[27]),
-    )
 
 
 def claimed_from_row(r: tuple[Any, ...], deadline: float) -> Claimed:
@@ -105,10 +71,6 @@ def dep_states(db: sqlite3.Connection, ids: set[str]) -> dict[str, TaskState]:
 def chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def load(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
 
 
 def req_json(req: Requirements) -> str | None:
