@@ -43,6 +43,21 @@ def test_rewriting_the_bench_page_keeps_the_marked_sections(tmp_path: Path) -> N
     assert "| task body | sync |" in text and "one submit call of one task" in text
 
 
+def test_rewriting_the_bench_page_keeps_what_was_written_by_hand(tmp_path: Path) -> None:
+    # make bench rewrote the whole page but for the marked sections: the notes and the
+    # same-run comparisons written by hand between them were lost on every run
+    md = tmp_path / "benchmarks.md"
+    results = {"drain_2p_per_s": 1000, "latency_p99_ms": 3.0, "submit_call_p50_ms": 0.5}
+    bench._write(md, "sqlite", results, 100, 8, "sync")
+    by_hand = "## Two versions side by side\n\nmeasured by hand\n"
+    md.write_text(md.read_text() + "\n" + by_hand + "\n" + bench.put_section("", "peers", "| p |"))
+    bench._write(md, "sqlite", {**results, "drain_2p_per_s": 2000}, 100, 8, "sync")
+    text = md.read_text()
+    assert by_hand in text and "| p |" in text
+    assert text.count("<!-- begin bench -->") == 1
+    assert "2,000" in text and "1,000" not in text
+
+
 def test_peers_take_turns_with_contend_and_every_shape_is_measured() -> None:
     order = systems(["sqlite", "postgresql"], ["pgqueuer", "procrastinate", "huey-sqlite"])
     kinds = [s.kind for s in order]

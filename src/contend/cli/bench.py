@@ -400,9 +400,20 @@ def _write(
     }
     md_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    kept = marked_sections(md_path.read_text()) if md_path.exists() else []
-    md_path.write_text(render_markdown(data) + "".join("\n" + block + "\n" for block in kept))
+    old = md_path.read_text() if md_path.exists() else ""
+    if f"<!-- begin {PAGE_SECTION} -->" in old:  # only its own section: the rest is by hand
+        md_path.write_text(put_section(old, PAGE_SECTION, render_markdown(data)))
+        return
+    # A page from before the section: it was all this function's, but for the marked
+    # sections other benchmarks wrote into it.
+    kept = marked_sections(old)
+    page = put_section("", PAGE_SECTION, render_markdown(data)).lstrip("\n")
+    md_path.write_text(page + "".join("\n" + block + "\n" for block in kept))
 
+
+#: The section of the page that ``contend bench`` writes; what lies outside the marked sections
+#: is written by hand and kept.
+PAGE_SECTION = "bench"
 
 _SECTION = re.compile(r"^<!-- begin (\S+) -->\n.*?^<!-- end \1 -->$", re.M | re.S)
 
