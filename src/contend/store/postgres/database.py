@@ -105,6 +105,9 @@ class Database:
         #: whether this instance hears the notices that a task may stand below a floor (its
         #: LISTEN connection is up)
         self.floors_heard = False
+        #: False: every claim walks its queues whole (the contract suite's model wants the
+        #: exact best task of every claim; floors may miss one for up to FULL_EVERY seconds)
+        self.use_floors = True
         self.retry_deadline = retry_deadline
         self._pgbouncer = pgbouncer
         self._pool_size = pool_size
