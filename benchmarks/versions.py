@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -183,6 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             check=False,
             capture_output=True,
         )
+        shutil.rmtree(work, ignore_errors=True)  # the folder the worktree was in
     med = {label: {k: _median(rows, k) for k in KEYS} for label, rows in results.items()}
     ratio = {
         k: (med["new"][k] / med["old"][k]) if med["old"][k] and med["new"][k] else None

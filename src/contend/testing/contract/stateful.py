@@ -147,8 +147,23 @@ class StoreMachine(RuleBasedStateMachine):
         try:
             self.run(self.cm.__aexit__(None, None, None))
         finally:
-            self.loop.close()
-            self.tmp.cleanup()
+            try:
+                self._finish_tasks()
+            finally:
+                self.loop.close()
+                self.tmp.cleanup()
+
+    def _finish_tasks(self) -> None:
+        """What asyncio.run does before it closes its loop: cancel the tasks still pending
+        and let them end. A closed gRPC channel (etcd) leaves tasks that read a call's
+        status; closed under them, the loop reported them as destroyed while pending, and
+        pytest failed the example for those unraisable errors."""
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.run(asyncio.gather(*pending, return_exceptions=True))
+        self.run(self.loop.shutdown_asyncgens())
 
     # -- model helpers -----------------------------------------------------------------------
     def live(self, name: str) -> bool:
