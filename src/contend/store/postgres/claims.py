@@ -446,8 +446,9 @@ async def _lean(
     task or bid that uses a feature, so no claim sees such a task without it."""
     began = floors.clock()
     heard = db.floors_heard
-    use = shape_floors is not None and db.use_floors and shape_floors.use(began, heard)
-    at = shape_floors.floors if use and shape_floors is not None else None
+    at = None
+    if db.use_floors and shape_floors and shape_floors.use(began, heard):
+        at = shape_floors.floors
     sql = db.text(("lean", at is not None, *shape), lambda: db.sql(shape.lean(at is not None)))
     more = floors.params(at, queues) if at is not None else {}
     await cur.execute(sql, db.params(**params, **more))
