@@ -58,6 +58,21 @@ def test_rewriting_the_bench_page_keeps_what_was_written_by_hand(tmp_path: Path)
     assert "2,000" in text and "1,000" not in text
 
 
+def test_a_bench_removes_its_temporary_folder_when_its_process_ends() -> None:
+    # the benchmark harnesses that drive a Bench left its folder, and its SQLite files, behind
+    code = (
+        "import argparse; from contend.cli.bench import Bench; "
+        "b = Bench(argparse.Namespace(quick=True, tasks=1, concurrency=1, store=None)); "
+        "open(b.tmp + '/bench1.db', 'w').write('x'); print(b.tmp)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    folder = Path(done.stdout.strip())
+    assert folder.name.startswith("contend-bench-")
+    assert not folder.exists()
+
+
 def test_peers_take_turns_with_contend_and_every_shape_is_measured() -> None:
     order = systems(["sqlite", "postgresql"], ["pgqueuer", "procrastinate", "huey-sqlite"])
     kinds = [s.kind for s in order]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import platform
@@ -105,6 +106,9 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.tmp = tempfile.mkdtemp(prefix="contend-bench-")
+        # the harnesses that drive a Bench (benchmarks/) never removed it: its SQLite files,
+        # tens of MB a drain, piled up in /tmp
+        atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.n = 2_000 if args.quick else args.tasks
         self.concurrency: int = args.concurrency
         self.results: dict[str, Any] = {}
