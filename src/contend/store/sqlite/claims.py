@@ -299,11 +299,11 @@ async def claim(
     kinds = _types(types)
     outcome = rules.claimed(expert, start=start)
 
-    def run(conn: sqlite3.Connection) -> list[Claimed]:
+    def run(conn: sqlite3.Connection) -> tuple[list[Any], float]:
         now = db.clock()
         check_session(conn, expert, session, now)
         if not queues or not limit or (ids is not None and not ids) or kinds == []:
-            return []
+            return [], now + ttl
         db.caps = capabilities
         held = held_back(conn, expert, now)  # the auctions' order, kept here
         update = (
@@ -325,9 +325,9 @@ async def claim(
         rest = limit - len(given)
         rows = _claim_rest(conn, db, queues, now, ids, kinds, rest, low_lane, held, update, head)
         _spend(conn, rows, now)
-        return _claimed(conn, outcome, given + rows, now, ttl)
+        return _claimed(conn, outcome, given + rows, now), now + ttl
 
-    return await db.tx(run)
+    return _received(*await db.tx(run))
 
 
 def _spend(conn: sqlite3.Connection, rows: list[Any], now: float) -> None:
@@ -395,16 +395,19 @@ def _claim_rest(
 
 
 def _claimed(
-    conn: sqlite3.Connection,
-    outcome: rules.Outcome,
-    rows: list[Any],
-    now: float,
-    ttl: float,
-) -> list[Claimed]:
-    """Write the claims' history lines; what the new owner receives, best first."""
+    conn: sqlite3.Connection, outcome: rules.Outcome, rows: list[Any], now: float
+) -> list[Any]:
+    """Write the claims' history lines; the claimed *rows*, for :func:`_received`."""
     event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
     insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
-    return [claimed_from_row(r, now + ttl) for r in rows]
+    return rows
+
+
+def _received(rows: list[Any], deadline: float) -> list[Claimed]:
+    """What the new owner receives from the ``RETURNING`` *rows* of a claim or a steal, best
+    first. Built after the transaction has committed: decoding the arguments of hundreds of
+    tasks inside it held the write lock that every other expert of the file waits for."""
+    return [claimed_from_row(r, deadline) for r in rows]
 
 
 def _assigned(
@@ -521,7 +524,7 @@ async def steal(
     of_type = "" if kinds is None else f" AND type IN ({','.join('?' * len(kinds))})"
     outcome = rules.stolen(thief, victim)
 
-    def run(conn: sqlite3.Connection) -> list[Claimed]:
+    def run(conn: sqlite3.Connection) -> tuple[list[Any], float]:
         now = db.clock()
         check_session(conn, thief, session, now)
         db.caps = capabilities
@@ -549,6 +552,6 @@ async def steal(
         event, actor, detail = str(outcome.event), outcome.actor, outcome.detail or ""
         insert_events(conn, [(r[0], now, event, r[5], actor, detail) for r in rows])
         rows.sort(key=lambda r: -r[10])  # RETURNING keeps no order: best first
-        return [claimed_from_row(r, now + ttl) for r in rows]
+        return rows, now + ttl
 
-    return await db.tx(run)
+    return _received(*await db.tx(run))
