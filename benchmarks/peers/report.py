@@ -56,6 +56,55 @@ def _f(v: Any, digits: int = 0) -> str:
     return f"{v:,.0f}"
 
 
+#: What contend must reach at its default shape (2 expert processes x concurrency 8), sync and
+#: async bodies alike, on this 2-core machine: (backend, median key, at least?, bound, unit).
+TARGETS: list[tuple[str, str, bool, float, str]] = [
+    ("sqlite", "drain_per_s", True, 20_000, "tasks/s"),
+    ("postgresql", "drain_per_s", True, 15_000, "tasks/s"),
+    ("etcd", "drain_per_s", True, 10_000, "tasks/s"),
+    ("sqlite", "latency_p99_ms", False, 5, "ms"),
+    ("postgresql", "latency_p99_ms", False, 5, "ms"),
+    ("etcd", "latency_p99_ms", False, 10, "ms"),
+    ("sqlite", "submit_call_p50_ms", False, 1.5, "ms"),
+    ("postgresql", "submit_call_p50_ms", False, 1.5, "ms"),
+]
+_MEASURE = {
+    "drain_per_s": "drain",
+    "latency_p99_ms": "idle p99",
+    "submit_call_p50_ms": "one submit call p50",
+}
+
+
+def against_targets(summary: dict[str, Any]) -> list[str]:
+    """The contend rows at the default shape against :data:`TARGETS` (empty when the run
+    measured none of them)."""
+    lines: list[str] = []
+    for backend, key, at_least, bound, unit in TARGETS:
+        for s in summary["systems"]:
+            value = s["median"].get(key)
+            if s["kind"] != "contend" or s["backend"] != backend or value is None:
+                continue
+            if "(default)" not in s["shape"]:
+                continue
+            met = value >= bound if at_least else value <= bound
+            target = f"{'≥' if at_least else '≤'} {_f(bound, 0 if bound >= 100 else 1)} {unit}"
+            body = s["shape"].split(" body")[0]
+            lines.append(
+                f"| {backend}, {body}, {_MEASURE[key]} | {target} "
+                f"| {_f(value, 0 if value >= 100 else 2)} | {'yes' if met else '**no**'} |"
+            )
+    if not lines:
+        return []
+    return [
+        "",
+        "contend at its default shape (2 × 8) against the targets of issue 14 (this machine):",
+        "",
+        "| backend, body, measure | target | measured | met |",
+        "|---|---|---:|:---:|",
+        *lines,
+    ]
+
+
 def tables(summary: dict[str, Any]) -> list[str]:
     lines = [
         "| system | backend | shape | drain (tasks/s) | CPU µs/task (workers + server) "
@@ -84,7 +133,7 @@ def tables(summary: dict[str, Any]) -> list[str]:
             _f(r[k], 2) for k in ("drain_per_s", "cpu_us", "latency_p99_ms", "submit_call_p50_ms")
         ]
         lines.append(f"| {r['contend']} | {r['peer']} | " + " | ".join(cells) + " |")
-    return lines
+    return lines + against_targets(summary)
 
 
 def markdown(summary: dict[str, Any]) -> str:

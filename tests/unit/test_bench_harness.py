@@ -9,6 +9,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from benchmarks.peers.report import against_targets
 from benchmarks.peers.run import System, ratios, systems
 from benchmarks.sustained.chart import by_hand
 from benchmarks.sustained.driver import Plan, recovery, summarise
@@ -96,6 +97,28 @@ def test_ratios_compare_each_contend_shape_with_the_peers_of_its_backend() -> No
     assert row["peer"] == "pgqueuer"
     assert row["drain_per_s"] == 2.0 and row["cpu_us"] == 0.5  # medians 2000 / 1000, 200 / 400
     assert row["latency_p99_ms"] is None  # no figure, no ratio
+
+
+def test_the_default_shape_is_judged_against_the_targets_and_nothing_else() -> None:
+    def row(kind: str, backend: str, shape: str, **median: float) -> dict[str, object]:
+        return {"kind": kind, "backend": backend, "shape": shape, "median": median}
+
+    summary = {
+        "systems": [
+            row("contend", "etcd", "sync body, 2 × 8 (default)", drain_per_s=9_000.0),
+            row("contend", "etcd", "sync body, 2 × 512 (tuned)", drain_per_s=12_000.0),
+            row("pgqueuer", "postgresql", "async body, 2 workers", latency_p99_ms=1.0),
+            row("contend", "sqlite", "async body, 2 × 8 (default)", latency_p99_ms=4.99),
+            row("contend", "postgresql", "sync body, 2 × 8 (default)", submit_call_p50_ms=1.6),
+        ]
+    }
+    rows = [line for line in against_targets(summary) if line.startswith("| ")][1:]
+    assert rows == [  # in the targets' order; the tuned shape and the peers are not judged
+        "| etcd, sync, drain | ≥ 10,000 tasks/s | 9,000 | **no** |",
+        "| sqlite, async, idle p99 | ≤ 5.0 ms | 4.99 | yes |",
+        "| postgresql, sync, one submit call p50 | ≤ 1.5 ms | 1.60 | **no** |",
+    ]
+    assert against_targets({"systems": summary["systems"][1:3]}) == []  # tuned and peers only
 
 
 def test_sustained_figures_per_window_and_recovery_after_the_hold() -> None:
