@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import shutil
@@ -60,6 +61,8 @@ async def measure(
     bench = Bench(
         argparse.Namespace(quick=False, tasks=n, concurrency=concurrency, store=url, body=body)
     )
+    # an older version's Bench leaves its temporary folder (SQLite files, tens of MB) behind
+    atexit.register(shutil.rmtree, bench.tmp, ignore_errors=True)
     if latency:
         # one probe for both versions (benchmarks/versions_probe.py): each version's own
         # Bench.latency timed from a different moment
