@@ -404,9 +404,9 @@ def _claimed(
 
 
 def _received(rows: list[Any], deadline: float) -> list[Claimed]:
-    """What the new owner receives from the ``RETURNING`` *rows* of a claim or a steal, best
-    first. Built after the transaction has committed: decoding the arguments of hundreds of
-    tasks inside it held the write lock that every other expert of the file waits for."""
+    """What the new owner receives from the ``RETURNING`` *rows* of a claim or a steal, in
+    their order. Built after the transaction has committed: decoding the arguments of hundreds
+    of tasks inside it held the write lock that every other expert of the file waits for."""
     return [claimed_from_row(r, deadline) for r in rows]
 
 
