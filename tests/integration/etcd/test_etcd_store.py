@@ -1321,7 +1321,7 @@ async def test_a_schema_4_store_is_upgraded_in_place_when_no_expert_lives(
     await new.open()
     try:
         meta = json.loads((await new._etcd.read_many([new._keys.k("meta")]))[0].value)
-        assert meta["schema"] == 5 and meta["store"] == json.loads(four)["store"]
+        assert meta["schema"] == 6 and meta["store"] == json.loads(four)["store"]
         s = await new.register_expert(ExpertInfo("e"), 30)
         (c,) = await new.claim("e", s, Q, ANY, limit=1, lease_ttl=30)
         assert c.id == t.id

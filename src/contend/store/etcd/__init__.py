@@ -15,6 +15,7 @@ layout, leases and clocks, running etcd for contend, failures, figures and limit
 ``claims``          claims and steals
 ``owner``           owner writes (start, checkpoint, complete, fail, release) and refusals
 ``outcomes``        applying an outcome the domain decided to a task record, and its keys
+``ownership``       ownership keys: one per claim Txn, listing what a session may hold
 ``sessions``        experts' sessions: register, keep-alive, renew, deregister
 ``housekeeping``    expire(): lapsed sessions' tasks, empty levels, old experts, compaction
 ``dependants``      waiters of a task that ended

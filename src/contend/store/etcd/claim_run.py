@@ -18,6 +18,7 @@ from contend.store.etcd.candidates import Rank, rank_of
 from contend.store.etcd.levels import RISE_OPS, LevelRead
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import remember_owned
+from contend.store.etcd.ownership import batch_value
 from contend.store.etcd.payloads import Args, read_payloads
 from contend.store.etcd.rates import RateState, rate_state, rooms_of, spend_ops
 from contend.store.etcd.record import KV, Record
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
 
 #: After a rival wins one of its claim batches, an instance spreads its claims this many seconds.
 CONTENDED_FOR = 2.0
-#: The most operations one task's claim puts in a transaction (3 puts, the index delete); its
-#: compares are fewer (the record, and an auction's two).
-CLAIM_OPS = 4
+#: The most operations one task's claim puts in a transaction (the record, the index delete,
+#: a central task's assignment); its compares are fewer (the record, and an auction's two).
+#: The Txn puts one ownership key more for all its tasks (ownership.py).
+CLAIM_OPS = 3
 #: How many times one claim reads an auctioned task again when its auction moved under it.
 AUCTION_RETRIES = 3
 #: How many times one claim tries again, on fresh counts, tasks whose limit key's holders
@@ -149,7 +151,7 @@ class ClaimRun:
         """Rounds: try as many candidates as claims are still wanted, in order, until enough
         were won or the candidates ran out. The tries of a round are grouped into as few
         transactions as etcd's operation limit allows, committed concurrently."""
-        room = self.claims.etcd.max_ops - 1 - RISE_OPS
+        room = self.claims.etcd.max_ops - 2 - RISE_OPS  # the meta compare, the ownership key
         won = self.won
         rest = cands
         tried: set[str] = set()
@@ -318,11 +320,7 @@ class ClaimRun:
         return (
             # pending as read, with its auction as read
             [mod_is(t.key, t.mod_revision), *(turn.compares if turn is not None else ())],
-            [
-                put(t.key, rec.dumps()),
-                put(keys.held(who.expert, tid), f"{rec.fence} {who.session}"),
-                *ops,
-            ],
+            [put(t.key, rec.dumps()), *ops],
             rec,
         )
 
@@ -341,15 +339,26 @@ class ClaimRun:
     def _contended(self) -> None:
         self.claims.contended_until = time.monotonic() + CONTENDED_FOR
 
+    def _owning(self, recs: Sequence[Record]) -> tuple[bytes, Op]:
+        """A new ownership key for the tasks of one claim Txn, and its put."""
+        who = self.claimant
+        key = self.claims.batches.key(self.claims.keys, who.expert, who.session)
+        return key, put(key, batch_value(r.id for r in recs))
+
+    def _owned(self, key: bytes, recs: Sequence[Record]) -> None:
+        """The claim Txn that put the ownership key *key* for *recs* landed."""
+        self.claims.batches.opened(key, self.claimant.session, {r.id: r.fence for r in recs})
+
     async def _one(self, tid: str, t: Any, a: Any, c: Any) -> None:
         """One claim transaction for one task (the fallback when a batch lost a race)."""
         cmp, ops, rec = self._prepare(tid, t)
         levels = self.claims.levels
         up = levels.rises([tid], self.reads)
         lim = self._limits([rec])
+        bkey, owning = self._owning([rec])
         resp = await self.claims.etcd.commit(
             [*cmp, *lim.compares, value_is(self.session_key, self.claimant.value)],
-            [*ops, *lim.puts, *up],
+            [*ops, owning, *lim.puts, *up],
             [get(self.session_key)],
         )
         if resp is not None and not resp.succeeded:
@@ -375,6 +384,7 @@ class ClaimRun:
         levels.risen(up)
         rev = resp.header.revision if resp is not None else 0
         self._spent(lim, rev)
+        self._owned(bkey, [rec])
         self._finish(tid, a, c, rec, ops, rev)
 
     async def _group(self, group: list[Try]) -> None:
@@ -390,19 +400,21 @@ class ClaimRun:
             plans = [self._prepare(tid, t) for tid, t, _, _ in group]
             up = levels.rises([g[0] for g in group], self.reads)
             lim = self._limits([p[2] for p in plans])
+            bkey, owning = self._owning([p[2] for p in plans])
             resp = await self.claims.etcd.commit(
                 [
                     *(x for p in plans for x in p[0]),
                     *lim.compares,
                     value_is(self.session_key, self.claimant.value),
                 ],
-                [*(x for p in plans for x in p[1]), *lim.puts, *up],
+                [*(x for p in plans for x in p[1]), owning, *lim.puts, *up],
                 [get(self.session_key), *lim.again],
             )
             if resp is None or resp.succeeded:
                 levels.risen(up)
                 rev = resp.header.revision if resp is not None else 0
                 self._spent(lim, rev)
+                self._owned(bkey, [p[2] for p in plans])
                 for (tid, _, a, c), (_, ops, rec) in zip(group, plans, strict=True):
                     self._finish(tid, a, c, rec, ops, rev)
                 return

@@ -2,9 +2,9 @@
 
 A claim compares, for each task, the task key's ``mod_revision`` with the one read (the task
 was pending then), and that the expert's session key still holds its session; then for each
-task it puts the task record (fence + 1, attempts + 1, the owner and session) and the
-ownership key ``a/{expert}/{task}``, deletes the index key, and raises the floors of the
-levels it took from. Nothing is put on the session's lease but its session key: the owner's
+task it puts the task record (fence + 1, attempts + 1, the owner and session) and deletes
+the index key; it puts one ownership key for all its tasks, ``h/{expert}/{session}/{batch}``
+(ownership.py), and raises the floors of the levels it took from. Nothing is put on the session's lease but its session key: the owner's
 writes compare that key, so the claim lapses with the session. The tasks of one claim
 share a Txn (as many as ``max_txn_ops`` allows); when a rival took some of them, one read
 tells which, and the others are claimed together in the next Txn. A steal is a fenced
@@ -53,15 +53,16 @@ from contend.store.etcd.claim_run import (
     claimed,
 )
 from contend.store.etcd.dispatch import given, given_reads
-from contend.store.etcd.keys import Keys, enc, unenc
+from contend.store.etcd.keys import Keys
 from contend.store.etcd.levels import LevelRead, Levels
 from contend.store.etcd.outcomes import apply_outcome
 from contend.store.etcd.owner import Owned
+from contend.store.etcd.ownership import batch_value, parse_held
 from contend.store.etcd.payloads import read_payloads
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
-from contend.store.etcd.txn import delete, get, mod_is, put, value_is
+from contend.store.etcd.txn import get, mod_is, put, value_is
 from contend.store.port import Claimed
 
 
@@ -83,6 +84,7 @@ class Claims:
         self._clock = clock
         self._sessions = sessions
         self.claimed = sessions.claimed  # what renew() reads back
+        self.batches = sessions.batches  # the ownership keys this instance put
         self.levels = levels
         self.owned = owned
         self.contended_until = 0.0
@@ -258,20 +260,16 @@ class Claims:
     ) -> list[Any]:
         """Task KeyValues of the victim's claimed, unstarted tasks of these queues (and
         *types*) that *capabilities* can run, the best first: from its live session's
-        ownership keys (a/{victim}/; a read that walks the ones deleted since the last
-        compaction: steals are rare, at the end of a burst)."""
+        ownership keys (h/{victim}/{session}/; a read that walks the ones deleted since the
+        last compaction: steals are rare, at the end of a burst)."""
         kinds = None if types is None else set(types)
         keys = self.keys
         live = (await self.etcd.read_many([keys.session(victim)]))[0]
         if live is None:
             return []
         session = json.loads(live.value)["session"]
-        abase = keys.k("a", enc(victim), "")
-        held = [
-            unenc(kv.key[len(abase) :].decode())
-            for kv in await self.etcd.scan(abase)
-            if kv.value.decode().partition(" ")[2] == session
-        ]
+        kvs = await self.etcd.scan(keys.batches(victim, session))
+        held = list(dict.fromkeys(tid for tid, _, _ in parse_held(keys, victim, kvs)))
         reads = await self.etcd.read_many([keys.task(t) for t in held])
         qs = set(queues)
         loot: list[tuple[tuple[int, float, str], Any]] = []
@@ -305,19 +303,18 @@ class Claims:
         rec.lease_deadline = now + thief.ttl
         moves = apply_outcome(keys, rec, rules.stolen(thief.expert, victim), now)
         session_key = keys.session(thief.expert)
+        # the victim's ownership key stays: it lists the task, whose record now names the
+        # thief (ownership.py)
+        bkey = self.batches.key(keys, thief.expert, thief.session)
         resp = await self.etcd.commit(
             [mod_is(t.key, t.mod_revision), value_is(session_key, thief.value)],
-            [
-                put(t.key, rec.dumps()),
-                delete(keys.held(victim, tid)),
-                put(keys.held(thief.expert, tid), f"{rec.fence} {thief.session}"),
-                *moves,
-            ],
+            [put(t.key, rec.dumps()), put(bkey, batch_value([tid])), *moves],
             [get(session_key)],
         )
         if resp is not None and not resp.succeeded:
             kvs = resp.responses[0].response_range.kvs
             # the victim started it, or someone else stole it first
             return None, not kvs or kvs[0].value != thief.value
+        self.batches.opened(bkey, thief.session, {tid: rec.fence})
         ((a, _, ck),) = await read_payloads(self.etcd, keys, [rec], result=False)
         return claimed(rec, a if a is not None else ([], {}), ck, now + thief.ttl), False

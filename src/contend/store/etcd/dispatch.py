@@ -27,11 +27,12 @@ from typing import Any
 
 from contend.domain import dispatch as rules
 from contend.domain.scoring import TaskView
-from contend.domain.task import Capabilities, Requirements, TaskState, aged_priority
+from contend.domain.task import OWNED_STATES, Capabilities, Requirements, TaskState, aged_priority
 from contend.errors import StoreError
 from contend.store._common import check_limit, check_ttl, session_not_live
 from contend.store.etcd.candidates import Rank, runnable_now
-from contend.store.etcd.keys import PRIORITY_BASE, Keys, enc, micros, prefix_end, unenc
+from contend.store.etcd.keys import PRIORITY_BASE, Keys, micros, prefix_end, unenc
+from contend.store.etcd.ownership import parse_held
 from contend.store.etcd.record import Record, index_json, index_limit_key, index_value
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.txn import WRITE_RETRIES, Op, absent, delete, get, mod_is, put, value_is
@@ -277,9 +278,34 @@ class Dispatch:
         for q in qs:
             need += await self._unassigned(q, now, limit)
         need.sort()
-        counted = await etcd.counts([keys.k("a", enc(e), "") for e in alive])
-        held = {e: n for e, (n, _) in zip(alive, counted, strict=True) if n}
-        return CentralBacklog([view_of(e) for e in need[:limit]], assigned, held)
+        return CentralBacklog([view_of(e) for e in need[:limit]], assigned, await self._held(alive))
+
+    async def _held(self, experts: Sequence[str]) -> dict[str, int]:
+        """{expert: tasks it holds}: the records of the tasks its ownership keys list
+        (ownership.py), counted where they name it in an owned state."""
+        etcd, keys = self._etcd, self._keys
+        lists: list[Any] = []
+        for i in range(0, len(experts), etcd.max_ops):
+            chunk = experts[i : i + etcd.max_ops]
+            lists += await etcd.reads([get(keys.batches(e), prefix=True) for e in chunk])
+        # a task stolen, or claimed again by another, is listed under each of them
+        pairs = dict.fromkeys(
+            (tid, e)
+            for e, resp in zip(experts, lists, strict=True)
+            for tid, _, _ in parse_held(keys, e, resp.kvs)
+        )
+        tids = list(dict.fromkeys(tid for tid, _ in pairs))
+        kvs = await etcd.read_many([keys.task(t) for t in tids])
+        owners = {
+            tid: rec.owner
+            for tid, kv in zip(tids, kvs, strict=True)
+            if kv is not None and (rec := Record.loads(kv.value)).state in OWNED_STATES
+        }
+        held: dict[str, int] = {}
+        for tid, e in pairs:
+            if owners.get(tid) == e:
+                held[e] = held.get(e, 0) + 1
+        return held
 
     async def _unassigned(self, queue: str, now: float, limit: int) -> list[Entry]:
         """The due unassigned tasks of *queue*, up to *limit* of each priority level (the

@@ -19,6 +19,7 @@ from contend.store.etcd.auctions import Auctions
 from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys, enc, prefix_end, unenc
 from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.ownership import parse_held, parse_legacy
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Sessions
@@ -28,6 +29,8 @@ from contend.store.etcd.txn import absent, delete, get, mod_is, put
 LEVEL_SWEEP = 60.0
 #: Expert records whose session ended this long ago are removed by expire().
 EXPERT_RETENTION = 3600.0
+#: (task, session, ownership key) of a task an ownership key lists.
+Held = tuple[str, str, bytes]
 
 
 class Housekeeping:
@@ -58,15 +61,10 @@ class Housekeeping:
     async def expire(self) -> int:
         ended: list[str] = []  # tasks that died with waiters to tell
         moved = 0
-        for marker, session, lapsed in await self._ended_sessions():
-            settled = True
-            for i in range(0, len(lapsed), 64):  # an expert that held many tasks died: in parallel
-                got = await asyncio.gather(
-                    *(self._return(t, k, session, ended) for t, k in lapsed[i : i + 64])
-                )
-                moved += sum(m for m, _ in got)
-                settled = settled and all(s for _, s in got)
-            if settled:  # every claim of the session is dealt with: forget the session
+        for marker, lapsed in await self._ended_sessions():
+            n, done = await self._return_all(lapsed, ended)
+            moved += n
+            if all(done.values()):  # every claim of the session is dealt with: forget the session
                 await self._etcd.txn([], [delete(marker)])
         await self._dependants.settle_many(ended)
         # Repair: endings whose waiters were not settled (a crash right after the ending).
@@ -86,64 +84,86 @@ class Housekeeping:
         name holds: this session's, and any an earlier session of the name left behind."""
         if not await self._sessions.end(expert, session):
             return 0
-        k = self._keys.k
-        abase = k("a", enc(expert), "")
-        held = [
-            (unenc(akv.key[len(abase) :].decode()), akv.key, akv.value.decode().partition(" ")[2])
-            for akv in await self._etcd.scan(abase)
-        ]
+        held = await self._held_by(expert)
         ended: list[str] = []
-        got = await asyncio.gather(
-            *(self._return(t, a, held_by, ended, session_ended=True) for t, a, held_by in held)
-        )
-        if all(settled for (_, settled), (_, _, s) in zip(got, held, strict=True) if s == session):
-            await self._etcd.txn([], [delete(k("x", enc(expert), session))])
+        moved, done = await self._return_all(held, ended, session_ended=True)
+        if all(ok for (_, s), ok in done.items() if s == session):
+            await self._etcd.txn([], [delete(self._keys.k("x", enc(expert), session))])
         await self._dependants.settle_many(ended)
         self._touch()
-        return sum(moved for moved, _ in got)
+        return moved
+
+    async def _held_by(self, expert: str, session: str | None = None) -> list[Held]:
+        """(task, session, ownership key) of each task *expert*'s ownership keys list (of
+        *session* only, when given): the batch keys, and schema 5's a/ keys an upgraded store
+        may keep of a session that ended before the upgrade."""
+        keys = self._keys
+        batches, legacy = await asyncio.gather(
+            self._etcd.scan(keys.batches(expert, session)),
+            self._etcd.scan(keys.legacy_held(expert)),
+        )
+        out = parse_held(keys, expert, batches) + parse_legacy(keys, expert, legacy)
+        return out if session is None else [h for h in out if h[1] == session]
+
+    async def _return_all(
+        self, held: list[Held], ended: list[str], *, session_ended: bool = False
+    ) -> tuple[int, dict[tuple[str, str], bool]]:
+        """Return the tasks *held* lists that their session still holds, and delete the
+        ownership keys whose tasks are all dealt with: (tasks moved, {(task, session):
+        whether the session no longer holds it})."""
+        pairs = list(dict.fromkeys((tid, session) for tid, session, _ in held))
+        done: dict[tuple[str, str], bool] = {}
+        moved = 0
+        for i in range(0, len(pairs), 64):  # an expert that held many tasks died: in parallel
+            chunk = pairs[i : i + 64]
+            got = await asyncio.gather(
+                *(self._return(t, s, ended, session_ended=session_ended) for t, s in chunk)
+            )
+            moved += sum(m for m, _ in got)
+            done.update(zip(chunk, (s for _, s in got), strict=True))
+        keys_of: dict[bytes, bool] = {}
+        for tid, session, key in held:
+            keys_of[key] = keys_of.get(key, True) and done[(tid, session)]
+        gone = [key for key, ok in keys_of.items() if ok]
+        step = self._etcd.max_ops
+        for i in range(0, len(gone), step):
+            await self._etcd.txn([], [delete(k) for k in gone[i : i + step]])
+        return moved, done
 
     async def _return(
-        self,
-        tid: str,
-        akey: bytes,
-        session: str,
-        ended: list[str],
-        *,
-        session_ended: bool = False,
+        self, tid: str, session: str, ended: list[str], *, session_ended: bool = False
     ) -> tuple[bool, bool]:
-        """Return one task of an ended session to pending (or dead): (moved, settled),
-        settled meaning that its a/ key is gone. A task that died with waiters joins
-        *ended*."""
+        """Return one task of an ended session to pending (or dead), if that session still
+        holds it: (moved, settled), settled meaning that the session no longer holds it. A
+        task that died with waiters joins *ended*."""
         etcd, keys = self._etcd, self._keys
         tkey = keys.task(tid)
         t = (await etcd.read_many([tkey]))[0]
         if t is None:
-            await etcd.txn([], [delete(akey)])
             return False, True
         rec = Record.loads(t.value)
         if rec.state not in OWNED_STATES or rec.session != session:
-            done = await etcd.txn([mod_is(tkey, t.mod_revision)], [delete(akey)])
-            return False, bool(done.succeeded)
+            return False, True
         now = self._clock()
-        prev = rec.owner
-        outcome = rules.expired(prev, rec.attempts, rec.max_attempts, session_ended=session_ended)
-        # The outcome ends the ownership (the owner's a/ key); the a/ key found goes too when
-        # it is another one. The session has ended for good (a new one has another id), so
-        # the task as read is all there is to compare.
-        ops = [] if prev is not None and keys.held(prev, tid) == akey else [delete(akey)]
-        ops += apply_outcome(keys, rec, outcome, now)
+        outcome = rules.expired(
+            rec.owner, rec.attempts, rec.max_attempts, session_ended=session_ended
+        )
+        # The session has ended for good (a new one has another id), so the task as read is
+        # all there is to compare.
+        ops = apply_outcome(keys, rec, outcome, now)
         ops.append(put(tkey, rec.dumps()))
         resp = await etcd.txn([mod_is(tkey, t.mod_revision)], ops)
         if resp.succeeded and outcome.ends and rec.has_waiters:
             ended.append(tid)
         return bool(resp.succeeded), bool(resp.succeeded)
 
-    async def _ended_sessions(self) -> list[tuple[bytes, str, list[tuple[str, bytes]]]]:
-        """(marker key, session, [(task id, a/ key)]) of each session that has ended with its
-        marker still there: the claims it held. Sessions are found from their x/ markers and
-        the live l/ keys, read at one revision (a session's l/ key and marker are written
-        together); only the a/ keys of an ended session's expert are read, not every claim of
-        every expert with the deleted ones etcd keeps until compaction."""
+    async def _ended_sessions(self) -> list[tuple[bytes, list[Held]]]:
+        """(marker key, [(task, session, ownership key)]) of each session that has
+        ended with its marker still there: the claims it held. Sessions are found from their
+        x/ markers and the live l/ keys, read at one revision (a session's l/ key and marker
+        are written together); only the ownership keys of an ended session's expert are read,
+        not every claim of every expert with the deleted ones etcd keeps until
+        compaction."""
         etcd, k = self._etcd, self._keys.k
         xbase, lbase = k("x", ""), k("l", "")
         reads = await etcd.reads([get(xbase, prefix=True, keys_only=True), get(lbase, prefix=True)])
@@ -154,12 +174,8 @@ class Housekeeping:
             expert, _, session = kv.key[len(xbase) :].decode().partition("/")
             if live.get(expert.encode()) == session:
                 continue
-            held = []
-            abase = k("a", expert, "")
-            for akv in await etcd.scan(abase):
-                if akv.value.decode().partition(" ")[2] == session:
-                    held.append((unenc(akv.key[len(abase) :].decode()), akv.key))
-            out.append((kv.key, session, held))
+            held = await self._held_by(unenc(expert), session)
+            out.append((kv.key, held))
         return out
 
     async def _sweep_levels(self) -> None:

@@ -64,9 +64,22 @@ class Keys:
         which every owner write compares."""
         return self.k("l", enc(expert))
 
-    def held(self, expert: str, tid: str) -> bytes:
-        """``a/{expert}/{task}``: the ownership key, without a lease."""
-        return self.k("a", enc(expert), enc(tid))
+    def batch(self, expert: str, session: str, batch: str) -> bytes:
+        """``h/{expert}/{session}/{batch}``: an ownership key, the tasks one claim Txn took
+        (ownership.py), without a lease."""
+        return self.k("h", enc(expert), enc(session), batch)
+
+    def batches(self, expert: str, session: str | None = None) -> bytes:
+        """``h/{expert}/``: the prefix of an expert's ownership keys (of one session:
+        ``h/{expert}/{session}/``)."""
+        if session is None:
+            return self.k("h", enc(expert), "")
+        return self.k("h", enc(expert), enc(session), "")
+
+    def legacy_held(self, expert: str) -> bytes:
+        """``a/{expert}/``: the prefix of schema 5's ownership keys, one per task; an upgraded
+        store may keep some of a session that ended before it (expire() returns them)."""
+        return self.k("a", enc(expert), "")
 
     def holders(self, limit_key: str) -> bytes:
         """``n/{limit key}/``: the prefix of the holder keys of a limit key, one

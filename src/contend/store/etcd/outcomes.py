@@ -2,7 +2,7 @@
 
 The store decides nothing here: an :class:`~contend.domain.transitions.Outcome` says what the
 task becomes, and apply_outcome() writes it into the record and returns the operations on the
-other keys the move touches (the priority index, the ownership keys, the holder key of a task
+other keys the move touches (the priority index, the holder key of a task
 with a concurrency limit, a result too big for the record, the end marker its waiters are told
 by). The caller puts the record, in the one Txn that also compares what it checked (fence,
 owner, claim)."""
@@ -20,10 +20,10 @@ P = TaskState.PENDING
 KEEP = Attempts.KEEP
 
 
-def unown(keys: Keys, rec: Record, expert: str) -> list[Op]:
-    """Operations that end *expert*'s ownership of *rec* (its record is put separately)."""
+def unown(rec: Record) -> None:
+    """End the ownership of *rec* (its record is put separately). The ownership key of the
+    claim stays: it lists the task, whose record no longer names the owner (ownership.py)."""
     rec.owner, rec.session, rec.lease_deadline = None, None, None
-    return [delete(keys.held(expert, rec.id))]
 
 
 def ended_marker(keys: Keys, rec: Record) -> list[Op]:
@@ -54,7 +54,7 @@ def apply_outcome(keys: Keys, rec: Record, outcome: Outcome, now: float) -> list
     if rec.limit is not None and was_held != (state in OWNED_STATES):
         ops += holding(keys, rec, not was_held)
     if not outcome.owned and rec.owner is not None:
-        ops += unown(keys, rec, rec.owner)
+        unown(rec)
     if rec.indexed and state != P:
         ops += leave_pending(keys, rec)
     if state != P:

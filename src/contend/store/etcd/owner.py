@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from contend.domain import transitions as rules
@@ -23,10 +23,11 @@ from contend.store._common import check_retry_delay
 from contend.store.etcd.dependants import Dependants
 from contend.store.etcd.keys import Keys
 from contend.store.etcd.outcomes import apply_outcome
+from contend.store.etcd.ownership import Batches
 from contend.store.etcd.record import KV, Record
 from contend.store.etcd.rpc import Etcd
 from contend.store.etcd.sessions import Claimed
-from contend.store.etcd.txn import WRITE_RETRIES, Op, mod_is, put, value_is
+from contend.store.etcd.txn import WRITE_RETRIES, Op, delete, mod_is, put, value_is
 from contend.store.port import Completion, Failure
 
 #: How many claimed tasks' keys one store instance remembers, to write them without a read.
@@ -91,6 +92,7 @@ class OwnerWrites:
         clock: Callable[[], float],
         owned: Owned,
         claimed: Claimed,
+        batches: Batches,
         dependants: Dependants,
         touch: Callable[[bool], None],
     ) -> None:
@@ -99,6 +101,7 @@ class OwnerWrites:
         self._clock = clock
         self._owned = owned
         self._claimed = claimed
+        self._batches = batches
         self._dependants = dependants
         self._touch = touch
 
@@ -179,11 +182,13 @@ class OwnerWrites:
 
             return ops
 
-        out = await self._write_many(expert, items, states, apply)
+        leaving = {n for n, o in enumerate(outcomes) if not o.owned}
+        out = await self._write_many(expert, items, states, apply, leaving)
         landed = [n for n, res in enumerate(out) if res is None]
         for n in landed:
-            if not outcomes[n].owned:
+            if n in leaving:
                 self._claimed.forget(items[n][0])
+                self._batches.left(*items[n])
         await self._dependants.settle_many([items[n][0] for n in landed if items[n][0] in ended])
         left = [n for n in landed if not outcomes[n].owned]
         if left:
@@ -230,18 +235,26 @@ class OwnerWrites:
         items: Sequence[tuple[str, int]],
         states: States,
         apply: Callable[[int], Apply],
+        leaving: Collection[int] = (),
     ) -> list[FencedOut | None]:
         """Owner writes of a batch: one read for all, then the writes that pass the checks
         grouped into as few transactions as etcd's operation limit allows (each compares
         every task's revision and the session key), committed concurrently. When a group's
         transaction fails because one of its tasks moved, each of its tasks is written on
-        its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item."""
+        its own (re-read and re-checked). *apply(n)* gives the operations of the n-th item;
+        the items *leaving* end their ownership, and a group's Txn deletes the ownership
+        keys that list no other task still held (ownership.py)."""
         known, checks = await self._read_owned(expert, items, states)
         out: list[FencedOut | None] = [None] * len(items)
         groups = self._group(expert, items, states, apply, known, checks, out)
+        max_ops = self._etcd.max_ops
 
         async def write(group: list[tuple[int, list[Any], list[Any]]]) -> None:
-            if await self._commit_group(group):
+            ends = {items[n][0]: items[n][1] for n, _, _ in group if n in leaving}
+            room = max_ops - sum(len(ops) for _, _, ops in group)
+            closing = self._batches.closing(ends)[: max(0, room)] if ends else []
+            if await self._commit_group(group, [delete(k) for k in closing]):
+                self._batches.deleted(closing)
                 return
             results = await asyncio.gather(
                 *(
@@ -326,18 +339,15 @@ class OwnerWrites:
             n_ops += len(ops)
         return groups
 
-    async def _commit_group(self, group: list[tuple[int, list[Any], list[Any]]]) -> bool:
-        """Commit a group's writes in one transaction; False when one of its tasks moved."""
-        if len(group) > 1:
-            resp = await self._etcd.commit(
-                [x for _, cmp, _ in group for x in cmp],
-                [x for _, _, ops in group for x in ops],
-            )
-            if resp is None or resp.succeeded:
-                return True
-        elif group:
-            _, cmp, ops = group[0]
-            resp = await self._etcd.commit(cmp, ops)
-            if resp is None or resp.succeeded:
-                return True
-        return False
+    async def _commit_group(
+        self, group: list[tuple[int, list[Any], list[Any]]], more: list[Op]
+    ) -> bool:
+        """Commit a group's writes, and the operations *more*, in one transaction; False
+        when one of its tasks moved."""
+        if not group:
+            return False
+        resp = await self._etcd.commit(
+            [x for _, cmp, _ in group for x in cmp],
+            [*(x for _, _, ops in group for x in ops), *more],
+        )
+        return resp is None or bool(resp.succeeded)

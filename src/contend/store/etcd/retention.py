@@ -10,8 +10,8 @@ at a random creation time between the head's end and *before*, so that a backlog
 unfinished tasks at the head cannot keep every later pass from the finished tasks behind it.
 
 A task goes with every key it owns: its record, ``d/{task}/`` (payloads, checkpoint), its
-``k/`` key when that still names it, ``a/``, ``q/`` (none once finished, deleted all
-the same), its auction (``u/``, ``b/``), its edges as a waiter (``w/{dependency}/{task}``) and
+``k/`` key when that still names it, ``q/`` (none once finished, deleted all the
+same), its auction (``u/``, ``b/``), its edges as a waiter (``w/{dependency}/{task}``) and
 as a dependency (``w/{task}/``). A task with an ``s/`` marker (its waiters not yet told) or
 with an edge of a waiting waiter stays; one that has told its waiters (settle() deletes the
 edges) goes even while they wait on other tasks: nothing reads it any more. Each deletion compares the record's ``mod_revision``: a task
@@ -201,8 +201,6 @@ class Retention:
             kk = keys.k("k", enc(rec.key))
             cmp.append(value_is(kk, tid.encode()))
             ops.append(delete(kk))
-        if rec.owner is not None:
-            ops.append(delete(keys.held(rec.owner, tid)))
         if rec.indexed:
             ops.append(delete(keys.pending(rec)))
         if edges:

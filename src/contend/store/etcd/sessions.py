@@ -11,9 +11,10 @@ The ``l/`` key is the only key on a lease: an owner write compares it, so a task
 lapses with its owner's session, with no key of its own on the lease (schema 4 had a claim
 key ``c/{task}`` there; attaching and detaching it cost etcd a third of its CPU per task).
 What a session holds, renew() reads from the records of the tasks this instance claimed for
-it (``Claimed``). A claim through another instance than the one that registered the session
-(two store objects in one test; never an expert) first marks the session's x/ key
-``foreign``, and renew() of such a session reads its a/ keys instead."""
+it (``Claimed``); the ownership keys of those found no longer held go then, when no write
+deleted them (ownership.py). A claim through another instance than the one that registered
+the session (two store objects in one test; never an expert) first marks the session's x/
+key ``foreign``, and renew() of such a session reads its ownership keys instead."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ from aetcd import rpc
 from contend.domain.task import OWNED_STATES
 from contend.errors import LeaseLost, SchemaError, StoreError
 from contend.store._common import check_ttl, live_elsewhere, session_not_live
-from contend.store.etcd.keys import Keys, enc, unenc
+from contend.store.etcd.keys import Keys, enc
+from contend.store.etcd.ownership import Batches, parse_held
 from contend.store.etcd.record import Record
 from contend.store.etcd.rpc import Etcd
-from contend.store.etcd.txn import Op, absent, get, put, value_is
+from contend.store.etcd.txn import Op, absent, delete, get, put, value_is
 from contend.store.port import ExpertInfo, ExpertRecord, Heartbeat
 
 #: The x/ marker of a session some other instance than its own claimed for.
@@ -65,7 +67,7 @@ class Claimed:
     def add(self, session: str, tids: Sequence[str]) -> None:
         tasks = self._tasks.get(session)
         if tasks is None:
-            return  # a session of another instance: renew() there scans its a/ keys
+            return  # a session of another instance: renew() there scans its ownership keys
         for tid in tids:
             old = self._session_of.get(tid)
             if old is not None and old != session:
@@ -105,6 +107,7 @@ class Sessions:
         self.keepalives: dict[int, KeepAlive] = {}
         self.records: dict[str, dict[str, Any]] = {}  # session -> its expert record, as put
         self.claimed = Claimed()
+        self.batches = Batches()
         self._marked: set[str] = set()  # sessions of other instances marked foreign
 
     async def check(self, expert: str, session: str) -> tuple[int, bytes]:
@@ -145,6 +148,7 @@ class Sessions:
         self.cache.pop(session, None)
         self.records.pop(session, None)
         self.claimed.drop(session)
+        self.batches.drop(session)
         self._marked.discard(session)
         ka = self.keepalives.pop(lease, None)
         if ka is not None:
@@ -272,15 +276,12 @@ class Sessions:
     async def held(self, expert: str, session: str, foreign: bool = False) -> dict[str, int]:
         """{task: fence} of what *session* holds: the records of the tasks this instance
         claimed for it, or (a session registered elsewhere, or *foreign*: claimed for by
-        another instance too) of those its a/ keys name."""
+        another instance too) of those its ownership keys name. The ownership keys left
+        with no task held go."""
         tids = self.claimed.of(session)
         if tids is None or foreign:
-            abase = self._keys.k("a", enc(expert), "")
-            tids = [
-                unenc(kv.key[len(abase) :].decode())
-                for kv in await self._etcd.scan(abase)
-                if kv.value.decode().partition(" ")[2] == session
-            ]
+            kvs = await self._etcd.scan(self._keys.batches(expert, session))
+            tids = list(dict.fromkeys(t for t, _, _ in parse_held(self._keys, expert, kvs)))
         kvs = await self._etcd.read_many([self._keys.task(t) for t in tids])
         held: dict[str, int] = {}
         for tid, kv in zip(tids, kvs, strict=True):
@@ -294,6 +295,11 @@ class Sessions:
                 held[tid] = rec.fence
             else:
                 self.claimed.forget(tid)
+                self.batches.left(tid, math.inf if rec is None else rec.fence)
+        empty = list(self.batches.empty)
+        if empty:
+            await self._etcd.txn([], [delete(k) for k in empty[: self._etcd.max_ops]])
+            self.batches.deleted(empty[: self._etcd.max_ops])
         return held
 
     async def revoke(self, lease: int) -> None:

@@ -31,9 +31,9 @@ from contend.store.port import CentralDispatch, Store
 
 #: 5: no claim keys (c/) on the leases; 4: v/ holds floors, no o/ index; 3: records are
 #: arrays, q/ by priority (docs/etcd.md).
-SCHEMA_VERSION = 5
-#: A store of this version becomes SCHEMA_VERSION when opened with no expert live.
-UPGRADES_FROM = 4
+SCHEMA_VERSION = 6
+#: A store of these versions becomes SCHEMA_VERSION when opened with no expert live.
+UPGRADES_FROM = (4, 5)
 
 
 class EtcdStore:
@@ -73,7 +73,7 @@ class EtcdStore:
         dependants = Dependants(etcd, keys, clock)
         owned: Owned = {}  # what this instance's claims wrote, for the owner writes after them
         self._owner = owner = OwnerWrites(
-            etcd, keys, clock, owned, sessions.claimed, dependants, touch
+            etcd, keys, clock, owned, sessions.claimed, sessions.batches, dependants, touch
         )
         self._claims = claims = Claims(etcd, keys, clock, sessions, levels, owned)
         inspection = Inspection(etcd, keys, clock, levels, sessions)
@@ -147,7 +147,7 @@ class EtcdStore:
             )
             found, some = (r.kvs for r in reads)
             if found:
-                if self._check_meta(found[0].value) == UPGRADES_FROM:
+                if self._check_meta(found[0].value) in UPGRADES_FROM:
                     await self._upgrade(found[0])
                     continue  # and read the meta key as it is now
                 self._etcd.guard = found[0].value
@@ -178,7 +178,7 @@ class EtcdStore:
             raise SchemaError(
                 f"etcd prefix {p.decode()!r} is not a contend store (bad meta key)"
             ) from exc
-        if version not in (SCHEMA_VERSION, UPGRADES_FROM):
+        if version != SCHEMA_VERSION and version not in UPGRADES_FROM:
             raise SchemaError(
                 f"etcd prefix {p.decode()!r} has contend schema version {version}; "
                 f"this contend understands version {SCHEMA_VERSION}"
@@ -186,18 +186,22 @@ class EtcdStore:
         return int(version)
 
     async def _upgrade(self, meta: Any) -> None:
-        """Make a schema-4 store schema 5 in place, when no expert holds a session in it.
-        Version 5 only stops writing claim keys (c/): a claim's lapse is its session's, so
-        an older expert still running would not see this version's claims. With none live,
-        the claim keys went with their leases, and the new meta key (same store id) fails
-        every later write of an older process, which then stops (SchemaError)."""
+        """Make a schema-4 or 5 store schema 6 in place, when no expert holds a session in
+        it. Version 5 stopped writing claim keys (c/): a claim's lapse is its session's, so
+        an older expert still running would not see this version's claims. Version 6 puts
+        one ownership key per claim Txn (h/) where 5 put one per task (a/), which an older
+        expert's expire() would not read. With none live, the claim keys went with their
+        leases, expire() here still returns what an a/ key of an ended session names, and
+        the new meta key (same store id) fails every later write of an older process, which
+        then stops (SchemaError)."""
         etcd, k = self._etcd, self._keys.k
+        version = json.loads(meta.value)["schema"]
         lives = await etcd.reads([get(k("l", ""), prefix=True, keys_only=True)])
         live = [unenc(kv.key[len(k("l", "")) :].decode()) for kv in lives[0].kvs]
         if live:
             raise SchemaError(
                 f"etcd prefix {self._keys.p.decode()!r} has contend schema version "
-                f"{UPGRADES_FROM}, and {len(live)} expert(s) of an older contend still hold "
+                f"{version}, and {len(live)} expert(s) of an older contend still hold "
                 f"sessions in it ({', '.join(sorted(live)[:5])}): stop them, then start this "
                 f"version, which upgrades the store to version {SCHEMA_VERSION} in place"
             )

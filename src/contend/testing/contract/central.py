@@ -157,6 +157,11 @@ async def test_a_central_task_is_claimed_by_its_assignee_alone(harness: Harness)
     # the assignment is used up by the claim: a retry of the task waits for a new one
     assert await h.store.release("a", [(t3, got[0].fence)]) == [None]
     assert (await h.store.get(t3)).state == P
+    # b took t1 and t2 in one claim: finishing one of them counts
+    done = await h.store.complete("b", [Completion(t1, 1, "1")])
+    assert done == [None]
+    backlog = await d.central_backlog((Q,), ["a", "b"], 10)
+    assert backlog.held == {"a": 1, "b": 1}
     assert await _claim(a) == []
     assert await d.assign("a", a.session, Q, term, {t3: "a"}) == 1
     assert await _claim(a) == [t3]
