@@ -52,11 +52,17 @@ class SlotState(StrEnum):
 #: gave SQLite sync bodies 21,600-22,700/s against 16,900-17,100 (CPU 53-57 us a task against
 #: 70-73), PostgreSQL async bodies 21,000-21,300/s against 13,400-16,000 (87-89 us against
 #: 113-125) and etcd async bodies 6,800-6,900/s against 4,400-4,600 (235-246 us against
-#: 350-361). It binds only on runs under a sixteenth of a claim's round trip at 8 slots; what
-#: is held is never more than two claims' time of work, as ``ahead`` reckons it from the runs'
-#: mean duration, so a task held waits no longer than that for its slot. A crashed expert's
-#: held tasks wait for its lease to lapse, as its running ones do: the cap bounds how many.
-AHEAD_MOST = 256
+#: 350-361). At 256 the experts still sat idle: a claim of the 128 or so that topped the
+#: stock up took 12-40 ms on etcd, longer than the stock lasted, so with no task held nor
+#: running they waited for it (sampled: no slot busy most of the time, the machine 30 %
+#: idle). Against 256 in one run (2 x 8, 30,000 no-op tasks, 3 pairs each), 1024 drained
+#: etcd 1.34 times as fast (async; 1.35 sync), SQLite 1.38 and PostgreSQL 1.16, with less
+#: CPU per task on each; 512 gave etcd 1.18. It binds only on runs far shorter than a
+#: claim's round trip; what is held is never more than two claims' time of work, as
+#: ``ahead`` reckons it from the runs' mean duration, so a task held waits no longer than
+#: that for its slot. A crashed expert's held tasks wait for its lease to lapse, as its
+#: running ones do: the cap bounds how many.
+AHEAD_MOST = 1024
 
 #: An expert held back by a rate limit looks again at most this often.
 RATE_POLL_MIN = 0.005

@@ -238,7 +238,7 @@ class ExpertConfig:
             "claim takes (0: never)",
             bounds=Bounds(0, 10_000),
             flag="--claim-ahead",
-            default_text="up to 256 or the concurrency if more (the concurrency with fair task "
+            default_text="up to 1024 or the concurrency if more (the concurrency with fair task "
             "types), as run times warrant",
         ),
     )
