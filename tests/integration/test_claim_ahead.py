@@ -153,7 +153,7 @@ async def test_nothing_is_held_ahead_while_claims_take_every_task_there_is(
 async def test_very_short_runs_are_held_up_to_1024_by_default(app: App) -> None:
     # The cap binds only on runs far shorter than a claim: at 64, two experts of 8 drained
     # no-op tasks at 4,400-17,000/s (etcd to SQLite); at 256, 6,800-22,700/s; at 1024, 1.16
-    # (PostgreSQL) to 1.38 (SQLite) times as fast as at 256.
+    # (PostgreSQL) to 1.37 (SQLite) times as fast as at 256.
     async with (
         expert(app, name="solo", concurrency=8) as e,
         expert(app, name="wide", concurrency=1200) as wide,

@@ -55,9 +55,9 @@ class SlotState(StrEnum):
 #: 350-361). At 256 the experts still sat idle: a claim of the 128 or so that topped the
 #: stock up took 12-40 ms on etcd, longer than the stock lasted, so with no task held nor
 #: running they waited for it (sampled: no slot busy most of the time, the machine 30 %
-#: idle). Against 256 in one run (2 x 8, 30,000 no-op tasks, 3 pairs each), 1024 drained
-#: etcd 1.34 times as fast (async; 1.35 sync), SQLite 1.38 and PostgreSQL 1.16, with less
-#: CPU per task on each; 512 gave etcd 1.18. It binds only on runs far shorter than a
+#: idle). Against 256 in one run (2 x 8, 30,000 no-op tasks, 3 pairs each, medians of the
+#: pairs' ratios), 1024 drained etcd 1.35 times as fast (async and sync), SQLite 1.37 and
+#: PostgreSQL 1.16, with less CPU per task on each; 512 gave etcd 1.18. It binds only on runs far shorter than a
 #: claim's round trip; what is held is never more than two claims' time of work, as
 #: ``ahead`` reckons it from the runs' mean duration, so a task held waits no longer than
 #: that for its slot. A crashed expert's held tasks wait for its lease to lapse, as its
