@@ -27,6 +27,7 @@ from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
 from contend.store._cancel import cancels, check_wanted
 from contend.store.sqlite.checkpoints import FALLBACK_PAGES, WAL_KEEP_BYTES, Checkpointer
+from contend.store.sqlite.turns import Turns
 from contend.store.sqlite.wakeups import Wakeups
 
 T = TypeVar("T")
@@ -60,6 +61,8 @@ class Database:
         self.wakeups = Wakeups(idle_poll, f"{self._where}-wal")
         #: checkpoints off the event loop, for every connection of this store that writes
         self.checkpointer = Checkpointer(self._where, sync, guard=self.check_file)
+        #: writers of the file take turns for its write lock (turns.py)
+        self.turns = Turns(self._where)
         self._db: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self.trim_cursor = 0  # retention: the last history rowid checked against the cap
@@ -99,6 +102,7 @@ class Database:
 
     async def close(self) -> None:
         self.wakeups.close()
+        self.turns.close()
         await asyncio.to_thread(self.checkpointer.close)
         if self._db is not None:
             self._db.close()
@@ -114,15 +118,18 @@ class Database:
         return int(self.caps.satisfies(Requirements.from_json(json.loads(req_json))))
 
     # -- the write discipline --------------------------------------------------------------
-    async def retry(self, fn: Callable[[], T]) -> T:
+    async def retry(self, fn: Callable[[], T], *, turns: Turns | None = None) -> T:
         """Run *fn*, retrying after a short random pause while the database is busy; not
-        once its caller gave up on it (cancelled it), whatever swallowed the cancellation."""
+        once its caller gave up on it (cancelled it), whatever swallowed the cancellation.
+        With *turns*, each try waits for this process's turn to write (turns.py)."""
         began = time.monotonic()
         deadline = began + self.busy_deadline
         pause = 0.0002
         since = cancels()
         while True:
             check_wanted(since)
+            if turns is not None:
+                await turns.take()
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
@@ -136,6 +143,9 @@ class Database:
                     raise StoreBusy(
                         f"{self.path!r} stayed locked for {self.busy_deadline:.0f}s"
                     ) from exc
+            finally:
+                if turns is not None:
+                    turns.give()
             await asyncio.sleep(random.uniform(0, pause))
             # short pauses share a briefly held lock fairly; a lock held long (another
             # process's long transaction) is waited for at a cost of a few tries a second
@@ -184,7 +194,7 @@ class Database:
             with self.write() as db:
                 return fn(db)
 
-        result = await self.retry(run)
+        result = await self.retry(run, turns=self.turns)
         return result
 
 
