@@ -150,6 +150,17 @@ def pg_tables_size(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def pg_checkpoints(dsn: str) -> int:
+    """How many checkpoints the server has begun (timed and requested), since its stats reset."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 # -- start stamps over UDP -----------------------------------------------------------------------
 def send_stamp(key: str, port: int | None = None) -> None:
     """Called by a task when it starts: ``key time.time()`` to the benchmark's receiver."""

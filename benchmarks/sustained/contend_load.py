@@ -18,7 +18,12 @@ import tempfile
 import urllib.request
 from typing import Any
 
-from benchmarks.peers.common import fresh_pg_database, pg_tables_size, print_result
+from benchmarks.peers.common import (
+    fresh_pg_database,
+    pg_checkpoints,
+    pg_tables_size,
+    print_result,
+)
 from benchmarks.sustained.driver import Plan, System, plan_arguments, plan_of, run
 
 
@@ -63,10 +68,16 @@ async def load(url: str, args: argparse.Namespace, plan: Plan) -> dict[str, Any]
     async def stop() -> None:
         await Bench.stop(procs)
 
+    checkpoints = None
+    if url.startswith("postgresql"):
+
+        async def checkpoints() -> int:
+            return await asyncio.to_thread(pg_checkpoints, url)
+
     name = f"contend {args.backend} {args.body} {args.processes}×{args.concurrency}"
     hold_url = None if url.startswith("etcd") else url
     try:
-        return await run(System(name, start, submit, size, stop, hold_url), plan)
+        return await run(System(name, start, submit, size, stop, hold_url, checkpoints), plan)
     finally:
         await store.close()
         shutil.rmtree(bench.tmp, ignore_errors=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import sqlite3
 import time
@@ -46,6 +47,9 @@ class System:
     size: Callable[[], Awaitable[int]]
     stop: Callable[[], Awaitable[None]]
     hold_url: str | None = None  # postgresql://… or sqlite:///path, for the hold
+    #: a count the store keeps of its checkpoints (PostgreSQL's pg_stat_bgwriter), sampled
+    #: every second: when one began, to hold the slow seconds against; None: not known
+    checkpoints: Callable[[], Awaitable[int]] | None = None
 
 
 @dataclass
@@ -105,6 +109,20 @@ async def watch_size(system: System, t0: float, every: float, out: list[dict[str
         await asyncio.sleep(every)
 
 
+async def watch_checkpoints(
+    count: Callable[[], Awaitable[int]], t0: float, marks: dict[str, Any]
+) -> None:
+    """The seconds (since *t0*) at which the store's checkpoint count went up."""
+    last = await count()
+    seen: list[float] = marks.setdefault("checkpoints_s", [])
+    while True:
+        await asyncio.sleep(1.0)
+        now = await count()
+        if now > last:
+            seen.append(round(time.time() - t0, 1))
+        last = now
+
+
 async def hold_for(url: str, plan: Plan, t0: float, marks: dict[str, float]) -> None:
     await asyncio.sleep(max(0.0, t0 + plan.duration * plan.hold_from - time.time()))
     async with held_back(url) as what:
@@ -119,7 +137,7 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
     """One sustained run of *system*; its figures (see :func:`summarise`)."""
     submits: list[float] = []
     sizes: list[dict[str, float]] = []
-    marks: dict[str, float] = {}
+    marks: dict[str, Any] = {}
     async with StampReceiver() as stamps:
         await system.start()
         t0 = time.time()
@@ -127,6 +145,8 @@ async def run(system: System, plan: Plan) -> dict[str, Any]:
             asyncio.create_task(watch_size(system, t0, max(2.0, plan.duration / 60), sizes)),
             asyncio.create_task(_progress(stamps, submits, t0, plan)),
         ]
+        if system.checkpoints is not None:
+            background.append(asyncio.create_task(watch_checkpoints(system.checkpoints, t0, marks)))
         holder = None
         if plan.hold and system.hold_url:
             holder = asyncio.create_task(hold_for(system.hold_url, plan, t0, marks))
@@ -206,6 +226,7 @@ def summarise(
         out["hold_p99_ms"] = _p([x for s, x in lat if began <= s < ended], 99)
         out["after_hold_p99_ms"] = _p([x for s, x in lat if s >= ended], 99)
         out["recovery_s"] = recovery(lat, began, ended, plan.duration)
+        out["settled_s"] = settled(lat, began, ended, plan.duration)
         out["slow_seconds"] = slow_seconds(lat, began, ended, plan.duration)
     return out
 
@@ -234,6 +255,26 @@ def recovery(
         else:
             good_from = None
     return float(good_from) if good_from is not None else None
+
+
+def settled(
+    lat: list[tuple[float, float]], began: float, ended: float, duration: float
+) -> float | None:
+    """Seconds after *ended* until a 10-s window (the issue's and the tables' grain) has its
+    p99 back within the limit ``recovery`` uses: the first whole second from which the next
+    10 s are normal again, whatever comes later (a slow second 30 s on, which came every
+    35 s before the hold too, is not the hold's). None if no such window before the end."""
+    base = [x for s, x in lat if 2.0 <= s < began]
+    if not base:
+        return None
+    limit = max(2 * percentile(base, 99), percentile(base, 99) + 5.0)
+    after = sorted((s - ended, x) for s, x in lat if s >= ended)
+    at = [s for s, _ in after]
+    for b in range(int(duration - ended) - 9):
+        window = [x for _, x in after[bisect.bisect_left(at, b) : bisect.bisect_left(at, b + 10)]]
+        if window and percentile(window, 99) <= limit:
+            return float(b)
+    return None
 
 
 def slow_seconds(

@@ -22,9 +22,11 @@ submitted; tasks never started by the end are *not done*. *Held back*: from 20 %
 run a separate connection holds cleanup back: on PostgreSQL `BEGIN; SELECT txid_current();` and
 then idle in that transaction, so vacuum can remove no row version that died after it began; on
 SQLite an open read transaction, so no checkpoint can move the WAL past it (etcd has no such
-thing and runs without). *Recovery*: seconds after the holding session ended until the first
-1-s bucket from which on every bucket's p99 is within twice the p99 before the hold (and 5 ms);
-`–` if that did not happen before the run ended. *Slow seconds*: how many 1-s buckets before
+thing and runs without). *Settled*: seconds after the holding session ended until the first
+10-s window whose p99 is within twice the p99 before the hold (and 5 ms): back to normal at
+the grain of these tables. *Recovery*: until the first 1-s bucket from which on every
+bucket's p99 is within that limit, to the end of the run (one slow second anywhere later
+moves it); `–` if that did not happen before the run ended. *Slow seconds*: how many 1-s buckets before
 the hold, and after it, have a p99 over that same limit, of how many: one slow second late in
 the run makes *recovery* long, and this says whether such seconds are any more common after
 the hold than before it. *Store size*: PostgreSQL
@@ -46,7 +48,7 @@ def _ms(v: float | None) -> str:
 def rows(summary: dict[str, Any]) -> list[str]:
     out = [
         "| system | cleanup held back | done / submitted | pickup p50 (ms) | p99 (ms) "
-        "| worst 10-s window p99 (ms) | p99 before / while / after held (ms) | recovery (s) "
+        "| worst 10-s window p99 (ms) | p99 before / while / after held (ms) | settled / recovery (s) "
         "| slow seconds before / after held | store size start → max → end (MiB) | measured |",
         "|---|---|---:|---:|---:|---:|---|---:|---|---|---|",
     ]
@@ -58,7 +60,10 @@ def rows(summary: dict[str, Any]) -> list[str]:
                 _ms(r.get(k)) for k in ("before_hold_p99_ms", "hold_p99_ms", "after_hold_p99_ms")
             )
         sizes = [s["bytes"] for s in r["sizes"]] or [0]
-        rec = r.get("recovery_s")
+        rec, settled = r.get("recovery_s"), r.get("settled_s")
+        rec_cell = "–" if rec is None or not r["hold"] else f"{rec:.0f}"
+        if r["hold"] and "settled_s" in r:
+            rec_cell = f"{'–' if settled is None else f'{settled:.0f}'} / {rec_cell}"
         slow = r.get("slow_seconds") if r["hold"] else None
         slow_cell = (
             "–"
@@ -68,7 +73,7 @@ def rows(summary: dict[str, Any]) -> list[str]:
         out.append(
             f"| {r['system']} | {'yes' if r['hold'] else 'no'} | {r['done']:,} / "
             f"{r['submitted']:,} | {_ms(r['p50_ms'])} | {_ms(r['p99_ms'])} | {_ms(worst)} "
-            f"| {phases} | {'–' if rec is None or not r['hold'] else f'{rec:.0f}'} | {slow_cell} "
+            f"| {phases} | {rec_cell} | {slow_cell} "
             f"| {_mib(sizes[0])} → {_mib(max(sizes))} → {_mib(sizes[-1])} "
             f"| {r.get('commit', summary['commit'])}, {r.get('measured_at', summary['measured_at'])} |"
         )

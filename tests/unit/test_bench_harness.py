@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.peers.report import against_targets
 from benchmarks.peers.run import System, ratios, systems
 from benchmarks.sustained.chart import by_hand
-from benchmarks.sustained.driver import Plan, recovery, summarise
+from benchmarks.sustained.driver import Plan, recovery, settled, summarise
 from benchmarks.sustained.report import markdown as sustained_markdown
 
 from contend.cli import bench
@@ -140,6 +140,21 @@ def test_sustained_figures_per_window_and_recovery_after_the_hold() -> None:
     assert out["slow_seconds"] == {"before": [0, 8], "after": [3, 20]}
     lat = [(s, (st - s) * 1000) for s, st in started]
     assert recovery([(s, 500.0 if s >= 10 else ms) for s, ms in lat], 10.0, 20.0, 40.0) is None
+    assert out["settled_s"] == 3.0  # the first 10 s that are normal again begin at 23 s
+
+
+def test_settled_is_the_first_normal_10_s_window_whatever_comes_later() -> None:
+    """A slow second long after the hold moves ``recovery`` but not ``settled``; slow seconds
+    inside the first 10 s after it do."""
+    lat = [(i / 100, 1.0) for i in range(6000)]  # 60 s, 100 tasks a second at 1 ms
+
+    def slow_at(*seconds: int) -> list[tuple[float, float]]:
+        return [(s, 300.0 if int(s) in seconds else ms) for s, ms in lat]
+
+    assert settled(slow_at(50), 10.0, 20.0, 60.0) == 0.0
+    assert recovery(slow_at(50), 10.0, 20.0, 60.0) == 31.0
+    assert settled(slow_at(20, 22), 10.0, 20.0, 60.0) == 3.0
+    assert settled([(s, 300.0 if s >= 20 else ms) for s, ms in lat], 10.0, 20.0, 60.0) is None
 
 
 def test_sustained_report_and_hand_drawn_chart(tmp_path: Path) -> None:
