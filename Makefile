@@ -1,4 +1,4 @@
-.PHONY: demo test bench bench-peers bench-sustained bench-retention chaos lint bad-input-table exactly-once recovery-bench
+.PHONY: demo test bench bench-peers bench-sustained bench-shares bench-retention chaos lint bad-input-table exactly-once recovery-bench
 demo:            ## install into .venv and run the demo on the embedded SQLite store
 	scripts/demo.sh
 test:            ## install dev dependencies into .venv and run every check and test
@@ -11,6 +11,8 @@ bench-peers:     ## contend against PgQueuer, Procrastinate and Huey, same run (
 bench-sustained: ## 1,000 tasks/s for 10 min, with and without a held-back vacuum (QUICK=1: 60 s)
 	scripts/bench-venv.sh >/dev/null
 	CONTEND_ETCD_BIN="$$(scripts/fetch-etcd-bench.sh)" PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.sustained $(if $(QUICK),--quick)
+bench-shares:    ## how evenly four default experts split bursts and a steady stream; docs/benchmarks.md
+	CONTEND_ETCD_BIN="$$(scripts/fetch-etcd-bench.sh)" PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.shares
 bench-retention: ## a million tasks through SQLite and PostgreSQL with retention; docs/benchmarks.md
 	scripts/venv.sh dev,postgres >/dev/null
 	PYTHONPATH=src scripts/with-pg.sh .venv/bin/python -m benchmarks.retention

@@ -3,7 +3,8 @@
 # beside it): `contend bench` per backend, SQLite (temporary files), PostgreSQL (a throwaway
 # server with stock settings, scripts/with-pg.sh, or CONTEND_BENCH_PG_SERVER), etcd (a
 # throwaway etcd 3.5 started for the run); then contend against its peers (benchmarks/peers)
-# and the sustained-load run (benchmarks/sustained), the peers from PyPI in .bench-venv.
+# how evenly four experts share the work (benchmarks/shares) and the sustained-load run
+# (benchmarks/sustained), the peers from PyPI in .bench-venv.
 #
 # `scripts/bench.sh --quick` (`make bench QUICK=1`): a short run of each, about 30 minutes
 # (the full run takes 2-3 hours, most of it the sustained-load runs of 10 minutes each).
@@ -32,4 +33,5 @@ fi
 GOGC=400 .venv/bin/python -m contend.testing.etcd_server --max-txn-ops=1024 -- \
     .venv/bin/contend bench $quick --store "{url}/bench?max_txn_ops=1024" --concurrency 512
 .venv/bin/python -m benchmarks.peers $quick --backends sqlite,postgresql,etcd
+.venv/bin/python -m benchmarks.shares $quick
 .venv/bin/python -m benchmarks.sustained $quick

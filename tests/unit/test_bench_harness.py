@@ -172,7 +172,7 @@ def test_sustained_report_and_hand_drawn_chart(tmp_path: Path) -> None:
 
 
 def test_the_benchmark_commands_parse_their_options() -> None:
-    for module in ("benchmarks.peers", "benchmarks.sustained"):
+    for module in ("benchmarks.peers", "benchmarks.sustained", "benchmarks.shares"):
         done = subprocess.run(
             [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True
         )
@@ -206,3 +206,11 @@ def test_a_merged_sustained_run_replaces_only_the_runs_made_again() -> None:
         ("contend-sqlite-async", True, 5.0, "bbb"),
     ]
     assert got["commit"] == "ccc"
+
+
+def test_the_shares_table_names_each_runs_smallest_and_largest_share() -> None:
+    from benchmarks.shares import table
+
+    runs = [{"shares": [0.4, 1.0, 1.1, 1.5]}, {"shares": [0.9, 1.0, 1.0, 1.1]}]
+    text = table("sqlite", {"burst-20k-sync": runs})
+    assert "| burst-20k-sync | 0.40 0.90 | 0.65 | 1.50 1.10 |" in text
