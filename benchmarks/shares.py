@@ -28,12 +28,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks import commit
+from benchmarks.fair_share import backend
 from benchmarks.recovery import processes, until
 from benchmarks.shares_app import app
 from contend.store.port import Store
@@ -52,29 +51,6 @@ CASES: dict[str, tuple[str, int, float | None]] = {
     "burst-100k-async": ("noop_async", 100_000, None),
     "steady-1000": ("sleep_async", 20_000, 1_000.0),
 }
-
-
-@asynccontextmanager
-async def backend(name: str, tmp: Path) -> AsyncIterator[str]:
-    """A fresh, empty store of backend *name*."""
-    if name == "sqlite":
-        yield f"sqlite:///{tmp / f'shares-{time.monotonic_ns()}.db'}"
-    elif name == "postgresql":
-        from contend.testing.postgres import fresh_database
-
-        async with fresh_database() as url:
-            yield url
-    elif name == "etcd":
-        from contend.testing.etcd_server import EtcdServer
-
-        server = EtcdServer()
-        server.start()
-        try:
-            yield f"{server.url}/shares"
-        finally:
-            server.close()
-    else:
-        raise SystemExit(f"unknown backend {name!r} (sqlite, postgresql, etcd)")
 
 
 async def submit(store: Store, task: str, n: int, due: float) -> None:
@@ -163,7 +139,9 @@ async def measure(name: str, runs: int, cases: list[str], tmp: Path) -> dict[str
     for case in cases:
         got[case] = []
         for r in range(runs):
-            async with backend(name, tmp) as url:
+            where = tmp / f"store-{time.monotonic_ns()}"  # a fresh SQLite file each run
+            where.mkdir()
+            async with backend(name, where) as url:
                 res = await one(url, case, tmp)
             got[case].append(res)
             print(
