@@ -9,12 +9,22 @@ import fcntl
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from contend.domain.task import TaskSpec
 from contend.store.sqlite import SQLiteStore
 from contend.store.sqlite.turns import TURN_WAIT, Turns
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Until *check* holds, looking every millisecond; AssertionError after *timeout*."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.001)
 
 
 async def test_a_writer_waits_for_the_turn_before_it(tmp_path: Path) -> None:
@@ -32,7 +42,8 @@ async def test_a_writer_waits_for_the_turn_before_it(tmp_path: Path) -> None:
         try:
             spec = TaskSpec.build("late")
             late = asyncio.create_task(second.submit([spec]))
-            await asyncio.sleep(0.1)  # the hold: the late writer queues meanwhile
+            # the late writer is in the queue: its turn taken in hand, its write not done
+            await until(lambda: second._db.turns._local.locked(), "the late writer queued")
             assert not late.done()
             await first.submit([TaskSpec.build("early")])
         finally:
@@ -95,7 +106,11 @@ async def test_a_wait_given_up_hands_the_turn_straight_back(tmp_path: Path) -> N
     try:
         await theirs.take()
         waiting = asyncio.create_task(mine.take())
-        await asyncio.sleep(0.05)
+        # past its polling, waiting in the kernel on a thread of its own
+        await until(
+            lambda: any(t.name == "contend-sqlite-turn" for t in threading.enumerate()),
+            "a thread waiting for the turn",
+        )
         waiting.cancel()
         try:
             await waiting
@@ -103,15 +118,16 @@ async def test_a_wait_given_up_hands_the_turn_straight_back(tmp_path: Path) -> N
             pass
         theirs.give()  # the abandoned wait gets it now, and gives it back
         fd = os.open(f"{path}-turns", os.O_RDWR)
+
+        def free() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
         try:
-            deadline = time.monotonic() + 5
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    assert time.monotonic() < deadline, "the abandoned wait kept the turn"
-                    await asyncio.sleep(0.01)
+            await until(free, "the abandoned wait to give the turn back")
         finally:
             os.close(fd)
         await mine.take()  # and the cancelled writer can write again
