@@ -14,7 +14,7 @@ A writer that finds it taken polls it for a moment (:data:`POLL_FOR`), then bloc
 kernel (on a thread of its own, not the event loop) and is woken the moment it is given up.
 SQLite's lock still decides what is correct; the turn only decides who asks first, so
 everything that writes without a turn (a task's own transaction, another version of contend)
-is merely raced as before. The same burst with turns: every expert ran between 0.83 and 1.09
+is merely raced as before. The same bursts with turns: every expert ran between 0.83 and 1.20
 of an even share. Alternating writers cost each other their page caches: a drain of no-op
 tasks by two experts on one file, which the write lock bounds, ran about a tenth slower.
 
