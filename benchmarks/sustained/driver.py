@@ -235,15 +235,24 @@ def _p(values: list[float], q: float) -> float | None:
     return round(percentile(values, min(q, 99.999)), 2) if values else None
 
 
+def normal_limit(lat: list[tuple[float, float]], began: float) -> float | None:
+    """The p99 a 1-s bucket or a window may have and still be normal: twice the p99 before the
+    hold *began*, and at least 5 ms above it (the first 2 s warm up); None without data."""
+    base = [x for s, x in lat if 2.0 <= s < began]
+    if not base:
+        return None
+    p99 = percentile(base, 99)
+    return max(2 * p99, p99 + 5.0)
+
+
 def recovery(
     lat: list[tuple[float, float]], began: float, ended: float, duration: float
 ) -> float | None:
     """Seconds after *ended* until every later 1-s bucket's p99 is back near the p99 before
     the hold (at most twice it, and at most 5 ms above it); None if it never gets there."""
-    base = [x for s, x in lat if 2.0 <= s < began]  # the first 2 s warm up
-    if not base:
+    limit = normal_limit(lat, began)
+    if limit is None:
         return None
-    limit = max(2 * percentile(base, 99), percentile(base, 99) + 5.0)
     buckets: dict[int, list[float]] = {}
     for s, x in lat:
         if s >= ended:
@@ -264,10 +273,9 @@ def settled(
     p99 back within the limit ``recovery`` uses: the first whole second from which the next
     10 s are normal again, whatever comes later (a slow second 30 s on, which came every
     35 s before the hold too, is not the hold's). None if no such window before the end."""
-    base = [x for s, x in lat if 2.0 <= s < began]
-    if not base:
+    limit = normal_limit(lat, began)
+    if limit is None:
         return None
-    limit = max(2 * percentile(base, 99), percentile(base, 99) + 5.0)
     after = sorted((s - ended, x) for s, x in lat if s >= ended)
     at = [s for s, _ in after]
     for b in range(int(duration - ended) - 9):
@@ -284,10 +292,9 @@ def slow_seconds(
     ``recovery`` uses, of how many: [over, buckets]. One slow second late in the run makes
     ``recovery`` long; this says whether such seconds are more common after the hold than
     before it, when nothing was held."""
-    base = [x for s, x in lat if 2.0 <= s < began]
-    if not base:
+    limit = normal_limit(lat, began)
+    if limit is None:
         return None
-    limit = max(2 * percentile(base, 99), percentile(base, 99) + 5.0)
     before: dict[int, list[float]] = {}
     after: dict[int, list[float]] = {}
     for s, x in lat:
