@@ -34,7 +34,7 @@ from contend.runtime.pipeline import GATE_EVERY_CLOSED, Gate
 from contend.runtime.prefetch import Prefetch, still_held
 from contend.runtime.session import LeaseKeeper, Session
 from contend.runtime.task_type import TaskType
-from contend.store.port import Claimed, Store
+from contend.store.port import Claimed, Outrun, Store
 
 log = logging.getLogger("contend.expert")
 
@@ -121,8 +121,9 @@ class ClaimLoop:
         #: a claim of this round of whatever is best came back short: it took every task
         #: there was, so the next one comes with a change, which the idle wait hears
         self._drained = False
-        #: the last race's claim came back without some of the tasks it named (a rival was
-        #: quicker): the loop looks again at once instead of waiting for a change
+        #: a claim of this round came back without some of the tasks it tried (a rival was
+        #: quicker: a race's named tasks, or an optimistic store's ``Outrun``): the loop
+        #: looks again at once instead of waiting for a change
         self._outrun = False
         #: tasks claimed ahead were given back (``holds``): claim no more ahead until a run ends
         self._gave_back = False
@@ -264,6 +265,9 @@ class ClaimLoop:
                     await self._idle_round(session)
             elif self._outrun:  # a rival took what it named: more may be pending, look again
                 self._outrun = False
+                # after a pause of up to a claim's time, so that rivals that collided claim
+                # at different moments next time
+                await self._pause((self.claim_seconds or 0.0) * self._rand())
             elif free <= 0:  # full, prefetch topped up: wait for a slot
                 # ...if none freed while the round was out: that run's wake-up came before
                 # this clear, and waiting for the next one left a free slot idle for
@@ -358,6 +362,7 @@ class ClaimLoop:
         """One round under *session*: what to start now (up to *free*, plus *extra* to hold
         ready); the prefetch topped up."""
         self._drained = False
+        self._outrun = False
         if free > 0 and self.prefetched:
             claimed = await self.prefetched.start(session, free)
         elif free + extra > 0:
@@ -425,8 +430,12 @@ class ClaimLoop:
         took = self.clock.monotonic() - sent
         last = self.claim_seconds
         self.claim_seconds = took if last is None else last + 0.2 * (took - last)
+        # short because rivals took some of what it tried, not because the queues ran dry:
+        # neither drained nor short (the lane and topping up stay)
+        outrun = isinstance(got, Outrun)
+        self._outrun = self._outrun or outrun
         if task_ids is None and queues is None:
-            self._short = len(got) < limit
+            self._short = len(got) < limit and not outrun
             self._drained = self._drained or self._short
         # every id named counts: one not won is a lost race
         attempted = len(got) if task_ids is None else len(task_ids)

@@ -65,6 +65,17 @@ class Claimed:
     trace: Mapping[str, str] | None = None  # the submitter's trace context
 
 
+class Outrun(list[Claimed]):
+    """What a claim returns when rivals took some of the tasks it tried, so that it came
+    back with fewer than it asked for while more may still be pending: the claimant should
+    look again soon rather than wait for a change of work (none may come: the rest of a
+    burst's backlog was there all along). Only a store whose claims are optimistic (etcd:
+    read, then compare and commit) returns one; a claim that took what it asked for, or
+    all there was, returns a plain list."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     task_id: str
@@ -466,7 +477,10 @@ class Store(Protocol):
 
         Central tasks (where ``promises.central_dispatch``): claimable by their assignee
         alone (:class:`CentralDispatch`), and before the others it may claim; ``peek``
-        never shows them."""
+        never shows them.
+
+        A claim that rivals outran (it came back short while more may be pending) may
+        return an :class:`Outrun`."""
 
     async def steal(
         self,

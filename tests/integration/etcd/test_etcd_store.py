@@ -31,7 +31,7 @@ from contend.errors import (
     StoreError,
 )
 from contend.store.etcd import DELETE, GET, LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
-from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat
+from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat, Outrun
 from contend.store.registry import make_store
 from contend.testing import FakeClock
 from contend.testing.etcd_server import EtcdServer, lapse_overdue_sessions
@@ -1032,6 +1032,7 @@ async def test_a_claim_batch_spans_several_transactions(store_url: str) -> None:
         session = await store.register_expert(ExpertInfo("e"), 10)
         got = await store.claim("e", session, Q, ANY, limit=10, lease_ttl=10)
         assert len({c.id for c in got}) == 7
+        assert not isinstance(got, Outrun)  # short because that was all: nothing to look for
         assert all(c.fence == 1 and c.attempt == 1 for c in got)
         assert await store.claim("e", session, Q, ANY, limit=10, lease_ttl=10) == []
         out = await store.complete(
@@ -1072,6 +1073,41 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
     assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
     assert commits == 2  # the batch, then the four still free in one more transaction
     assert store._claims.contended_until > time.monotonic()  # its next claims spread out
+    assert isinstance(got, Outrun)  # short because a rival won one: the expert looks again
+
+
+async def test_a_claim_outrun_past_its_candidates_says_so(store: EtcdStore, store_url: str) -> None:
+    """Rivals take the tasks a claim read from the index, and those it would try next, before
+    it commits: it comes back short while more tasks are pending, and says it was outrun
+    (the expert then claims again at once instead of waiting for a change of work)."""
+    tasks = [spec() for _ in range(70)]
+    await store.submit(tasks)
+    session = await store.register_expert(ExpertInfo("e"), 10)
+    rival = EtcdStore(store_url)
+    await rival.open()
+    commits = 0
+    real_commit = store._etcd.commit
+    read = 64  # the candidates a claim of 3 reads from the index (a page of at least 64)
+
+    async def commit_after_rivals(*args: object) -> object:
+        nonlocal commits
+        commits += 1
+        if commits == 1:  # all but the last of the candidates read are taken meanwhile
+            rs = await rival.register_expert(ExpertInfo("rival"), 10)
+            taken = [t.id for t in tasks[: read - 1]]
+            won = await rival.claim("rival", rs, Q, ANY, limit=100, lease_ttl=10, task_ids=taken)
+            assert len(won) == read - 1
+        return await real_commit(*args)  # type: ignore[arg-type]
+
+    store._etcd.commit = commit_after_rivals  # type: ignore[method-assign,assignment]
+    try:
+        got = await store.claim("e", session, Q, ANY, limit=3, lease_ttl=10)
+    finally:
+        await rival.close()
+    assert isinstance(got, Outrun)
+    assert [c.id for c in got] == [tasks[read - 1].id]
+    left = await store.peek(Q, ANY, 10)
+    assert [v.id for v in left] == [t.id for t in tasks[read:]]  # more to claim: look again
 
 
 async def test_the_low_lane_looks_at_lane_levels_below_the_top(store: EtcdStore) -> None:
