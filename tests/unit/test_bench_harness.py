@@ -4,11 +4,13 @@ the sustained-load run derives from its stamps. The benchmarks themselves run by
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from benchmarks.peers.report import against_targets
 from benchmarks.peers.run import System, ratios, systems
 from benchmarks.sustained.chart import by_hand
@@ -214,3 +216,25 @@ def test_the_shares_table_names_each_runs_smallest_and_largest_share() -> None:
     runs = [{"shares": [0.4, 1.0, 1.1, 1.5]}, {"shares": [0.9, 1.0, 1.0, 1.1]}]
     text = table("sqlite", {"burst-20k-sync": runs})
     assert "| burst-20k-sync | 0.40 0.90 | 0.65 | 1.50 1.10 |" in text
+
+
+def test_shares_merge_keeps_the_other_backends_with_their_dates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmarks.shares as shares
+
+    (tmp_path / "docs").mkdir()
+    old_meta = {"date": "2026-12-01 10:00 UTC", "commit": "aaa", "machine": "m", "runs": 3}
+    run = [{"shares": [0.9, 1.0, 1.0, 1.1]}]
+    old = {"meta": old_meta, "results": {"sqlite": {"c": run}, "etcd": {"c": []}}}
+    (tmp_path / "docs" / "shares.json").write_text(json.dumps(old))
+    (tmp_path / "docs" / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(shares, "ROOT", tmp_path)
+    now = {"date": "2026-12-04 20:00 UTC", "commit": "bbb", "machine": "m", "runs": 3}
+    results, measured = shares.merged({"etcd": {"c": run}}, {"etcd": now}, now)
+    assert results == {"sqlite": {"c": run}, "etcd": {"c": run}}  # etcd's new figures
+    assert measured["sqlite"]["commit"] == "aaa" and measured["etcd"]["commit"] == "bbb"
+    shares.write(results, {**now, "measured": measured})
+    text = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "sqlite: measured 2026-12-01 10:00 UTC at commit aaa." in text
+    assert "etcd: measured" not in text  # measured at the commit the header names

@@ -320,3 +320,23 @@ async def test_a_run_past_its_deadline_stops_before_the_watchdog_says_so(bench: 
     ((_, task, why),) = bench.hook.of("on_abandoned")
     assert task == c and "lease" in why
     assert bench.hook.of("after_execute") == []
+
+
+async def test_a_run_launched_past_its_deadline_never_starts(bench: Bench) -> None:
+    """A task held ahead for a slot may be launched after its lease ran out, before the
+    watchdog has said so (a paused process resumes with every timer overdue, and a run that
+    ends frees a slot first): its body must not run, a rival may own the task by then."""
+    ran: list[str] = []
+
+    @bench.app.task
+    async def note() -> None:
+        ran.append("ran")
+
+    c, session = await bench.claim("note")
+    bench.clock.advance(TTL)  # paused past the lease; no watchdog has run yet
+    bench.executor.launch(c, session)
+    await bench.clock.settle()
+    assert ran == [] and bench.sent == [] and bench.executor.load == 0
+    ((_, task, why),) = bench.hook.of("on_abandoned")
+    assert task == c and "lease" in why
+    assert bench.hook.of("after_execute") == []

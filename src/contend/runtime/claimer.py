@@ -157,8 +157,8 @@ class ClaimLoop:
             while ready and executor.load < limit:
                 claimed, session = ready.popleft()
                 self._ready_at.pop(claimed.id, None)
-                if session.lost.is_set():
-                    continue  # its lease went: the store hands it back
+                if not session.safe():
+                    continue  # its lease went (or ran out unnoticed): the store hands it back
                 executor.launch(claimed, session)
         self._wake.set()
 

@@ -338,6 +338,13 @@ class Executor:
                 message = f"expert {self.name} has no task type {c.type!r}"
                 self._finish(run, build_failure(c, "UnknownTaskType", message, policy=None), None)
                 return
+            why = run.must_stop()
+            if why is not None:
+                # Its lease ran out by this host's reckoning before the run began (a task
+                # held ahead for a slot, and the process paused or the loop late), and the
+                # watchdog has not said so yet: a rival may own the task by now.
+                self.abandon(run, why)
+                return
             error: BaseException | None = None
             try:
                 result = await self._call(tt, run)
