@@ -124,7 +124,18 @@ async def one(url: str, case: str, tmp: Path) -> dict[str, Any]:
         timelines.append({int(k): v for k, v in got["tenths"].items()})
     total = sum(counts)
     if total != n:
-        raise RuntimeError(f"{case}: the experts counted {total:,} runs of {n:,} tasks")
+        # what the experts logged tells why (a lost lease: its runs' commits were refused)
+        said = [
+            f"  expert {k}: {line}"
+            for k in range(EXPERTS)
+            if (tmp / f"proc-{k}.log").exists()
+            for line in (tmp / f"proc-{k}.log").read_text(errors="replace").splitlines()
+            if "WARNING" in line or "ERROR" in line
+        ]
+        raise RuntimeError(
+            f"{case}: the experts counted {total:,} runs of {n:,} tasks "
+            f"({', '.join(map(str, counts))})\n" + "\n".join(said[-40:])
+        )
     shares = sorted(c * EXPERTS / n for c in counts)
     if os.environ.get("SHARES_TIMELINE"):
         lo = min((min(t) for t in timelines if t), default=0)
@@ -168,6 +179,23 @@ def table(name: str, got: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merged(
+    results: dict[str, Any], measured: dict[str, Any], meta: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """*results* with the other backends' figures of docs/shares.json before them, and when
+    each backend was measured."""
+    path = ROOT / "docs" / "shares.json"
+    if not path.exists():
+        return results, measured
+    old = json.loads(path.read_text())
+    before = old["meta"]
+    when = before.get("measured") or {
+        name: {"date": before["date"], "commit": before["commit"]} for name in old["results"]
+    }
+    keep = {k: v for k, v in old["results"].items() if k not in results}
+    return {**keep, **results}, {**{k: when[k] for k in keep}, **measured}
+
+
 def write(results: dict[str, Any], meta: dict[str, Any]) -> None:
     (ROOT / "docs" / "shares.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=1) + "\n"
@@ -185,7 +213,11 @@ def write(results: dict[str, Any], meta: dict[str, Any]) -> None:
         f"{meta['runs']} runs per case. Every count is in docs/shares.json.",
         "",
     ]
+    measured = meta.get("measured", {})
     for name, got in results.items():
+        if name in measured and measured[name]["commit"] != meta["commit"]:
+            m = measured[name]
+            body += [f"{name}: measured {m['date']} at commit {m['commit']}.", ""]
         body += [table(name, got), ""]
     body.append("<!-- end shares -->")
     path = ROOT / "docs" / "benchmarks.md"
@@ -208,6 +240,11 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     p.add_argument("--experts", type=int, default=EXPERTS, help="how many (default 4)")
     p.add_argument("--no-write", action="store_true")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other backends' figures in docs/shares.json (each with its own date)",
+    )
     p.add_argument("--quick", action="store_true", help="one run of the 20k bursts; no file")
     args = p.parse_args(argv)
     if args.quick:
@@ -230,7 +267,10 @@ async def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
     }
     if not args.no_write:
-        write(results, meta)
+        measured = {name: {"date": meta["date"], "commit": meta["commit"]} for name in results}
+        if args.merge:
+            results, measured = merged(results, measured, meta)
+        write(results, {**meta, "measured": measured})
     return 0
 
 
