@@ -135,9 +135,13 @@ class Checkpointer:
             log.debug("SQLite store %r: checkpoint skipped (%s)", self._path, exc)
             return
         self.runs += 1
-        if row is not None:
-            self.last = (frames, copied) = (int(row[1]), int(row[2]))
-            self._note_pinned(frames - copied >= FALLBACK_PAGES, frames)
+        if row is None or int(row[0]) or int(row[1]) < 0:
+            # (1, -1, -1): another connection was checkpointing. That says nothing of a
+            # reader: taken for "not held back", it said so again on the next one (several
+            # processes on a held file logged the warning five times a second)
+            return
+        self.last = (frames, copied) = (int(row[1]), int(row[2]))
+        self._note_pinned(frames - copied >= FALLBACK_PAGES, frames)
 
     def _note_pinned(self, pinned: bool, frames: int) -> None:
         """Say when a reader starts and stops holding the WAL back: the file grows by every
