@@ -180,7 +180,7 @@ class ClaimRun:
         got = [c for _, c in won]
         # Short because rivals took tasks it tried: more may be pending, which no change of
         # work will announce (a burst's backlog was there all along): the claimant looks
-        # again at once instead of waiting out its idle wait (4 experts draining a burst of
+        # again soon instead of waiting out its idle wait (4 experts draining a burst of
         # 20,000: one expert got 14 % of its share, waiting 1 s after each lost race)
         return Outrun(got) if self.outrun and len(got) < limit else got
 
