@@ -31,7 +31,7 @@ from contend.errors import (
     StoreError,
 )
 from contend.store.etcd import DELETE, GET, LEVEL_SWEEP, PUT, EtcdStore, parse_etcd_url
-from contend.store.port import Completion, ExpertInfo, Failure, Heartbeat, Outrun
+from contend.store.port import Claimed, Completion, ExpertInfo, Failure, Heartbeat, Outrun
 from contend.store.registry import make_store
 from contend.testing import FakeClock
 from contend.testing.etcd_server import EtcdServer, lapse_overdue_sessions
@@ -1046,30 +1046,43 @@ async def test_a_claim_batch_spans_several_transactions(store_url: str) -> None:
         await store.close()
 
 
-async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
-    store: EtcdStore, store_url: str
-) -> None:
-    tasks = [spec() for _ in range(5)]
-    await store.submit(tasks)
+async def claim_after_rivals(
+    store: EtcdStore, store_url: str, limit: int, taken: list[str]
+) -> tuple[list[Claimed], int]:
+    """A claim of *limit* by expert "e" during which, between its read and its first
+    transaction, a rival claims the tasks *taken*: (what the claim got, its transactions)."""
     session = await store.register_expert(ExpertInfo("e"), 10)
     rival = EtcdStore(store_url)
     await rival.open()
     commits = 0
     real_commit = store._etcd.commit
 
-    async def commit_after_a_rival(*args: object) -> object:
+    async def commit_after_rivals(*args: object) -> object:
         nonlocal commits
         commits += 1
-        if commits == 1:  # between this claim's read and its transaction, a rival wins one
+        if commits == 1:
             rs = await rival.register_expert(ExpertInfo("rival"), 10)
-            await rival.claim("rival", rs, Q, ANY, limit=1, lease_ttl=10, task_ids=[tasks[2].id])
+            won = await rival.claim(
+                "rival", rs, Q, ANY, limit=len(taken), lease_ttl=10, task_ids=taken
+            )
+            assert len(won) == len(taken)
         return await real_commit(*args)  # type: ignore[arg-type]
 
-    store._etcd.commit = commit_after_a_rival  # type: ignore[method-assign,assignment]
+    store._etcd.commit = commit_after_rivals  # type: ignore[method-assign,assignment]
     try:
-        got = await store.claim("e", session, Q, ANY, limit=5, lease_ttl=10)
+        got = await store.claim("e", session, Q, ANY, limit=limit, lease_ttl=10)
     finally:
+        store._etcd.commit = real_commit  # type: ignore[method-assign]
         await rival.close()
+    return got, commits
+
+
+async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
+    store: EtcdStore, store_url: str
+) -> None:
+    tasks = [spec() for _ in range(5)]
+    await store.submit(tasks)
+    got, commits = await claim_after_rivals(store, store_url, 5, [tasks[2].id])
     assert {c.id for c in got} == {t.id for n, t in enumerate(tasks) if n != 2}
     assert commits == 2  # the batch, then the four still free in one more transaction
     assert store._claims.contended_until > time.monotonic()  # its next claims spread out
@@ -1079,31 +1092,12 @@ async def test_a_claim_batch_that_loses_one_task_retries_the_rest_together(
 async def test_a_claim_outrun_past_its_candidates_says_so(store: EtcdStore, store_url: str) -> None:
     """Rivals take the tasks a claim read from the index, and those it would try next, before
     it commits: it comes back short while more tasks are pending, and says it was outrun
-    (the expert then claims again at once instead of waiting for a change of work)."""
+    (the expert then claims again soon instead of waiting for a change of work)."""
     tasks = [spec() for _ in range(70)]
     await store.submit(tasks)
-    session = await store.register_expert(ExpertInfo("e"), 10)
-    rival = EtcdStore(store_url)
-    await rival.open()
-    commits = 0
-    real_commit = store._etcd.commit
     read = 64  # the candidates a claim of 3 reads from the index (a page of at least 64)
-
-    async def commit_after_rivals(*args: object) -> object:
-        nonlocal commits
-        commits += 1
-        if commits == 1:  # all but the last of the candidates read are taken meanwhile
-            rs = await rival.register_expert(ExpertInfo("rival"), 10)
-            taken = [t.id for t in tasks[: read - 1]]
-            won = await rival.claim("rival", rs, Q, ANY, limit=100, lease_ttl=10, task_ids=taken)
-            assert len(won) == read - 1
-        return await real_commit(*args)  # type: ignore[arg-type]
-
-    store._etcd.commit = commit_after_rivals  # type: ignore[method-assign,assignment]
-    try:
-        got = await store.claim("e", session, Q, ANY, limit=3, lease_ttl=10)
-    finally:
-        await rival.close()
+    # all but the last of the candidates read are taken meanwhile
+    got, _ = await claim_after_rivals(store, store_url, 3, [t.id for t in tasks[: read - 1]])
     assert isinstance(got, Outrun)
     assert [c.id for c in got] == [tasks[read - 1].id]
     left = await store.peek(Q, ANY, 10)
