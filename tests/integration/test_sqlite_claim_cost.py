@@ -1,17 +1,22 @@
-"""What a claim reads on SQLite, counted in the virtual machine's steps (a progress handler),
-not timed: a fair claim and a claim of named ids look tasks up by key, whatever the backlog
-ahead of them."""
+"""What a claim and an expiry round read on SQLite, counted in the virtual machine's steps (a
+progress handler), not timed: a fair claim and a claim of named ids look tasks up by key,
+whatever the backlog ahead of them, and expiry costs the same however many tasks ran."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 from contend.domain.task import Capabilities, TaskSpec
 from contend.store.port import Completion, ExpertInfo
 from contend.store.sqlite import SQLiteStore
 
+T = TypeVar("T")
 
-async def _steps_of_a_claim(store: SQLiteStore, session: str, **kw: object) -> tuple[int, list]:
+
+async def _steps(store: SQLiteStore, call: Awaitable[T]) -> tuple[int, T]:
+    """The virtual machine steps *call* takes on the store's connection (to 100), its answer."""
     conn = store._db.conn
     steps = [0]
 
@@ -21,12 +26,15 @@ async def _steps_of_a_claim(store: SQLiteStore, session: str, **kw: object) -> t
 
     conn.set_progress_handler(count, 100)
     try:
-        got = await store.claim(
-            "e", session, ["default"], Capabilities(), limit=4, lease_ttl=30, **kw
-        )
+        got = await call
     finally:
         conn.set_progress_handler(None, 0)
     return steps[0] * 100, got
+
+
+async def _steps_of_a_claim(store: SQLiteStore, session: str, **kw: object) -> tuple[int, list]:
+    claim = store.claim("e", session, ["default"], Capabilities(), limit=4, lease_ttl=30, **kw)
+    return await _steps(store, claim)
 
 
 async def test_claims_cost_the_same_behind_a_long_backlog(tmp_path: Path) -> None:
@@ -68,22 +76,6 @@ async def test_claims_cost_the_same_behind_a_long_backlog(tmp_path: Path) -> Non
         await store.close()
 
 
-async def _steps_of_expire(store: SQLiteStore) -> int:
-    conn = store._db.conn
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 1
-        return 0
-
-    conn.set_progress_handler(count, 100)
-    try:
-        await store.expire()
-    finally:
-        conn.set_progress_handler(None, 0)
-    return steps[0] * 100
-
-
 async def test_expiry_costs_the_same_after_many_finished_tasks(tmp_path: Path) -> None:
     """Every expert's housekeeping calls expire() every few seconds. Its look for the auctions
     of tasks no longer pending scanned the whole task table (SQLite chose the tasks as the
@@ -104,7 +96,7 @@ async def test_expiry_costs_the_same_after_many_finished_tasks(tmp_path: Path) -
                 )
                 await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
                 done += len(got)
-            costs[finished] = await _steps_of_expire(store)
+            costs[finished], _ = await _steps(store, store.expire())
         assert costs[20_000] <= 2 * costs[100] + 1000, costs
     finally:
         await store.close()
