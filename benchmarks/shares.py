@@ -1,7 +1,7 @@
 """Shares: how evenly four experts split the work, at the default settings.
 
 ``python -m benchmarks.shares [--backends sqlite,postgresql,etcd] [--runs 3] [--experts 4]
-[--cases ...] [--no-write] [--quick]``
+[--cases ...] [--no-write] [--merge] [--quick]``
 measures issue 14's fairness line ("with 4 experts, none gets less than half its share"). Per
 backend, on a fresh store, four ``contend expert`` processes (concurrency 8, every other
 setting its default) start and register; then one of these loads falls on them:
@@ -180,7 +180,7 @@ def table(name: str, got: dict[str, Any]) -> str:
 
 
 def merged(
-    results: dict[str, Any], measured: dict[str, Any], meta: dict[str, Any]
+    results: dict[str, Any], measured: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """*results* with the other backends' figures of docs/shares.json before them, and when
     each backend was measured."""
@@ -269,7 +269,7 @@ async def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         measured = {name: {"date": meta["date"], "commit": meta["commit"]} for name in results}
         if args.merge:
-            results, measured = merged(results, measured, meta)
+            results, measured = merged(results, measured)
         write(results, {**meta, "measured": measured})
     return 0
 

@@ -231,7 +231,7 @@ def test_shares_merge_keeps_the_other_backends_with_their_dates(
     (tmp_path / "docs" / "benchmarks.md").write_text("# Benchmarks\n")
     monkeypatch.setattr(shares, "ROOT", tmp_path)
     now = {"date": "2026-12-04 20:00 UTC", "commit": "bbb", "machine": "m", "runs": 3}
-    results, measured = shares.merged({"etcd": {"c": run}}, {"etcd": now}, now)
+    results, measured = shares.merged({"etcd": {"c": run}}, {"etcd": now})
     assert results == {"sqlite": {"c": run}, "etcd": {"c": run}}  # etcd's new figures
     assert measured["sqlite"]["commit"] == "aaa" and measured["etcd"]["commit"] == "bbb"
     shares.write(results, {**now, "measured": measured})
