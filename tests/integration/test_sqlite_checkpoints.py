@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +67,7 @@ async def test_a_reader_that_holds_the_wal_back_is_reported_and_the_wal_cut_back
     """An open read transaction keeps the WAL from being copied back: it grew to 6 GiB in five
     minutes of a sustained run, with nothing in the log to say why, and kept that size after."""
     keep = 2**20  # small, so that a test need not write 64 MiB
-    monkeypatch.setattr("contend.store.sqlite.connection.WAL_KEEP_BYTES", keep)
+    monkeypatch.setattr("contend.store.sqlite.checkpoints.WAL_KEEP_BYTES", keep)
     path = tmp_path / "s.db"
     wal = tmp_path / "s.db-wal"
     store = SQLiteStore(f"sqlite:///{path}")
@@ -94,6 +95,45 @@ async def test_a_reader_that_holds_the_wal_back_is_reported_and_the_wal_cut_back
         await _until(lambda: ckpt.last is not None and ckpt.last[0] == ckpt.last[1], "all copied")
         await store.submit([TaskSpec.build("t", ["restarts the WAL"])])
         assert wal.stat().st_size <= keep, (held, wal.stat().st_size)
+        # and the store's connection has its fallback bound again
+        assert store._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == FALLBACK_PAGES
+    finally:
+        reader.close()
+        await store.close()
+
+
+def _backfilled(path: Path) -> tuple[int, int]:
+    """(frames in the WAL, frames copied back) as the WAL index in *path*-shm says: its header's
+    ``mxFrame`` at byte 16 and the checkpoint record's ``nBackfill`` at byte 96, in the host's
+    byte order (SQLite's "WAL-index format")."""
+    head = Path(f"{path}-shm").read_bytes()[:100]
+    return struct.unpack_from("=I", head, 16)[0], struct.unpack_from("=I", head, 96)[0]
+
+
+async def test_a_writer_leaves_the_copy_of_a_held_wal_to_the_thread(tmp_path: Path) -> None:
+    """While a reader holds the WAL back, the store's connections have no automatic checkpoint:
+    the first commit after the reader let go copied the whole WAL back inside ``COMMIT`` on the
+    event loop, 6 GiB after a five-minute hold (a 10-s window of pickup p99 1,674 ms)."""
+    path = tmp_path / "s.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    ckpt = store._db.checkpointer
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM tasks").fetchone()
+        n = 0
+        while not ckpt.pinned:
+            await store.submit([TaskSpec.build("t", [n, i]) for i in range(500)])
+            n += 1
+            assert n < 200, f"never pinned; last checkpoint {ckpt.last}"
+        await store.submit([TaskSpec.build("t", ["held"])])
+        assert store._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        await asyncio.to_thread(ckpt.close)  # the thread copies nothing more from here
+        reader.execute("COMMIT")
+        await store.submit([TaskSpec.build("t", ["after"])])
+        frames, copied = _backfilled(path)
+        assert frames > FALLBACK_PAGES and copied < frames, (frames, copied)
     finally:
         reader.close()
         await store.close()

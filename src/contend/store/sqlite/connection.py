@@ -26,7 +26,7 @@ from typing import TypeVar
 from contend.domain.task import Capabilities, Requirements
 from contend.errors import ConfigError, SchemaError, StoreBusy, StoreError
 from contend.store._cancel import cancels, check_wanted
-from contend.store.sqlite.checkpoints import FALLBACK_PAGES, WAL_KEEP_BYTES, Checkpointer
+from contend.store.sqlite.checkpoints import Checkpointer, Writer, writer
 from contend.store.sqlite.turns import Turns
 from contend.store.sqlite.wakeups import Wakeups
 
@@ -63,7 +63,7 @@ class Database:
         self.checkpointer = Checkpointer(self._where, sync, guard=self.check_file)
         #: writers of the file take turns for its write lock (turns.py)
         self.turns = Turns(self._where)
-        self._db: sqlite3.Connection | None = None
+        self._db: Writer | None = None
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self.trim_cursor = 0  # retention: the last history rowid checked against the cap
         self.trim_next = 0.0  # retention: when (time.monotonic()) histories are next checked
@@ -83,12 +83,9 @@ class Database:
         if not create and not os.path.exists(self._where):
             raise SchemaError(not_yet(self.path, "does not exist"))
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db = writer(self.path)  # checkpoints.py
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
-        db.execute("PRAGMA busy_timeout = 0")
-        db.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
-        db.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
         db.create_function("contend_fits", 1, self._fits, deterministic=True)
         self._db = db
         try:
@@ -109,7 +106,7 @@ class Database:
             self._db = None
 
     @property
-    def conn(self) -> sqlite3.Connection:
+    def conn(self) -> Writer:
         if self._db is None:
             raise StoreError("the SQLite store is not open (call await store.open())")
         return self._db
@@ -164,6 +161,7 @@ class Database:
             raise
         db.execute("COMMIT")
         self.checkpointer.poke()
+        self.checkpointer.fit(db)
 
     def check_file(self) -> None:
         """Raise SchemaError unless the store's path still names the file this connection

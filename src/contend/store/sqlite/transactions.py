@@ -31,7 +31,7 @@ from contend.domain import transitions as rules
 from contend.domain.task import JSON
 from contend.errors import StoreError
 from contend.store.port import Completion
-from contend.store.sqlite.checkpoints import FALLBACK_PAGES, WAL_KEEP_BYTES
+from contend.store.sqlite.checkpoints import Writer, writer
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.outcomes import apply_outcomes
 from contend.store.sqlite.owner_writes import check_owners
@@ -52,26 +52,21 @@ class Transactions:
     def __init__(self, db: Database, sync: str) -> None:
         self._db = db
         self._sync = sync
-        self._idle: list[sqlite3.Connection] = []
+        self._idle: list[Writer] = []
         self._lock = asyncio.Lock()
         self._ended = 0.0  # time.monotonic() when the last transaction let the lock go
         self._streak = 0
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> Writer:
         if self._idle:
             return self._idle.pop()
         self._db.conn  # noqa: B018 -- raises StoreError when the store is not open
         try:
-            conn = sqlite3.connect(self._db.path, isolation_level=None, check_same_thread=False)
+            return writer(self._db.path, self._sync)  # checkpoints.py
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self._db.path!r}: {exc}") from exc
-        conn.execute("PRAGMA busy_timeout = 0")
-        conn.execute(f"PRAGMA synchronous = {self._sync}")
-        conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")  # checkpoints.py
-        conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
-        return conn
 
-    def _end(self, conn: sqlite3.Connection, *, reuse: bool) -> None:
+    def _end(self, conn: Writer, *, reuse: bool) -> None:
         """The transaction on *conn* is over: keep the connection (or close it) and let the
         next task of this process take the lock."""
         if reuse and not conn.in_transaction and len(self._idle) < IDLE_CONNECTIONS:
@@ -97,6 +92,7 @@ class Transactions:
         try:
             await self._take_turn()
             conn = self._connect()
+            self._db.checkpointer.fit(conn)
         except BaseException:
             self._lock.release()
             raise
@@ -125,7 +121,7 @@ class SQLiteTransaction:
     ``sqlite3.Connection`` to the store's file, inside the transaction (run statements on it;
     do not commit or roll back yourself); ``tx.result`` is the task's result."""
 
-    connection: sqlite3.Connection
+    connection: Writer
     expert: str
     task_id: str
     fence: int
