@@ -100,3 +100,25 @@ async def test_expiry_costs_the_same_after_many_finished_tasks(tmp_path: Path) -
         assert costs[20_000] <= 2 * costs[100] + 1000, costs
     finally:
         await store.close()
+
+
+async def test_ageing_costs_the_same_behind_a_long_backlog(tmp_path: Path) -> None:
+    """Once a task of another priority than 0 was submitted, expire() also ages the pending
+    tasks whose next step is due. SQLite chose the index on (state, queue) for that look and
+    read every pending task to find the few due: a cost per expiry round, of every expert,
+    that grew with the backlog."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'ageing.db'}")
+    await store.open()
+    try:
+        await store.submit([TaskSpec.build("t", ["high"], priority=5)])  # ageing is on
+        costs = {}
+        waiting = 0
+        for backlog in (100, 20_000):
+            while waiting < backlog:
+                n = min(2000, backlog - waiting)
+                await store.submit([TaskSpec.build("t", [waiting, i]) for i in range(n)])
+                waiting += n
+            costs[backlog], _ = await _steps(store, store.expire())
+        assert costs[20_000] <= 2 * costs[100] + 1000, costs
+    finally:
+        await store.close()

@@ -83,7 +83,10 @@ async def _age(db: Database) -> None:
     now = db.clock()
     due = await db.retry(
         lambda: db.conn.execute(
-            "SELECT id, priority, run_at FROM tasks "
+            # by the partial index on promote_at: SQLite's own choice, the index on (state,
+            # queue), read every pending task to find the few due (the whole backlog, in
+            # every expert's expiry round)
+            "SELECT id, priority, run_at FROM tasks INDEXED BY tasks_ageing "
             "WHERE state = 'pending' AND promote_at <= ? "
             "AND EXISTS (SELECT 1 FROM contend_meta WHERE key = 'levels') LIMIT 5000",
             (now,),
