@@ -122,3 +122,35 @@ async def test_ageing_costs_the_same_behind_a_long_backlog(tmp_path: Path) -> No
         assert costs[20_000] <= 2 * costs[100] + 1000, costs
     finally:
         await store.close()
+
+
+async def test_stats_read_no_task_past_the_counts(tmp_path: Path) -> None:
+    """stats() (the dashboard's and the metrics scrape's read) counts every task once by the
+    state index. Its two other reads, the last minute's successes and the oldest due task,
+    went by that index too and read every succeeded and every pending task from the table:
+    twice the counts' cost, for answers that touch a few rows."""
+    now = [1000.0]
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'stats.db'}", clock=lambda: now[0])
+    await store.open()
+    try:
+        session = await store.register_expert(ExpertInfo(id="e"), 1e6)
+        for b in range(10):
+            await store.submit([TaskSpec.build("t", ["waits", b, i]) for i in range(2000)])
+            await store.submit([TaskSpec.build("t", ["runs", b, i]) for i in range(2000)])
+            got = await store.claim(
+                "e", session, ["default"], Capabilities(), limit=2000, lease_ttl=1e5
+            )
+            await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
+        now[0] += 120  # all of them done over a minute ago
+
+        async def count_all() -> list[tuple[str, str, int]]:
+            sql = "SELECT queue, state, count(*) FROM tasks GROUP BY queue, state"
+            return store._db.conn.execute(sql).fetchall()
+
+        counts, _ = await _steps(store, count_all())
+        cost, stats = await _steps(store, store.stats())
+        assert stats.counts["default"] == {"pending": 20_000, "succeeded": 20_000}
+        assert stats.oldest_pending_age is not None and stats.oldest_pending_age >= 120
+        assert cost <= counts * 1.1 + 1000, (cost, counts)
+    finally:
+        await store.close()
