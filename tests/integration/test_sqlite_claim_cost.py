@@ -154,3 +154,46 @@ async def test_stats_read_no_task_past_the_counts(tmp_path: Path) -> None:
         assert cost <= counts * 1.1 + 1000, (cost, counts)
     finally:
         await store.close()
+
+
+async def test_pruning_and_cancelling_cost_the_same_beside_many_waiting_tasks(
+    tmp_path: Path,
+) -> None:
+    """A pruned or cancelled task's own dependency edges were deleted by its id, which the
+    edges' key (dependency, task) does not lead with: a read of every edge of the store, once
+    per task pruned, beside a graph of waiting tasks."""
+    now = [1000.0]
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'edges.db'}", clock=lambda: now[0])
+    await store.open()
+    try:
+        session = await store.register_expert(ExpertInfo(id="e"), 1e6)
+        parent = TaskSpec.build("t", ["parent"], queue="later")  # pending, never run
+        await store.submit([parent])
+        prune_costs, cancel_costs = {}, {}
+        waiting = 0
+        for edges in (100, 20_000):
+            while waiting < edges:
+                n = min(2000, edges - waiting)
+                await store.submit(
+                    [
+                        TaskSpec.build("t", ["child", waiting, i], depends_on=[parent.id])
+                        for i in range(n)
+                    ]
+                )
+                waiting += n
+            await store.submit([TaskSpec.build("t", ["done", edges, i]) for i in range(200)])
+            got = await store.claim(
+                "e", session, ["default"], Capabilities(), limit=200, lease_ttl=1e5
+            )
+            await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
+            child = TaskSpec.build("t", ["cancelled", edges], depends_on=[parent.id])
+            await store.submit([child])
+            cancel_costs[edges], _ = await _steps(store, store.cancel(child.id))
+            now[0] += 10
+            prune_costs[edges], pruned = await _steps(store, store.prune(now[0], 1000))
+            assert pruned == 201  # the 200 done and the cancelled child
+            assert await store.dependants(parent.id, limit=1)  # the waiting graph stays
+        assert cancel_costs[20_000] <= 2 * cancel_costs[100] + 1000, cancel_costs
+        assert prune_costs[20_000] <= 2 * prune_costs[100] + 1000, prune_costs
+    finally:
+        await store.close()

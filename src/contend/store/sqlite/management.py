@@ -11,7 +11,7 @@ from contend.domain.transitions import Outcome
 from contend.errors import TaskNotFound
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.inspection import get
-from contend.store.sqlite.outcomes import apply_outcomes
+from contend.store.sqlite.outcomes import apply_outcomes, drop_edges
 
 
 async def _manage(
@@ -22,13 +22,14 @@ async def _manage(
     def run(conn: sqlite3.Connection) -> None:
         now = db.clock()
         row = conn.execute(
-            "SELECT state, fence, owner, attempts, run_at FROM tasks WHERE id = ?", (task_id,)
+            "SELECT state, fence, owner, attempts, run_at, depends_on FROM tasks WHERE id = ?",
+            (task_id,),
         ).fetchone()
         if row is None:
             raise TaskNotFound(task_id)
         outcome = decide(TaskState(row[0]), row[2])
         if outcome.ends:  # it waits on nothing any more
-            conn.execute("DELETE FROM task_deps WHERE task_id = ?", (task_id,))
+            drop_edges(conn, [(task_id, row[5])])
         apply_outcomes(conn, now, [(task_id, row[1], outcome, row[3], row[4])])
 
     await db.tx(run)

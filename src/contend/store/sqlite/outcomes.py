@@ -147,3 +147,12 @@ def settle_dependants(
 def _listed(text: str | None) -> list[str]:
     """A JSON list of strings kept in a column (NULL: none)."""
     return json.loads(text) if text else []
+
+
+def drop_edges(conn: sqlite3.Connection, tasks: list[tuple[str, str | None]]) -> None:
+    """Delete the dependency edges of tasks that wait on nothing any more (cancelled, pruned),
+    given as (id, its ``depends_on`` column): each by the edges' key (dependency, task), not
+    by the task's id, which the key does not lead with (a read of every edge, per task)."""
+    edges = [(dep, tid) for tid, deps in tasks for dep in _listed(deps)]
+    if edges:
+        conn.executemany("DELETE FROM task_deps WHERE dep_id = ? AND task_id = ?", edges)

@@ -8,6 +8,7 @@ from time import monotonic
 
 from contend.domain.retention import PRUNABLE_STATES, TRIM_EVERY, check_prune
 from contend.store.sqlite.connection import Database
+from contend.store.sqlite.outcomes import drop_edges
 
 #: History lines whose tasks one pass checks against the cap.
 TRIM_WINDOW = 5000
@@ -49,22 +50,23 @@ async def prune(db: Database, before: float, limit: int = 1000, *, keep_events: 
         # other finished states by the state index. A dependency's edges go when it ends and
         # its waiters are settled: one that still has some is waited on.
         unsettled = "NOT EXISTS (SELECT 1 FROM task_deps d WHERE d.dep_id = t.id)"
-        found: list[tuple[float, str]] = conn.execute(
-            "SELECT updated_at, id FROM tasks t INDEXED BY tasks_done "
+        found: list[tuple[float, str, str | None]] = conn.execute(
+            "SELECT updated_at, id, depends_on FROM tasks t INDEXED BY tasks_done "
             f"WHERE state = 'succeeded' AND updated_at < ? AND {unsettled} "
             "ORDER BY updated_at LIMIT ?",
             (before, limit),
         ).fetchall()
         for state in _OTHERS:
             found += conn.execute(
-                f"SELECT updated_at, id FROM tasks t WHERE state = ? AND updated_at < ? "
+                f"SELECT updated_at, id, depends_on FROM tasks t WHERE state = ? AND updated_at < ? "
                 f"AND {unsettled} ORDER BY updated_at LIMIT ?",
                 (state, before, limit),
             ).fetchall()
-        ids = [(tid,) for _, tid in sorted(found)[:limit]]
+        chosen = sorted(found)[:limit]
+        ids = [(tid,) for _, tid, _ in chosen]
         if ids:
             conn.executemany("DELETE FROM task_events WHERE task_id = ?", ids)
-            conn.executemany("DELETE FROM task_deps WHERE task_id = ?", ids)
+            drop_edges(conn, [(tid, deps) for _, tid, deps in chosen])
             conn.executemany("DELETE FROM bids WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM auctions WHERE task_id = ?", ids)
             conn.executemany("DELETE FROM tasks WHERE id = ?", ids)
