@@ -8,7 +8,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
-from contend.domain.task import Capabilities, TaskSpec
+from contend.domain.task import Capabilities, TaskSpec, TaskState
 from contend.store.port import Completion, ExpertInfo
 from contend.store.sqlite import SQLiteStore
 
@@ -195,5 +195,67 @@ async def test_pruning_and_cancelling_cost_the_same_beside_many_waiting_tasks(
             assert await store.dependants(parent.id, limit=1)  # the waiting graph stays
         assert cancel_costs[20_000] <= 2 * cancel_costs[100] + 1000, cancel_costs
         assert prune_costs[20_000] <= 2 * prune_costs[100] + 1000, prune_costs
+    finally:
+        await store.close()
+
+
+async def test_listing_a_common_state_costs_the_same_on_any_size_of_store(
+    tmp_path: Path,
+) -> None:
+    """The dashboard lists tasks of a state, newest first. By the state index, SQLite sorted
+    every task in that state to give the first few: 194 ms behind 200,000 succeeded tasks."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'list.db'}")
+    await store.open()
+    try:
+        session = await store.register_expert(ExpertInfo(id="e"), 600)
+        costs = {}
+        done = 0
+        for finished in (5_000, 20_000):
+            while done < finished:
+                n = min(2000, finished - done)
+                await store.submit([TaskSpec.build("t", [done, i]) for i in range(n)])
+                got = await store.claim(
+                    "e", session, ["default"], Capabilities(), limit=n, lease_ttl=600
+                )
+                await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
+                done += n
+            listing = store.list_tasks(state=TaskState.SUCCEEDED, newest=True, limit=50)
+            costs[finished], listed = await _steps(store, listing)
+            assert len(listed) == 50
+        assert costs[20_000] <= 1.5 * costs[5_000] + 1000, costs
+    finally:
+        await store.close()
+
+
+async def test_a_filtered_listing_is_the_first_tasks_that_match(tmp_path: Path) -> None:
+    """Whichever way the listing is read (the first ids in its order, or the state index),
+    it is the first *limit* matching tasks in id order."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'mix.db'}")
+    await store.open()
+    try:
+        session = await store.register_expert(ExpertInfo(id="e"), 600)
+        for b in range(6):
+            await store.submit(
+                [TaskSpec.build("t", [b, i], queue=f"q{i % 3}") for i in range(1500)]
+            )
+            got = await store.claim(
+                "e", session, ["q0", "q1"], Capabilities(), limit=1000 + 100 * b, lease_ttl=600
+            )
+            await store.complete("e", [Completion(c.id, c.fence, "null") for c in got[::2]])
+        every = await store.list_tasks(limit=100_000)
+        for state in (TaskState.SUCCEEDED, TaskState.RUNNING, TaskState.PENDING, None):
+            for queue in ("q0", "q2", None):
+                for newest in (False, True):
+                    for limit in (1, 40, 700, 5000):
+                        want = [
+                            t.id
+                            for t in sorted(every, key=lambda t: t.id, reverse=newest)
+                            if (state is None or t.state == state)
+                            and (queue is None or t.queue == queue)
+                        ][:limit]
+                        got = await store.list_tasks(
+                            state=state, queue=queue, newest=newest, limit=limit
+                        )
+                        assert [t.id for t in got] == want, (state, queue, newest, limit)
     finally:
         await store.close()

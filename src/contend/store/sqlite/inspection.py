@@ -15,6 +15,11 @@ from contend.store.port import Backlog, ExpertInfo, ExpertRecord, StoreStats
 from contend.store.sqlite.connection import Database
 from contend.store.sqlite.schema import TASK_COLUMNS
 
+#: ``list_tasks`` with a filter first reads this many tasks in the order asked (at least; or
+#: LIST_WINDOW_FACTOR times its limit) for the ones that match.
+LIST_WINDOW = 1000
+LIST_WINDOW_FACTOR = 20
+
 
 async def get(db: Database, task_id: str, *, history: bool = False) -> Task:
     def run() -> Task:
@@ -50,7 +55,20 @@ async def list_tasks(
     clause, params = task_filter(state, queue, type, "?")
     order = "id DESC" if newest else "id"
     sql = f"SELECT {TASK_COLUMNS} FROM tasks {clause} ORDER BY {order} LIMIT ?"
-    rows = await db.retry(lambda: db.conn.execute(sql, (*params, limit)).fetchall())
+    rows = []
+    if clause and limit:
+        # A filter on a common state (the dashboard's succeeded tasks, newest first) went by
+        # the state index, and SQLite sorted every task in that state to give the first few:
+        # 194 ms behind 200,000. First look among the first ids in the order asked: when
+        # *limit* of them match, they are the answer (every task past them comes later).
+        window = max(LIST_WINDOW, LIST_WINDOW_FACTOR * limit)
+        first = (
+            f"SELECT {TASK_COLUMNS} FROM (SELECT * FROM tasks ORDER BY {order} LIMIT ?) "
+            f"{clause} ORDER BY {order} LIMIT ?"
+        )
+        rows = await db.retry(lambda: db.conn.execute(first, (window, *params, limit)).fetchall())
+    if len(rows) < limit:  # a rarer state: by its index, and sorted
+        rows = await db.retry(lambda: db.conn.execute(sql, (*params, limit)).fetchall())
     return [task_from_row(r, text_json=True) for r in rows]
 
 
