@@ -130,10 +130,7 @@ class Dashboard:
 
     async def stats(self) -> StoreStats:
         """The store's stats, at most a sampling period and a half old."""
-        last = self.sampler.last
-        if last is not None and time.monotonic() - self.sampler.taken_at < 1.5 * self.sampler.every:
-            return last
-        return await self.sampler.take()
+        return self.sampler.fresh() or await self.sampler.take()
 
     async def snapshot(self, fresh: bool = False) -> StoreSnapshot:
         if fresh or self._snapshot is None or time.monotonic() - self._snapshot_at > BLOCKED_TTL:
