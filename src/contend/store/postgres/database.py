@@ -21,6 +21,7 @@ import psycopg.errors
 from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from contend.errors import ConfigError, SchemaError, StoreError
 from contend.store._cancel import cancels, check_wanted
@@ -49,6 +50,32 @@ def _cache_long_statements() -> None:
 
 
 _cache_long_statements()
+
+#: The longest wait between two attempts of the pool to replace a lost connection, seconds.
+RECONNECT_MOST = 1.0
+
+
+class _Attempt(AttemptWithBackoff):
+    """psycopg_pool's back-off between attempts to replace a lost connection, started at 50
+    ms instead of 1 s and held at RECONNECT_MOST instead of doubling on: after a server
+    restart of 3.6 s the store's connections came back 7 s after the crash (attempts at 0, 1,
+    3 and 7 s), and with them the experts' sessions, so the tasks of the crash waited out
+    twice the outage. A connection refused costs the server next to nothing."""
+
+    INITIAL_DELAY = 0.05
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MOST * random.uniform(0.8, 1.0))
+
+
+class _Pool(AsyncConnectionPool):
+    """The pool, with :class:`_Attempt`'s back-off for the connections it replaces."""
+
+    async def _add_connection(self, attempt: Any, growing: bool = False) -> None:
+        attempt = attempt or _Attempt(timeout=self.reconnect_timeout)
+        await super()._add_connection(attempt, growing=growing)
+
 
 log = logging.getLogger("contend.store.postgres")
 
@@ -155,7 +182,7 @@ class Database:
 
     async def open(self) -> None:
         unreachable = await self._probe()
-        pool: Pool = AsyncConnectionPool(
+        pool: Pool = _Pool(
             self.dsn,
             kwargs=self.connect_kwargs(self.dsn),
             min_size=min(2, self._pool_size),
@@ -214,7 +241,7 @@ class Database:
             raise StoreError("the PostgreSQL store is not open (call await store.open())")
         async with self._tx_pool_lock:
             if self._tx_pool is None:
-                pool: Pool = AsyncConnectionPool(
+                pool: Pool = _Pool(
                     self.dsn,
                     kwargs=self.connect_kwargs(self.dsn, store=False),
                     min_size=0,
