@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import pytest
 
 from contend import App, Expert, TaskState
+from contend.errors import StoreError
 from contend.runtime.hooks import Hooks
 from contend.runtime.session import RATE_MARGIN, LeaseKeeper, Session
 from contend.store.port import ExpertInfo, Heartbeat
@@ -103,6 +104,33 @@ async def test_renewals_failing_past_the_deadline_lose_the_session(k: Keeper) ->
     assert [s for s, _ in k.renewed][-3:] == [new, new, new]
     assert len(k.lost) == 1
     await k.keeper.orphan()
+
+
+async def test_a_registration_answered_late_is_renewed_before_use(k: Keeper) -> None:
+    """A session's lease counts from when its registration was sent. After a PostgreSQL
+    restart one was answered with 60 ms of a 2 s lease left: the expert claimed 8 tasks under
+    it and the watchdog stopped them all 60 ms later."""
+    k.store.hang("register_expert")
+    opening = asyncio.create_task(k.keeper.open())
+    await k.clock.run(2.6)  # of a lease of 3 s (2.94 s less the margin)
+    k.store.heal()
+    session = await opening
+    assert k.store.calls.get("renew") == 1  # renewed before the keeper handed it out
+    assert session.renewed_at == 2.6 and session.left() == pytest.approx(TTL * (1 - RATE_MARGIN))
+    assert await k.alive_in_store()
+
+
+async def test_a_late_registration_whose_renewal_fails_counts_as_failed(k: Keeper) -> None:
+    k.store.hang("register_expert")
+    opening = asyncio.create_task(k.keeper.open())
+    await k.clock.run(2.6)
+    k.store.heal()
+    k.store.cut("renew")
+    with pytest.raises(StoreError, match="answered a registration late"):
+        await opening
+    assert k.keeper.session is None and not k.keeper.ready.is_set()
+    assert k.store.calls["deregister_expert"] == 1  # what it registered is let go
+    assert not await k.alive_in_store()
 
 
 async def test_the_store_ending_the_session_loses_it_at_once(k: Keeper) -> None:

@@ -46,6 +46,9 @@ log = logging.getLogger("contend.expert")
 #: much faster than this host's without the store's deadline passing before the expert's.
 #: NTP keeps a host within 0.05 %; 2 % leaves room for a badly kept virtual machine.
 RATE_MARGIN = 0.02
+#: A registration answered with less than this share of its lease left is renewed at once,
+#: before the session is used (LeaseKeeper._renew_late).
+LATE_REGISTRATION = 0.5
 #: Opening a new session after a loss: the longest pause between two tries, seconds.
 REOPEN_CAP = 10.0
 #: Seconds to each of a session's first renewals, when the heartbeat is slower (see _interval).
@@ -159,9 +162,32 @@ class LeaseKeeper:
             raise StoreError(
                 f"the store did not answer a registration within {within:g}s"
             ) from None
-        self.session = Session(sid, self.ttl, self.clock, sent)
+        session = Session(sid, self.ttl, self.clock, sent)
+        if session.left() < self.ttl * LATE_REGISTRATION:
+            await self._renew_late(session)
+        self.session = session
         self.ready.set()
-        return self.session
+        return session
+
+    async def _renew_late(self, session: Session) -> None:
+        """Renew a session whose registration was answered late, before anything acts under
+        it. Its lease counts from when the registration was sent: after a PostgreSQL restart
+        one was answered with 60 ms of a 2 s lease left, the expert claimed 8 tasks under it,
+        and the watchdog stopped them all 60 ms later. A renewal sent now counts from now. If
+        it fails, the session is released and the registration counts as failed."""
+        sent = self.clock.monotonic()
+        try:
+            await session.call(
+                "the renewal of a late registration",
+                lambda: self.store.renew(self.name, session.id, self.ttl, self._beat()),
+            )
+        except ContendError as exc:
+            session.mark_lost(str(exc))
+            await self._release_quietly(session)
+            raise StoreError(
+                f"the store answered a registration late, and not the renewal after it: {exc}"
+            ) from exc
+        session.renewed_at = sent
 
     def lose(self, session: Session, reason: str) -> bool:
         """Declare *session* lost (once; later calls, from any part, change nothing) and stop
