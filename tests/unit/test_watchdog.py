@@ -290,3 +290,58 @@ async def test_a_sync_run_is_told_to_stop_and_its_result_is_thrown_away() -> Non
         store.heal()
     assert len(seen) == 1 and "must stop" in seen[0] and "lease" in seen[0]
     assert (await store.get(handle.id)).state != TaskState.SUCCEEDED
+
+
+async def test_a_checkpoint_rides_out_a_short_outage_within_the_lease() -> None:
+    """An etcd restart of 0.8 s failed the checkpoints of the tasks running then: each task's
+    attempt failed, and its next one waited out the retry back-off (20 s in the chaos suite).
+    A task's checkpoint is tried again while the store cannot be reached, for up to a lease."""
+    clock = FakeClock(0.0)
+    store = faulty_memory(clock)
+    app = app_on(store)
+    saved: list[float] = []
+
+    @app.task
+    async def saves(ctx: TaskContext) -> int:
+        await ctx.checkpoint({"step": 1})
+        saved.append(clock())
+        return ctx.attempt
+
+    expert = Expert(app, name="patient", lease_ttl=3.0, heartbeat=1.0, clock=clock)
+    async with running(expert, clock):
+        store.cut("checkpoint")
+        handle = await app.submit(saves)
+        assert await clock.run_until(lambda: store.calls.get("checkpoint", 0) >= 3, limit=2)
+        assert saved == []
+        store.heal()
+        assert await clock.run_until(lambda: expert.stats.tasks_done == 1, limit=3)
+    task = await store.get(handle.id)
+    assert task.state == TaskState.SUCCEEDED and task.result == 1  # its first attempt
+    assert task.checkpoint == {"step": 1}
+
+
+async def test_a_checkpoint_the_store_keeps_refusing_fails_after_a_lease() -> None:
+    clock = FakeClock(0.0)
+    store = faulty_memory(clock)
+    app = app_on(store)
+    raised: list[tuple[float, str]] = []
+
+    @app.task(retries=0)
+    async def saves(ctx: TaskContext) -> None:
+        began = clock()
+        try:
+            await ctx.checkpoint({"step": 1})
+        except Exception as exc:
+            raised.append((clock() - began, type(exc).__name__))
+            raise
+
+    expert = Expert(app, name="patient", lease_ttl=3.0, heartbeat=1.0, clock=clock)
+    async with running(expert, clock):
+        store.cut("checkpoint")  # renewals go through: the lease holds
+        handle = await app.submit(saves)
+        assert await clock.run_until(lambda: bool(raised), limit=10)
+        store.heal()
+        await clock.run(1.0)  # its failure is committed
+    ((took, kind),) = raised
+    assert kind == "StoreError" and 2.0 <= took <= 3.0  # tried for up to one lease
+    assert (await store.get(handle.id)).state == TaskState.DEAD

@@ -34,9 +34,12 @@ from contend.errors import (
     ConfigError,
     ContendError,
     FencedOut,
+    InvalidTransition,
     LeaseLost,
     MemoryLimitExceeded,
     PayloadError,
+    SchemaError,
+    StoreError,
     TaskStopped,
 )
 from contend.runtime.clock import Clock, bounded, wait_event
@@ -108,10 +111,12 @@ class Run:
         one that did not succeed (an edge with ``if_failed="run"`` lets the task run
         without it)."""
         if self._parents is None:
-            me = await self._under_session("a read", lambda: self.store.get(self.claimed.id))
+            me = await self._under_session(
+                "a read", lambda: self.store.get(self.claimed.id), patient=True
+            )
             out: dict[str, JSON] = {}
             for pid in me.depends_on:
-                parent = await self._under_session("a read", _getter(self.store, pid))
+                parent = await self._under_session("a read", _getter(self.store, pid), patient=True)
                 out[pid] = parent.result if parent.state == TaskState.SUCCEEDED else None
             self._parents = out
         return self._parents
@@ -144,10 +149,31 @@ class Run:
         if self.finished or self.committed is not None:
             raise FencedOut(c.id, c.fence, "this run was stopped or has completed the task")
         try:
-            await self.session.call(what, write)
+            await self._patiently(what, write)
         except LeaseLost as exc:
             detail = f"this expert's lease lapsed: {exc}"
             raise FencedOut(c.id, c.fence, detail, reason="expert_lease") from exc
+
+    async def _patiently(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        """``make()`` under the session, tried again with back-off while the store cannot be
+        reached, for up to one lease from the first failure: an etcd restart of 0.8 s failed
+        the checkpoints of the tasks running then, and each task's next attempt waited out its
+        retry back-off (recoveries of 20 s in the chaos suite). For a task's checkpoints,
+        progress and reads: writes of the same value, or reads. A lease lost meanwhile raises
+        LeaseLost at once; a store that lost its schema or refuses the transition, its error."""
+        session = self.session
+        give_up = session.clock.monotonic() + session.ttl
+        pause = 0.05
+        while True:
+            try:
+                return await session.call(what, make)
+            except (SchemaError, InvalidTransition):
+                raise
+            except StoreError:
+                if self.finished or session.clock.monotonic() + pause > give_up:
+                    raise
+            await session.clock.sleep(pause * random.uniform(0.5, 1.0))
+            pause = min(pause * 2, 1.0)
 
     # -- the task's own transaction (ctx.transaction()) ----------------------------------
     async def begin(self) -> TaskTransaction:
@@ -219,11 +245,16 @@ class Run:
     async def pause(self, tries: int) -> None:
         await self.session.clock.sleep(min(0.5, 0.002 * 2**tries) * random.uniform(0.5, 1))
 
-    async def _under_session(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+    async def _under_session(
+        self, what: str, make: Callable[[], Awaitable[T]], *, patient: bool = False
+    ) -> T:
         """``make()`` under the session (sent only while it is safe, bounded by its lease);
-        a lease that is lost or runs out meanwhile is this run's FencedOut."""
+        a lease that is lost or runs out meanwhile is this run's FencedOut. *patient*: tried
+        again while the store cannot be reached (:meth:`_patiently`)."""
         c = self.claimed
         try:
+            if patient:
+                return await self._patiently(what, make)
             return await self.session.call(what, make)
         except LeaseLost as exc:
             raise FencedOut(
