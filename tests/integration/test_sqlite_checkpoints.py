@@ -27,6 +27,19 @@ async def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) ->
         await asyncio.sleep(0.01)
 
 
+async def _pin(store: SQLiteStore, reader: sqlite3.Connection) -> None:
+    """Open a read transaction on *reader* (its snapshot pins the WAL) and write through
+    *store* until its checkpoint thread reports the WAL held back."""
+    ckpt = store._db.checkpointer
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM tasks").fetchone()
+    n = 0
+    while not ckpt.pinned:
+        await store.submit([TaskSpec.build("t", [n, i]) for i in range(500)])
+        n += 1
+        assert n < 200, f"never pinned; last checkpoint {ckpt.last}"
+
+
 async def test_the_thread_checkpoints_what_the_store_writes(tmp_path: Path) -> None:
     store = SQLiteStore(f"sqlite:///{tmp_path / 's.db'}")
     await store.open()
@@ -75,14 +88,8 @@ async def test_a_reader_that_holds_the_wal_back_is_reported_and_the_wal_cut_back
     ckpt = store._db.checkpointer
     reader = sqlite3.connect(path, isolation_level=None)
     try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM tasks").fetchone()  # its snapshot pins the WAL
         with caplog.at_level(logging.INFO, logger="contend.store.sqlite"):
-            n = 0
-            while not ckpt.pinned:
-                await store.submit([TaskSpec.build("t", [n, i]) for i in range(500)])
-                n += 1
-                assert n < 200, f"never pinned; last checkpoint {ckpt.last}"
+            await _pin(store, reader)
             assert ckpt.last is not None and ckpt.last[0] - ckpt.last[1] >= FALLBACK_PAGES
             assert "a read transaction is holding the WAL back" in caplog.text
             reader.execute("COMMIT")
@@ -120,13 +127,7 @@ async def test_a_writer_leaves_the_copy_of_a_held_wal_to_the_thread(tmp_path: Pa
     ckpt = store._db.checkpointer
     reader = sqlite3.connect(path, isolation_level=None)
     try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM tasks").fetchone()
-        n = 0
-        while not ckpt.pinned:
-            await store.submit([TaskSpec.build("t", [n, i]) for i in range(500)])
-            n += 1
-            assert n < 200, f"never pinned; last checkpoint {ckpt.last}"
+        await _pin(store, reader)
         await store.submit([TaskSpec.build("t", ["held"])])
         assert store._db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         await asyncio.to_thread(ckpt.close)  # the thread copies nothing more from here

@@ -37,6 +37,17 @@ async def _steps_of_a_claim(store: SQLiteStore, session: str, **kw: object) -> t
     return await _steps(store, claim)
 
 
+async def _run_to(store: SQLiteStore, session: str, done: int, finished: int) -> int:
+    """Submit and complete tasks, 2,000 at a time, until *finished* have run; returns that."""
+    while done < finished:
+        n = min(2000, finished - done)
+        await store.submit([TaskSpec.build("t", ["done", done, i]) for i in range(n)])
+        got = await store.claim("e", session, ["default"], Capabilities(), limit=n, lease_ttl=600)
+        await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
+        done += len(got)
+    return done
+
+
 async def test_claims_cost_the_same_behind_a_long_backlog(tmp_path: Path) -> None:
     store = SQLiteStore(f"sqlite:///{tmp_path / 'cost.db'}")
     await store.open()
@@ -84,18 +95,11 @@ async def test_expiry_costs_the_same_after_many_finished_tasks(tmp_path: Path) -
     store = SQLiteStore(f"sqlite:///{tmp_path / 'expire.db'}")
     await store.open()
     try:
-        session = await store.register_expert(ExpertInfo(id="e"), 30)
+        session = await store.register_expert(ExpertInfo(id="e"), 600)
         costs = {}
         done = 0
         for finished in (100, 20_000):
-            while done < finished:
-                n = min(2000, finished - done)
-                await store.submit([TaskSpec.build("t", [done, i]) for i in range(n)])
-                got = await store.claim(
-                    "e", session, ["default"], Capabilities(), limit=n, lease_ttl=30
-                )
-                await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
-                done += len(got)
+            done = await _run_to(store, session, done, finished)
             costs[finished], _ = await _steps(store, store.expire())
         assert costs[20_000] <= 2 * costs[100] + 1000, costs
     finally:
@@ -211,14 +215,7 @@ async def test_listing_a_common_state_costs_the_same_on_any_size_of_store(
         costs = {}
         done = 0
         for finished in (5_000, 20_000):
-            while done < finished:
-                n = min(2000, finished - done)
-                await store.submit([TaskSpec.build("t", [done, i]) for i in range(n)])
-                got = await store.claim(
-                    "e", session, ["default"], Capabilities(), limit=n, lease_ttl=600
-                )
-                await store.complete("e", [Completion(c.id, c.fence, "null") for c in got])
-                done += n
+            done = await _run_to(store, session, done, finished)
             listing = store.list_tasks(state=TaskState.SUCCEEDED, newest=True, limit=50)
             costs[finished], listed = await _steps(store, listing)
             assert len(listed) == 50
