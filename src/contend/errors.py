@@ -129,6 +129,11 @@ class StoreBusy(StoreError):
     """The store's write lock could not be had before the deadline."""
 
 
+class StoreUnavailable(StoreError):
+    """The store could not be reached (down, restarting, cut off), or did not answer in time:
+    the same call may well go through later."""
+
+
 class SchemaError(StoreError):
     """The target is not a contend store, or its schema version is not this one's."""
 

@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from contend import App, Expert, SchemaError, TaskContext, TaskState, TaskStopped
-from contend.errors import ExpertConflict
+from contend.errors import ExpertConflict, StoreError
+from contend.runtime.executor import PATIENCE
 from contend.runtime.hooks import Hooks
 from contend.runtime.session import REOPEN_CAP, LeaseKeeper, Session
 from contend.store.port import ExpertInfo, Heartbeat
@@ -320,7 +321,12 @@ async def test_a_checkpoint_rides_out_a_short_outage_within_the_lease() -> None:
     assert task.checkpoint == {"step": 1}
 
 
-async def test_a_checkpoint_the_store_keeps_refusing_fails_after_a_lease() -> None:
+@pytest.mark.parametrize(
+    "fault", ["unreachable", "refused"], ids=["unreachable for good", "a refusal"]
+)
+async def test_a_checkpoint_gives_up_after_its_patience_or_at_once(fault: str) -> None:
+    """A store that stays unreachable while the lease holds (its renewals go through) fails
+    the checkpoint after PATIENCE; any other error of the store fails it at once."""
     clock = FakeClock(0.0)
     store = faulty_memory(clock)
     app = app_on(store)
@@ -337,11 +343,17 @@ async def test_a_checkpoint_the_store_keeps_refusing_fails_after_a_lease() -> No
 
     expert = Expert(app, name="patient", lease_ttl=3.0, heartbeat=1.0, clock=clock)
     async with running(expert, clock):
-        store.cut("checkpoint")  # renewals go through: the lease holds
+        if fault == "unreachable":
+            store.cut("checkpoint")
+        else:
+            store.raise_on("checkpoint", StoreError("the store refuses checkpoints"))
         handle = await app.submit(saves)
-        assert await clock.run_until(lambda: bool(raised), limit=10)
+        assert await clock.run_until(lambda: bool(raised), limit=PATIENCE + 5)
         store.heal()
         await clock.run(1.0)  # its failure is committed
     ((took, kind),) = raised
-    assert kind == "StoreError" and 2.0 <= took <= 3.0  # tried for up to one lease
+    if fault == "unreachable":
+        assert kind == "StoreUnavailable" and PATIENCE - 1.5 <= took <= PATIENCE
+    else:
+        assert kind == "StoreError" and took == 0
     assert (await store.get(handle.id)).state == TaskState.DEAD

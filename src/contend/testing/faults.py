@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from contend.errors import ContendError, StoreError
+from contend.errors import ContendError, StoreUnavailable
 from contend.store.port import Store
 
 
 class FaultyStore:
     """Delegates to *inner*, with faults per operation:
 
-    * ``cut(*ops)``: they raise StoreError at once, as a lost connection would;
+    * ``cut(*ops)``: they raise StoreUnavailable at once, as a lost connection would;
     * ``hang(*ops)``: they wait, sending nothing, until ``heal()`` — then they go through, as a
       call on a frozen connection does when the network comes back;
     * ``raise_on(op, error)``: it raises *error* (an ExpertConflict, a SchemaError…);
@@ -65,7 +65,7 @@ class FaultyStore:
                 finally:
                     self.hanging -= 1
             if name in self.failing:
-                raise StoreError(f"injected fault: {name} cannot reach the store")
+                raise StoreUnavailable(f"injected fault: {name} cannot reach the store")
             if name in self.raising:
                 raise self.raising[name]
             return await attr(*args, **kwargs)

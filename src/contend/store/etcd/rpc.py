@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from aetcd import rpc
 
-from contend.errors import SchemaError, StoreError
+from contend.errors import SchemaError, StoreError, StoreUnavailable
 from contend.store.etcd.keys import prefix_end
 from contend.store.etcd.txn import GET, PUT, Op, build, get, one_entry_per_level, value_is
 
@@ -98,11 +98,11 @@ class Etcd:
         except rpc.AioRpcError as exc:
             code = exc.code()
             if code == rpc.StatusCode.UNAVAILABLE:
-                raise StoreError(
+                raise StoreUnavailable(
                     f"cannot reach {self.where()} ({what}): {exc.details()}; is etcd running?"
                 ) from exc
             if code == rpc.StatusCode.DEADLINE_EXCEEDED:
-                raise StoreError(
+                raise StoreUnavailable(
                     f"{self.where()} did not answer {what} within {self.timeout:g}s"
                 ) from exc
             raise StoreError(

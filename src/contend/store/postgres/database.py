@@ -23,7 +23,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
-from contend.errors import ConfigError, SchemaError, StoreError
+from contend.errors import ConfigError, SchemaError, StoreError, StoreUnavailable
 from contend.store._cancel import cancels, check_wanted
 from contend.store.postgres.floors import Shape
 from contend.store.postgres.url import safe
@@ -316,7 +316,7 @@ class Database:
                         return await fn(cur)
             except (psycopg.OperationalError, PoolTimeout) as exc:
                 if time.monotonic() + pause > deadline:
-                    raise StoreError(
+                    raise StoreUnavailable(
                         f"PostgreSQL at {safe(self.dsn)} failed for "
                         f"{self.retry_deadline:.0f}s: {exc}"
                     ) from exc
