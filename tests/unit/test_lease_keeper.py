@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 
 from contend import App, Expert, TaskState
-from contend.errors import StoreError
+from contend.errors import SchemaError, StoreError
 from contend.runtime.hooks import Hooks
 from contend.runtime.session import RATE_MARGIN, LeaseKeeper, Session
 from contend.store.port import ExpertInfo, Heartbeat
@@ -131,6 +131,17 @@ async def test_a_late_registration_whose_renewal_fails_counts_as_failed(k: Keepe
     assert k.keeper.session is None and not k.keeper.ready.is_set()
     assert k.store.calls["deregister_expert"] == 1  # what it registered is let go
     assert not await k.alive_in_store()
+
+
+async def test_a_late_registration_in_a_store_that_lost_its_schema_says_so(k: Keeper) -> None:
+    k.store.hang("register_expert")
+    opening = asyncio.create_task(k.keeper.open())
+    await k.clock.run(2.6)
+    k.store.heal()
+    k.store.raise_on("renew", SchemaError("the store lost its contend tables"))
+    with pytest.raises(SchemaError, match="lost its contend tables"):
+        await opening  # not a StoreError to try again: the keeper gives up on it
+    assert k.keeper.session is None
 
 
 async def test_the_store_ending_the_session_loses_it_at_once(k: Keeper) -> None:

@@ -174,13 +174,16 @@ class LeaseKeeper:
         it. Its lease counts from when the registration was sent: after a PostgreSQL restart
         one was answered with 60 ms of a 2 s lease left, the expert claimed 8 tasks under it,
         and the watchdog stopped them all 60 ms later. A renewal sent now counts from now. If
-        it fails, the session is released and the registration counts as failed."""
+        it fails, the session is released and the registration counts as failed (a store that
+        lost its schema raises its SchemaError)."""
         sent = self.clock.monotonic()
         try:
             await session.call(
                 "the renewal of a late registration",
                 lambda: self.store.renew(self.name, session.id, self.ttl, self._beat()),
             )
+        except SchemaError:
+            raise  # the store is gone for good: the keeper gives up, as on any call
         except ContendError as exc:
             session.mark_lost(str(exc))
             await self._release_quietly(session)
