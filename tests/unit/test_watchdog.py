@@ -13,7 +13,7 @@ from contend import App, Expert, SchemaError, TaskContext, TaskState, TaskStoppe
 from contend.errors import ExpertConflict, StoreError
 from contend.runtime.executor import PATIENCE
 from contend.runtime.hooks import Hooks
-from contend.runtime.session import REOPEN_CAP, LeaseKeeper, Session
+from contend.runtime.session import QUICK_PAUSE, REOPEN_CAP, LeaseKeeper, Session
 from contend.store.port import ExpertInfo, Heartbeat
 from contend.testing import FakeClock
 from contend.testing.faults import FaultyStore
@@ -154,9 +154,13 @@ class Keeper:
         return session
 
 
-#: Tries to open a session after a loss at 0 while the store refuses, one a pause apart: the
-#: pause doubles from a heartbeat (1 s) to REOPEN_CAP, times 0.75 (the jitter, half way).
-BACKED_OFF = [0.0, 0.75, 2.25, 5.25, 11.25, 18.75, 26.25, 33.75, 41.25, 48.75, 56.25]
+#: Tries to open a session after a loss at 0 while the store refuses, one a pause apart, times
+#: 0.75 (the jitter, half way): a heartbeat (1 s, at most QUICK_PAUSE) for QUICK_REOPEN, then
+#: doubling from a heartbeat to REOPEN_CAP.
+BACKED_OFF = [0.75 * k for k in range(40)] + [30.0, 30.75, 32.25, 35.25, 41.25, 48.75, 56.25]
+#: The tries of those that are logged: the first, then one in QUICK_LOG_EVERY while the tries
+#: are quick, then every one.
+LOGGED = [0.0, 10.5, 21.0, 30.0, 30.75, 32.25, 35.25, 41.25, 48.75, 56.25]
 
 
 @pytest.mark.parametrize(
@@ -189,7 +193,7 @@ async def test_a_store_that_refuses_a_new_session_is_tried_with_capped_back_off(
     attempts = k.store.calls["register_expert"] - 1  # less the first registration
     assert attempts == len(BACKED_OFF)  # not 22,402 lines in 7 s
     lines = [r for r in caplog.records if "could not register" in r.getMessage()]
-    assert len(lines) == attempts
+    assert len(lines) == len(LOGGED)
     assert [r.levelno for r in lines[:2]] == [logging.ERROR, logging.WARNING]
     assert tried == []  # none reached the store
     k.store.heal()
@@ -197,6 +201,23 @@ async def test_a_store_that_refuses_a_new_session_is_tried_with_capped_back_off(
     assert k.keeper.session is not session and k.keeper.session is not None
     assert k.keeper.session.safe() and tried == [pytest.approx(56.25 + 7.5)]
     assert len(k.lost) == 1
+    await k.keeper.orphan()
+
+
+async def test_a_store_back_soon_after_a_loss_gets_a_new_session_within_a_pause() -> None:
+    """A store restart or a failover lasts seconds. With the pause doubling from the first
+    try, the new session came up to REOPEN_CAP after the store was back (11.25 s for a store
+    back at 6 s, here); while a loss is young, the tries stay a heartbeat apart."""
+    k = Keeper()
+    session = await k.start()
+    k.store.cut("register_expert")
+    k.keeper.lose(session, "the store ended it")
+    await k.clock.run(6.0)
+    k.store.heal()
+    await k.clock.run(QUICK_PAUSE)
+    new = k.keeper.session
+    assert new is not None and new is not session and new.safe()
+    assert k.store.calls["register_expert"] - 1 == 10  # at 0, 0.75, ... 6.0 (every 0.75 s)
     await k.keeper.orphan()
 
 

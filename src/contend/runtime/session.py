@@ -51,6 +51,14 @@ RATE_MARGIN = 0.02
 LATE_REGISTRATION = 0.5
 #: Opening a new session after a loss: the longest pause between two tries, seconds.
 REOPEN_CAP = 10.0
+#: For this long after a loss, seconds, the tries come at most QUICK_PAUSE apart (a store
+#: restarting, a failover, a short cut) before the pause doubles up to REOPEN_CAP: with the
+#: doubling alone, the new session came up to 10 s after the store was back, and the tasks of
+#: every expert that lost its session waited that long on top of the outage.
+QUICK_REOPEN = 30.0
+QUICK_PAUSE = 1.0
+#: While the tries are quick, a failed one is logged at most this often, seconds.
+QUICK_LOG_EVERY = 10.0
 #: Seconds to each of a session's first renewals, when the heartbeat is slower (see _interval).
 EARLY_BEATS = (1.0, 1.0)
 
@@ -289,11 +297,13 @@ class LeaseKeeper:
         self._on_renewed(session, held, sent)
 
     async def _open_again(self, lost: Session) -> None:
-        """After a loss: release the lost session, then register a new one, retrying with
-        capped exponential back-off (and jitter) until one opens."""
+        """After a loss: release the lost session, then register a new one, retrying until one
+        opens: at most QUICK_PAUSE apart for QUICK_REOPEN, then with exponential back-off
+        capped at REOPEN_CAP (with jitter)."""
         released = False
         pause = 0.0
-        tries = 0
+        tries = slow = 0
+        lost_at = logged_at = self.clock.monotonic()
         while self._reopen:
             if pause > 0:
                 await self.clock.sleep(pause)
@@ -308,16 +318,24 @@ class LeaseKeeper:
                 self._give_up(exc)
                 return
             except ContendError as exc:
-                step = min(REOPEN_CAP, self.every * 2 ** min(tries - 1, 30))
+                now = self.clock.monotonic()
+                quick = now - lost_at < QUICK_REOPEN
+                if quick:
+                    step = min(self.every, QUICK_PAUSE)
+                else:
+                    slow += 1
+                    step = min(REOPEN_CAP, self.every * 2 ** min(slow - 1, 30))
                 pause = step * (0.5 + 0.5 * self._rand())
-                log.log(
-                    logging.ERROR if tries == 1 else logging.WARNING,
-                    "expert %s: could not register a new session (try %d; next in %.1fs): %s",
-                    self.name,
-                    tries,
-                    pause,
-                    exc,
-                )
+                if tries == 1 or not quick or now - logged_at >= QUICK_LOG_EVERY:
+                    logged_at = now
+                    log.log(
+                        logging.ERROR if tries == 1 else logging.WARNING,
+                        "expert %s: could not register a new session (try %d; next in %.1fs): %s",
+                        self.name,
+                        tries,
+                        pause,
+                        exc,
+                    )
             else:
                 log.info("expert %s: new session registered (try %d)", self.name, tries)
                 return
